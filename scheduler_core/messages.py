@@ -70,8 +70,11 @@ class Header:
     owner_rev: int  # the owner's election revision; higher wins
     capture_epoch: str  # the addressed (or sending) capture's epoch; "" when not yet known
     changefeed_epoch: int  # bumps when the changefeed is (re)created or resumed
+    seq: int = 0  # per sender and epoch, strictly increasing: receivers drop older or repeated ones
 
     def __post_init__(self) -> None:
+        if type(self.seq) is not int or self.seq < 0:
+            raise InvalidMessageError(f"seq must be an int >= 0, got {self.seq!r}")
         if type(self.owner_rev) is not int or self.owner_rev < 0:
             raise InvalidMessageError(f"owner_rev must be an int >= 0, got {self.owner_rev!r}")
         if not isinstance(self.capture_epoch, str):
@@ -105,10 +108,9 @@ class Barrier:
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Barrier):
             return NotImplemented
-        return (
-            self.global_barrier_ts == other.global_barrier_ts
-            and dict(self.table_barriers) == dict(other.table_barriers)
-        )
+        return self.global_barrier_ts == other.global_barrier_ts and dict(
+            self.table_barriers
+        ) == dict(other.table_barriers)
 
     def __hash__(self) -> int:
         return hash((self.global_barrier_ts, frozenset(self.table_barriers.items())))
@@ -260,7 +262,9 @@ class DispatchTableRequest:
             if not isinstance(req, AddTableRequest | RemoveTableRequest):
                 raise InvalidMessageError(f"not a dispatch: {req!r}")
             if req.to != self.to:
-                raise InvalidMessageError(f"dispatch for {req.to!r} inside a message to {self.to!r}")
+                raise InvalidMessageError(
+                    f"dispatch for {req.to!r} inside a message to {self.to!r}"
+                )
 
 
 @dataclass(frozen=True, slots=True)

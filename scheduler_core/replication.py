@@ -186,7 +186,9 @@ class ReplicationSet:
             )
             return []
         if dest_capture_id in self._captures:
-            log.warning("table %s: move to %s ignored, it holds the table", self.table_id, dest_capture_id)
+            log.warning(
+                "table %s: move to %s ignored, it holds the table", self.table_id, dest_capture_id
+            )
             return []
         self.state = S.PREPARE
         self._captures[dest_capture_id] = Role.SECONDARY
@@ -223,7 +225,9 @@ class ReplicationSet:
             return self._on_replicating(status, capture_id)
         return self._on_removing(status, capture_id)
 
-    def _on_undetermined(self, status: TableStatus, capture_id: str) -> tuple[Dispatch | None, bool]:
+    def _on_undetermined(
+        self, status: TableStatus, capture_id: str
+    ) -> tuple[Dispatch | None, bool]:
         # It was stopping (or a primary that began stopping): it may still write until
         # it reports Stopped or Absent, so nobody is promoted before that.
         if status.state in _STOPPED_OR_ABSENT:
@@ -303,7 +307,9 @@ class ReplicationSet:
             if self.primary is not None:
                 return RemoveTableRequest(self.primary, self.table_id)
             if self.has_undetermined():
-                log.info("table %s: waiting for undetermined captures before promoting", self.table_id)
+                log.info(
+                    "table %s: waiting for undetermined captures before promoting", self.table_id
+                )
                 return None
             self._promote(capture_id)
         if capture_id == self.primary and self.secondary is None:
@@ -311,7 +317,9 @@ class ReplicationSet:
             return AddTableRequest(capture_id, self.table_id, False, self._checkpoint)
         return None
 
-    def _commit_on_stopped(self, status: TableStatus, capture_id: str) -> tuple[Dispatch | None, bool]:
+    def _commit_on_stopped(
+        self, status: TableStatus, capture_id: str
+    ) -> tuple[Dispatch | None, bool]:
         if capture_id == self.primary:
             self._update_checkpoint(status.checkpoint)
             self._clear_primary()

@@ -46,6 +46,6 @@ def to_datetime(ts: int) -> _dt.datetime:
 
 def format_ts(ts: int) -> str:
     """Printable form: ``2026-11-22T02:04:56.123Z(ts, logical)``."""
-    phys, logical = split(ts)
+    _, logical = split(ts)
     wall = to_datetime(ts).isoformat(timespec="milliseconds").replace("+00:00", "Z")
     return f"{wall}+{logical} ({ts})"

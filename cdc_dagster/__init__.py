@@ -1,0 +1,1 @@
+"""Adapters around scheduler_core: the etcd metastore, the Spark pipeline, sinks and Dagster wiring."""

@@ -1,0 +1,127 @@
+"""The etcd key layout: every key the metastore reads or writes, under one cluster prefix.
+
+::
+
+    {root}/{cluster}/owner                          election key (value: owner id; owner's lease)
+    {root}/{cluster}/capture/{capture_id}           capture registry (JSON; capture's lease)
+    {root}/{cluster}/changefeed/info/{cf}           changefeed config (JSON)
+    {root}/{cluster}/changefeed/status/{cf}         checkpoint, resolved, state, error (JSON)
+    {root}/{cluster}/task/{cf}/{capture_id}         one capture's table statuses (binary; its lease)
+    {root}/{cluster}/ddl/{cf}                       DDL and barrier state (JSON; owner-written)
+    {root}/{cluster}/gc/safepoint                   min checkpoint over changefeeds (decimal TS)
+
+The owner reads O(captures) keys per tick: one range over ``task/{cf}/`` per changefeed.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+DEFAULT_ROOT = "/cdc-dagster"
+DEFAULT_CLUSTER = "default"
+
+# Ids become one path segment: no "/", nothing that would need escaping.
+_SEGMENT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}$")
+
+
+def check_segment(kind: str, value: str) -> str:
+    """Return ``value`` if it can be one key segment, else raise ValueError saying why."""
+    if not isinstance(value, str) or not _SEGMENT.match(value):
+        raise ValueError(
+            f"{kind} {value!r} cannot be an etcd key segment: use 1-128 characters from "
+            "[A-Za-z0-9._:@-], starting with a letter or digit"
+        )
+    return value
+
+
+def prefix_end(prefix: str) -> str:
+    """The smallest key greater than every key that starts with ``prefix`` (etcd range end)."""
+    raw = bytearray(prefix.encode())
+    # Keys here are ASCII, so the last byte is < 0xff.
+    raw[-1] += 1
+    return raw.decode()
+
+
+@dataclass(frozen=True, slots=True)
+class KeyLayout:
+    """Key names for one cdc-dagster cluster; several clusters can share one etcd."""
+
+    cluster_id: str = DEFAULT_CLUSTER
+    root: str = DEFAULT_ROOT
+
+    def __post_init__(self) -> None:
+        check_segment("cluster_id", self.cluster_id)
+        if not self.root.startswith("/") or self.root.endswith("/") or "//" in self.root:
+            raise ValueError(
+                f"root {self.root!r} must start with '/', not end with '/' and have no empty "
+                "segment, e.g. '/cdc-dagster'"
+            )
+
+    @property
+    def prefix(self) -> str:
+        """Every key of this cluster starts with this (ends with '/')."""
+        return f"{self.root}/{self.cluster_id}/"
+
+    @property
+    def owner(self) -> str:
+        """The election key: exists while an owner holds its lease."""
+        return self.prefix + "owner"
+
+    @property
+    def captures(self) -> str:
+        """Prefix of the capture registry."""
+        return self.prefix + "capture/"
+
+    def capture(self, capture_id: str) -> str:
+        """A capture's registry key."""
+        return self.captures + check_segment("capture_id", capture_id)
+
+    @property
+    def changefeed_infos(self) -> str:
+        """Prefix of every changefeed's config."""
+        return self.prefix + "changefeed/info/"
+
+    @property
+    def changefeed_statuses(self) -> str:
+        """Prefix of every changefeed's status."""
+        return self.prefix + "changefeed/status/"
+
+    def changefeed_info(self, changefeed_id: str) -> str:
+        """A changefeed's config key."""
+        return self.changefeed_infos + check_segment("changefeed_id", changefeed_id)
+
+    def changefeed_status(self, changefeed_id: str) -> str:
+        """A changefeed's status key."""
+        return self.changefeed_statuses + check_segment("changefeed_id", changefeed_id)
+
+    def tasks(self, changefeed_id: str) -> str:
+        """Prefix of the per-capture table statuses of one changefeed."""
+        return f"{self.prefix}task/{check_segment('changefeed_id', changefeed_id)}/"
+
+    def task(self, changefeed_id: str, capture_id: str) -> str:
+        """One capture's table statuses for one changefeed."""
+        return self.tasks(changefeed_id) + check_segment("capture_id", capture_id)
+
+    @property
+    def all_tasks(self) -> str:
+        """Prefix of every per-capture table status of every changefeed."""
+        return self.prefix + "task/"
+
+    @property
+    def ddls(self) -> str:
+        """Prefix of every changefeed's DDL and barrier state."""
+        return self.prefix + "ddl/"
+
+    def ddl(self, changefeed_id: str) -> str:
+        """A changefeed's DDL and barrier state."""
+        return self.ddls + check_segment("changefeed_id", changefeed_id)
+
+    @property
+    def gc_safepoint(self) -> str:
+        """The GC safepoint: nothing below it may be collected from the change log."""
+        return self.prefix + "gc/safepoint"
+
+    def last_segment(self, key: str) -> str:
+        """The id at the end of ``key`` (capture id, changefeed id)."""
+        return key.rsplit("/", 1)[1]

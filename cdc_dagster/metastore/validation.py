@@ -1,0 +1,192 @@
+"""Pure checks of changefeed configuration: each bad input gets its own error type.
+
+Table filters follow TiCDC (TiDB table-filter): rules ``schema.table`` with ``*`` and ``?``
+wildcards, ``!`` in front to exclude; the last rule that matches a table decides, and a
+table no rule matches is not replicated. Matching ignores case, like TiCDC's default.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+import urllib.parse
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from cdc_dagster.metastore.errors import (
+    InvalidChangefeedIdError,
+    InvalidChangefeedOptionError,
+    InvalidSinkUriError,
+    InvalidTargetTsError,
+    InvalidTsError,
+    MalformedTableFilterError,
+    StartTsBelowGcSafepointError,
+    StartTsInFutureError,
+    UnknownSinkSchemeError,
+)
+from scheduler_core.ts import MAX_TS, format_ts, physical_ms
+
+SINK_SCHEMES = ("delta", "file", "postgres", "postgresql", "blackhole")
+_CHANGEFEED_ID = re.compile(r"^[A-Za-z0-9]+(-[A-Za-z0-9]+)*$")
+_PATTERN = re.compile(r"^[A-Za-z0-9_$*?-]+$")
+
+
+def validate_changefeed_id(changefeed_id: str) -> str:
+    """Return the id if it is ``[A-Za-z0-9]+(-[A-Za-z0-9]+)*`` and at most 128 characters."""
+    if (
+        not isinstance(changefeed_id, str)
+        or len(changefeed_id) > 128
+        or not _CHANGEFEED_ID.match(changefeed_id)
+    ):
+        raise InvalidChangefeedIdError(
+            f"changefeed id {changefeed_id!r} is invalid: use letters and digits in groups "
+            "joined by single '-', at most 128 characters (e.g. 'orders-to-lake')"
+        )
+    return changefeed_id
+
+
+def validate_sink_uri(sink_uri: str) -> str:
+    """Return the URI if its scheme is one we write to and it names a target."""
+    if not isinstance(sink_uri, str) or not sink_uri.strip():
+        raise InvalidSinkUriError(f"sink URI {sink_uri!r} is empty; e.g. delta:///data/lake")
+    parts = urllib.parse.urlsplit(sink_uri)
+    scheme = parts.scheme.lower()
+    supported = ", ".join(f"{s}://" for s in SINK_SCHEMES)
+    if scheme not in SINK_SCHEMES:
+        what = f"scheme {scheme!r}" if scheme else "no scheme"
+        raise UnknownSinkSchemeError(
+            f"sink URI {sink_uri!r} has {what}; supported: {supported}"
+        )
+    if scheme in ("delta", "file") and not (parts.netloc + parts.path).strip("/"):
+        raise InvalidSinkUriError(
+            f"sink URI {sink_uri!r} names no directory; e.g. {scheme}:///data/lake"
+        )
+    if scheme in ("postgres", "postgresql"):
+        _check_postgres(sink_uri, parts)
+    return sink_uri
+
+
+def _check_postgres(sink_uri: str, parts: urllib.parse.SplitResult) -> None:
+    try:
+        port = parts.port
+    except ValueError as exc:
+        raise InvalidSinkUriError(f"sink URI {sink_uri!r} has a bad port: {exc}") from exc
+    if not parts.hostname:
+        raise InvalidSinkUriError(
+            f"sink URI {sink_uri!r} names no host; e.g. postgres://user@db-host:5432/warehouse"
+        )
+    if not parts.path.strip("/"):
+        raise InvalidSinkUriError(
+            f"sink URI {sink_uri!r} names no database; add it as the path, e.g. "
+            f"postgres://{parts.hostname}:{port or 5432}/warehouse"
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class FilterRule:
+    """One parsed rule: include (or exclude) tables whose schema and name match."""
+
+    exclude: bool
+    schema: str
+    table: str
+
+    def matches(self, schema: str, table: str) -> bool:
+        """Whether the rule's patterns match the table (ignoring case)."""
+        return fnmatch.fnmatchcase(schema.lower(), self.schema.lower()) and fnmatch.fnmatchcase(
+            table.lower(), self.table.lower()
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class TableFilter:
+    """The tables a changefeed replicates."""
+
+    rules: tuple[FilterRule, ...]
+
+    @staticmethod
+    def parse(rules: Sequence[str]) -> TableFilter:
+        """Parse rules like ``["shop.*", "!shop.tmp_*"]``; MalformedTableFilterError if bad."""
+        if isinstance(rules, str) or not isinstance(rules, Sequence) or not rules:
+            raise MalformedTableFilterError(
+                f"table filter {rules!r} must be a non-empty list of rules like 'shop.*'"
+            )
+        parsed = tuple(_parse_rule(rule) for rule in rules)
+        if all(rule.exclude for rule in parsed):
+            raise MalformedTableFilterError(
+                f"table filter {list(rules)!r} only excludes, so it selects no table; put an "
+                "including rule first, e.g. ['*.*', '!mysql.*']"
+            )
+        return TableFilter(parsed)
+
+    def matches(self, schema: str, table: str) -> bool:
+        """Whether ``schema.table`` is replicated: the last matching rule decides."""
+        for rule in reversed(self.rules):
+            if rule.matches(schema, table):
+                return not rule.exclude
+        return False
+
+
+def _parse_rule(rule: str) -> FilterRule:
+    if not isinstance(rule, str):
+        raise MalformedTableFilterError(f"table filter rule {rule!r} is not a string")
+    body = rule[1:] if rule.startswith("!") else rule
+    why = None
+    if not body:
+        why = "it is empty"
+    elif body.count(".") != 1:
+        why = "it needs exactly one '.' between schema and table"
+    else:
+        schema, table = body.split(".")
+        if not schema or not table:
+            why = "the schema or the table part is empty"
+        elif not _PATTERN.match(schema) or not _PATTERN.match(table):
+            why = "it has characters other than letters, digits, '_', '$', '-', '*' and '?'"
+    if why is not None:
+        raise MalformedTableFilterError(
+            f"table filter rule {rule!r} is malformed: {why}; write [!]schema.table with * "
+            "wildcards, e.g. 'shop.order_*' or '!shop.tmp'"
+        )
+    return FilterRule(rule.startswith("!"), schema, table)
+
+
+def check_ts(name: str, ts: int) -> int:
+    """Return ``ts`` if it is an int TS in [0, 2^63)."""
+    if type(ts) is not int or not 0 <= ts <= MAX_TS:
+        raise InvalidTsError(f"{name} {ts!r} is not a TS (an int in [0, 2^63))")
+    return ts
+
+
+def validate_start_ts(start_ts: int, gc_safepoint: int, now_ms: int) -> int:
+    """Return ``start_ts`` if the change log still has it and it is not in the future."""
+    check_ts("start_ts", start_ts)
+    if physical_ms(start_ts) > now_ms:
+        raise StartTsInFutureError(
+            f"start_ts {format_ts(start_ts)} is in the future (now is {now_ms} ms since the "
+            "epoch); omit it to start from now"
+        )
+    if start_ts < gc_safepoint:
+        raise StartTsBelowGcSafepointError(
+            f"start_ts {format_ts(start_ts)} is below the GC safepoint {format_ts(gc_safepoint)}: "
+            "changes before the safepoint may already be collected; start at or after it"
+        )
+    return start_ts
+
+
+def validate_target_ts(target_ts: int, start_ts: int) -> int:
+    """Return ``target_ts`` if it is 0 (no target) or after ``start_ts``."""
+    check_ts("target_ts", target_ts)
+    if target_ts and target_ts <= start_ts:
+        raise InvalidTargetTsError(
+            f"target_ts {format_ts(target_ts)} is not after start_ts {format_ts(start_ts)}; "
+            "use 0 to replicate without an end"
+        )
+    return target_ts
+
+
+def validate_sync_point_interval(interval_s: int) -> int:
+    """Return the syncpoint interval if it is 0 (off) or at least one second."""
+    if type(interval_s) is not int or interval_s < 0:
+        raise InvalidChangefeedOptionError(
+            f"sync_point_interval_s {interval_s!r} must be an int >= 0 (0 turns syncpoints off)"
+        )
+    return interval_s

@@ -1,0 +1,446 @@
+"""ReplicationManager: every table's replication set, the running tasks, and the checkpoint.
+
+Scale is the design constraint (1M tables x 100 captures, a tick in a few hundred ms),
+so a table lives in one of two forms, never both:
+
+* **steady** -- REPLICATING with exactly one capture (the primary). Kept only as a row
+  of numpy columns (id, primary capture index, checkpoint, resolved); per-tick checkpoint
+  reports for these rows are applied vectorised.
+* **active** -- anything else (being added, moved, removed, or with an Undetermined
+  capture). Kept as a :class:`ReplicationSet` object in ``_active``; its checkpoint and
+  state are mirrored into the columns for the checkpoint calculation.
+
+A steady row is turned into an object (``_materialize``) before any event that could
+change it, and an object that settles back into the steady shape is folded into the
+columns again (``_settle``). So per-tick work is proportional to what changed plus the
+number of captures; the ReplicationSet state machine stays the only place transitions
+are decided.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+import numpy as np
+
+from scheduler_core.messages import Dispatch, TableStatusBatch
+from scheduler_core.model import (
+    Checkpoint,
+    ReplicationSetState,
+    Role,
+    TableState,
+    TableStatus,
+)
+from scheduler_core.replication import ReplicationSet
+from scheduler_core.tasks import (
+    AddTableTask,
+    BurstTask,
+    MoveTableTask,
+    RemoveTableTask,
+    ScheduleTask,
+    Task,
+)
+
+log = logging.getLogger(__name__)
+
+S = ReplicationSetState
+_NOT_STEADY = -1
+_REPLICATING = int(TableState.REPLICATING)
+
+
+@dataclass(frozen=True, slots=True)
+class TableView:
+    """A read-only snapshot of one table's replication set, for schedulers and tests."""
+
+    table_id: int
+    state: ReplicationSetState
+    primary: str | None
+    captures: Mapping[str, Role]
+    checkpoint: Checkpoint
+
+
+def _contains(sorted_ids: np.ndarray, table_id: int) -> bool:
+    i = int(np.searchsorted(sorted_ids, table_id))
+    return i < len(sorted_ids) and int(sorted_ids[i]) == table_id
+
+
+class ReplicationManager:
+    """Owns the replication sets of one changefeed and applies schedule tasks to them."""
+
+    def __init__(self, *, max_task_concurrency: int = 10) -> None:
+        if max_task_concurrency < 1:
+            raise ValueError(f"max_task_concurrency must be >= 1, got {max_task_concurrency}")
+        self.max_task_concurrency = max_task_concurrency
+        self._reset()
+
+    def _reset(self) -> None:
+        self._ids = np.empty(0, np.int64)  # sorted table ids: row index = slot
+        self._primary = np.empty(0, np.int32)  # capture index when steady, else -1
+        self._state = np.empty(0, np.int8)  # ReplicationSetState of every row
+        self._ckpt = np.empty(0, np.int64)
+        self._resolved = np.empty(0, np.int64)
+        self._active: dict[int, ReplicationSet] = {}
+        self._running: dict[int, ScheduleTask] = {}
+        self._cap_index: dict[str, int] = {}
+        self._cap_names: list[str] = []
+        self._owned_cache: dict[str, np.ndarray] | None = None
+
+    # ------------------------------------------------------------------ queries
+    def __len__(self) -> int:
+        return len(self._ids)
+
+    def __contains__(self, table_id: int) -> bool:
+        return self._slot(table_id) is not None
+
+    @property
+    def table_ids(self) -> np.ndarray:
+        """Every table the manager tracks (sorted, read-only view)."""
+        view = self._ids.view()
+        view.flags.writeable = False
+        return view
+
+    @property
+    def running_tasks(self) -> Mapping[int, ScheduleTask]:
+        """Tasks in flight, by table id."""
+        return self._running
+
+    def view(self, table_id: int) -> TableView:
+        """A snapshot of one table's replication set."""
+        s = self._slot(table_id)
+        if s is None:
+            raise KeyError(f"table {table_id} is not tracked by the replication manager")
+        rs = self._active.get(table_id)
+        if rs is not None:
+            return TableView(table_id, rs.state, rs.primary, dict(rs.captures), rs.checkpoint)
+        primary = self._cap_names[self._primary[s]]
+        cp = Checkpoint(int(self._ckpt[s]), int(self._resolved[s]))
+        return TableView(table_id, S.REPLICATING, primary, {primary: Role.PRIMARY}, cp)
+
+    def active(self) -> Mapping[int, ReplicationSet]:
+        """Replication sets not in the steady shape (read them, don't change them)."""
+        return self._active
+
+    def all_replicating(self) -> bool:
+        """Every tracked table is REPLICATING."""
+        return bool((self._state == S.REPLICATING).all())
+
+    def table_counts(self, captures: Iterable[str]) -> dict[str, int]:
+        """Tables per capture (any role), for the balancing schedulers."""
+        counts = dict.fromkeys(captures, 0)
+        steady = self._primary[self._primary >= 0]
+        per_idx = np.bincount(steady, minlength=len(self._cap_names)) if len(steady) else []
+        for cid in counts:
+            idx = self._cap_index.get(cid)
+            if idx is not None and idx < len(per_idx):
+                counts[cid] = int(per_idx[idx])
+        for rs in self._active.values():
+            for cid in rs.captures:
+                if cid in counts:
+                    counts[cid] += 1
+        return counts
+
+    def absent_tables(self) -> np.ndarray:
+        """Ids of tables tracked but held by no capture (to be added again)."""
+        return self._ids[self._state == S.ABSENT]
+
+    def extra_tables(self, current: np.ndarray) -> np.ndarray:
+        """Ids tracked but not in ``current`` (sorted) and not already being removed."""
+        extra = ~np.isin(self._ids, current, assume_unique=True)
+        extra &= self._state != S.REMOVING
+        return self._ids[extra]
+
+    def replicating_on(self, capture_id: str) -> np.ndarray:
+        """Ids of tables REPLICATING with ``capture_id`` as their only capture (movable)."""
+        idx = self._cap_index.get(capture_id)
+        if idx is None:
+            return np.empty(0, np.int64)
+        return self._ids[self._primary == idx]
+
+    def owned_tables(self, capture_id: str) -> np.ndarray:
+        """Tables the owner thinks ``capture_id`` holds (any role): what its heartbeat lists."""
+        if self._owned_cache is None:
+            self._owned_cache = self._group_owned()
+        return self._owned_cache.get(capture_id, np.empty(0, np.int64))
+
+    def _group_owned(self) -> dict[str, np.ndarray]:
+        steady = self._primary >= 0
+        prim = self._primary[steady]
+        ids = self._ids[steady]
+        order = np.argsort(prim, kind="stable")
+        bounds = np.searchsorted(prim[order], np.arange(len(self._cap_names) + 1))
+        extra: dict[str, list[int]] = {}
+        for rs in self._active.values():
+            for cid in rs.captures:
+                extra.setdefault(cid, []).append(rs.table_id)
+        out: dict[str, np.ndarray] = {}
+        for i, name in enumerate(self._cap_names):
+            part = ids[order[bounds[i] : bounds[i + 1]]]
+            if name in extra:
+                part = np.concatenate([part, np.asarray(extra.pop(name), np.int64)])
+            part.flags.writeable = False
+            out[name] = part
+        for name, more in extra.items():
+            arr = np.asarray(more, np.int64)
+            arr.flags.writeable = False
+            out[name] = arr
+        return out
+
+    # ------------------------------------------------------------------ rebuild
+    def rebuild(self, reports: Mapping[str, TableStatusBatch], checkpoint: Checkpoint) -> None:
+        """Rebuild every replication set from the captures' reports (owner switch)."""
+        self._reset()
+        names = sorted(reports)
+        for name in names:
+            self._capture_index(name)
+        parts = [(self._cap_index[n], reports[n]) for n in names]
+        parts = [(ci, b) for ci, b in parts if len(b)]
+        if not parts:
+            return
+        cap = np.concatenate([np.full(len(b), ci, np.int32) for ci, b in parts])
+        ids = np.concatenate([b.table_ids for _, b in parts])
+        states = np.concatenate([b.states for _, b in parts])
+        ckpt = np.concatenate([b.checkpoint_ts for _, b in parts])
+        resolved = np.concatenate([b.resolved_ts for _, b in parts])
+        held = states != int(TableState.ABSENT)
+        held &= states != int(TableState.STOPPED)
+        cap, ids, states, ckpt, resolved = (
+            cap[held],
+            ids[held],
+            states[held],
+            ckpt[held],
+            resolved[held],
+        )
+        uniq, first, counts = np.unique(ids, return_index=True, return_counts=True)
+        single = counts == 1
+        steady = single & (states[first] == _REPLICATING)
+        rows = first[steady]
+        self._insert_rows(uniq[steady], S.REPLICATING)
+        slots = np.searchsorted(self._ids, uniq[steady])
+        self._primary[slots] = cap[rows]
+        self._ckpt[slots] = np.maximum(ckpt[rows], checkpoint.checkpoint_ts)
+        self._resolved[slots] = np.maximum(resolved[rows], self._ckpt[slots])
+        self._rebuild_others(uniq[~steady], ids, cap, states, ckpt, resolved, checkpoint)
+
+    def _rebuild_others(self, others, ids, cap, states, ckpt, resolved, checkpoint) -> None:
+        if not len(others):
+            return
+        pick = np.isin(ids, others)
+        grouped: dict[int, dict[str, TableStatus]] = {}
+        for i in np.flatnonzero(pick):
+            tid = int(ids[i])
+            cp = Checkpoint(int(ckpt[i]), int(resolved[i]))
+            status = TableStatus(tid, TableState(int(states[i])), cp)
+            grouped.setdefault(tid, {})[self._cap_names[cap[i]]] = status
+        self._insert_rows(np.asarray(sorted(grouped), np.int64), S.ABSENT)
+        for tid, reps in grouped.items():
+            rs = ReplicationSet.rebuild(tid, checkpoint, reps)
+            self._active[tid] = rs
+            self._settle(self._slot(tid), rs)  # type: ignore[arg-type]
+
+    # ------------------------------------------------------------------ events
+    def handle_batch(self, capture_id: str, batch: TableStatusBatch) -> list[Dispatch]:
+        """Apply one capture's heartbeat report; steady rows are updated vectorised."""
+        if not len(batch) or not len(self._ids):
+            return []
+        ci = self._capture_index(capture_id)
+        slots = np.searchsorted(self._ids, batch.table_ids)
+        slots_c = np.minimum(slots, len(self._ids) - 1)
+        known = self._ids[slots_c] == batch.table_ids
+        fast = known & (batch.states == _REPLICATING) & (self._primary[slots_c] == ci)
+        fs = slots_c[fast]
+        # Slots are unique within a batch (TableStatusBatch rejects repeated ids).
+        self._ckpt[fs] = np.maximum(self._ckpt[fs], batch.checkpoint_ts[fast])
+        self._resolved[fs] = np.maximum(self._resolved[fs], batch.resolved_ts[fast])
+        slow = np.flatnonzero(known & ~fast)
+        if not len(slow):
+            return []
+        return self.handle_statuses(capture_id, (batch.status_at(int(i)) for i in slow))
+
+    def handle_statuses(self, capture_id: str, statuses: Iterable[TableStatus]) -> list[Dispatch]:
+        """Feed statuses (dispatch responses, or the slow rows of a report) to their sets."""
+        out: list[Dispatch] = []
+        for status in statuses:
+            s = self._slot(status.table_id)
+            if s is None:
+                continue  # not ours (dropped long ago, or a stale report): ignore
+            rs = self._materialize(s)
+            out.extend(rs.poll(status, capture_id))
+            self._settle(s, rs)
+        return out
+
+    def handle_capture_removed(self, capture_id: str) -> list[Dispatch]:
+        """A capture left: every table it held is treated as Stopped there."""
+        idx = self._cap_index.get(capture_id)
+        out: list[Dispatch] = []
+        if idx is not None:
+            for s in np.flatnonzero(self._primary == idx):
+                self._materialize(int(s))
+        for tid, rs in list(self._active.items()):
+            msgs, affected = rs.handle_capture_shutdown(capture_id)
+            if affected:
+                out.extend(msgs)
+                self._settle(self._slot(tid), rs)  # type: ignore[arg-type]
+        self._owned_cache = None
+        return out
+
+    # ------------------------------------------------------------------ tasks
+    def handle_tasks(self, tasks: Iterable[Task]) -> list[Dispatch]:
+        """Apply schedule tasks: one task per table at a time, capped concurrency except bursts."""
+        self._collect_finished()
+        out: list[Dispatch] = []
+        for task in tasks:
+            if isinstance(task, BurstTask):
+                out.extend(self._apply_burst(task.tasks))
+                continue
+            if len(self._running) >= self.max_task_concurrency:
+                continue  # not break: a later burst task may still apply
+            out.extend(self._apply(task))
+        return out
+
+    def _apply_burst(self, tasks: tuple[ScheduleTask, ...]) -> list[Dispatch]:
+        new = [t.table_id for t in tasks if isinstance(t, AddTableTask) and t.table_id not in self]
+        if new:
+            self._insert_rows(np.unique(np.asarray(new, np.int64)), S.ABSENT)
+        out: list[Dispatch] = []
+        for task in tasks:
+            out.extend(self._apply(task))
+        return out
+
+    def _apply(self, task: ScheduleTask) -> list[Dispatch]:
+        tid = task.table_id
+        if tid in self._running:
+            log.debug("ignore %s: table %s has a task running", task, tid)
+            return []
+        s = self._slot(tid)
+        if s is None:
+            if not isinstance(task, AddTableTask):
+                log.debug("ignore %s: table %s not found", task, tid)
+                return []
+            self._insert_rows(np.asarray([tid], np.int64), S.ABSENT)
+            s = self._slot(tid)
+        assert s is not None
+        if isinstance(task, AddTableTask) and tid not in self._active and self._primary[s] < 0:
+            self._active[tid] = ReplicationSet(tid, Checkpoint.at(task.checkpoint_ts))
+        rs = self._materialize(s)
+        if isinstance(task, AddTableTask):
+            msgs = rs.handle_add_table(task.capture_id)
+        elif isinstance(task, MoveTableTask):
+            msgs = rs.handle_move_table(task.dest_capture_id)
+        else:
+            msgs = rs.handle_remove_table()
+        if msgs:
+            self._running[tid] = task
+        self._settle(s, rs)
+        return msgs
+
+    def _collect_finished(self) -> None:
+        done = []
+        for tid, task in self._running.items():
+            view_state = self._state_of(tid)
+            if (
+                view_state is None
+                or view_state in (S.REPLICATING, S.ABSENT)
+                or (isinstance(task, RemoveTableTask) and self._active[tid].removed)
+            ):
+                done.append(tid)
+        for tid in done:
+            del self._running[tid]
+
+    def drop_removed(self, current: np.ndarray) -> list[int]:
+        """Forget sets that finished removing, and Absent ones no longer wanted; returns ids."""
+        gone = [
+            tid
+            for tid, rs in self._active.items()
+            if rs.removed or (rs.state == S.ABSENT and not _contains(current, tid))
+        ]
+        if gone:
+            for tid in gone:
+                del self._active[tid]
+                self._running.pop(tid, None)
+            keep = ~np.isin(self._ids, np.asarray(gone, np.int64))
+            self._take(keep)
+        return gone
+
+    # ------------------------------------------------------------------ checkpoint
+    def checkpoint(self, current: np.ndarray) -> Checkpoint | None:
+        """Min checkpoint over ``current`` tables, or None if one is missing or not replicating."""
+        if not len(current):
+            return None
+        slots = np.searchsorted(self._ids, current)
+        if len(self._ids) == 0 or (slots >= len(self._ids)).any():
+            return None
+        if not (self._ids[slots] == current).all():
+            return None
+        if (self._state[slots] != S.REPLICATING).any():
+            return None
+        return Checkpoint(int(self._ckpt[slots].min()), int(self._resolved[slots].min()))
+
+    def table_checkpoint(self, table_id: int) -> int | None:
+        """One table's checkpoint ts, if tracked."""
+        s = self._slot(table_id)
+        return None if s is None else int(self._ckpt[s])
+
+    # ------------------------------------------------------------------ internals
+    def _slot(self, table_id: int) -> int | None:
+        s = int(np.searchsorted(self._ids, table_id))
+        if s < len(self._ids) and self._ids[s] == table_id:
+            return s
+        return None
+
+    def _state_of(self, table_id: int) -> ReplicationSetState | None:
+        s = self._slot(table_id)
+        return None if s is None else S(int(self._state[s]))
+
+    def _capture_index(self, capture_id: str) -> int:
+        idx = self._cap_index.get(capture_id)
+        if idx is None:
+            idx = self._cap_index[capture_id] = len(self._cap_names)
+            self._cap_names.append(capture_id)
+        return idx
+
+    def _materialize(self, s: int) -> ReplicationSet:
+        tid = int(self._ids[s])
+        rs = self._active.get(tid)
+        if rs is not None:
+            return rs
+        assert self._primary[s] >= 0, f"table {tid} is neither steady nor active"
+        primary = self._cap_names[self._primary[s]]
+        cp = Checkpoint(int(self._ckpt[s]), int(self._resolved[s]))
+        rs = ReplicationSet.rebuild(
+            tid, cp, {primary: TableStatus(tid, TableState.REPLICATING, cp)}
+        )
+        self._active[tid] = rs
+        self._primary[s] = _NOT_STEADY
+        return rs
+
+    def _settle(self, s: int, rs: ReplicationSet) -> None:
+        cp = rs.checkpoint
+        self._ckpt[s] = cp.checkpoint_ts
+        self._resolved[s] = cp.resolved_ts
+        self._state[s] = rs.state
+        if rs.state == S.REPLICATING and len(rs.captures) == 1:
+            self._primary[s] = self._capture_index(rs.primary)  # type: ignore[arg-type]
+            del self._active[rs.table_id]
+        self._owned_cache = None
+
+    def _insert_rows(self, ids: np.ndarray, state: ReplicationSetState) -> None:
+        ids = np.setdiff1d(ids, self._ids)
+        if not len(ids):
+            return
+        pos = np.searchsorted(self._ids, ids)
+        self._ids = np.insert(self._ids, pos, ids)
+        self._primary = np.insert(self._primary, pos, _NOT_STEADY)
+        self._state = np.insert(self._state, pos, int(state))
+        self._ckpt = np.insert(self._ckpt, pos, 0)
+        self._resolved = np.insert(self._resolved, pos, 0)
+        self._owned_cache = None
+
+    def _take(self, keep: np.ndarray) -> None:
+        self._ids = self._ids[keep]
+        self._primary = self._primary[keep]
+        self._state = self._state[keep]
+        self._ckpt = self._ckpt[keep]
+        self._resolved = self._resolved[keep]
+        self._owned_cache = None

@@ -1,0 +1,310 @@
+"""FakeUpstream, FakeDownstream and FakeExecutor: an in-memory data plane.
+
+A "change" is only its commit TS here: a batch is ``(checkpoint, batch_end_ts]`` of one
+table, and the downstream keeps per table the committed checkpoint and the current sink
+fencing token. That is enough to check the protocol's correctness properties: no double
+write (a write with an old token is refused, see :attr:`FakeDownstream.log`), exactly-once
+effect (a replayed batch end is a no-op) and monotonic checkpoints.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import numpy as np
+
+from scheduler_core.errors import ExecutorContractError, InvalidMessageError
+from scheduler_core.messages import Barrier, TableStatusBatch
+from scheduler_core.model import Checkpoint, TableState, TableStatus, _check_ts
+
+log = logging.getLogger(__name__)
+
+T = TableState
+
+
+class FakeUpstream:
+    """The upstream's resolved TS: one global watermark the simulator moves forward."""
+
+    def __init__(self, resolved_ts: int = 0) -> None:
+        _check_ts("resolved_ts", resolved_ts)
+        self._resolved_ts = resolved_ts
+
+    def advance(self, ts: int) -> None:
+        """Move the global resolved TS to ``ts``; it never goes back."""
+        _check_ts("ts", ts)
+        if ts < self._resolved_ts:
+            raise InvalidMessageError(
+                f"upstream resolved ts cannot go back from {self._resolved_ts} to {ts}"
+            )
+        self._resolved_ts = ts
+
+    def resolved_ts(self, table_id: int) -> int:
+        """No change of ``table_id`` with a smaller commit TS will still arrive."""
+        return self._resolved_ts
+
+
+@dataclass(frozen=True, slots=True)
+class WriteRecord:
+    """One write the downstream accepted."""
+
+    table_id: int
+    token: int
+    holder: str
+    batch_end_ts: int
+
+
+class FakeDownstream:
+    """Per-table committed checkpoint, guarded by a fencing token (the sink's conditional commit).
+
+    A table the downstream has never seen reads as committed at ``initial_ts`` (the
+    changefeed's start TS: its snapshot is assumed loaded); :meth:`create_table` sets
+    another TS for a table created later (at its DDL's barrier).
+    """
+
+    def __init__(self, initial_ts: int = 0) -> None:
+        _check_ts("initial_ts", initial_ts)
+        self._initial_ts = initial_ts
+        self._committed: dict[int, int] = {}
+        self._token: dict[int, int] = {}
+        self._token_holder: dict[tuple[int, int], str] = {}
+        self.log: list[WriteRecord] = []
+        self.refused_writes = 0
+
+    def create_table(self, table_id: int, committed_ts: int) -> None:
+        """Make a new table readable at ``committed_ts`` (it must not exist yet)."""
+        _check_ts("committed_ts", committed_ts)
+        if table_id in self._committed:
+            raise InvalidMessageError(f"table {table_id} already exists downstream")
+        self._committed[table_id] = committed_ts
+
+    def committed(self, table_id: int) -> int:
+        """Every change of the table with commit TS <= this is in the downstream."""
+        return self._committed.get(table_id, self._initial_ts)
+
+    def current_token(self, table_id: int) -> int:
+        """The table's current fencing token (0: never acquired)."""
+        return self._token.get(table_id, 0)
+
+    def acquire(self, table_id: int, holder: str) -> int:
+        """A new, strictly larger token for the table; older tokens are refused from now on."""
+        token = self.current_token(table_id) + 1
+        self._token[table_id] = token
+        self._token_holder[(table_id, token)] = holder
+        return token
+
+    def write(self, table_id: int, token: int, batch_end_ts: int, holder: str) -> bool:
+        """Commit ``(committed, batch_end_ts]`` if ``token`` is current; False when fenced.
+
+        A batch ending at or below the committed checkpoint is already in (a replay after a
+        crash): a no-op that returns True without a log entry.
+        """
+        _check_ts("batch_end_ts", batch_end_ts)
+        if token != self.current_token(table_id):
+            self.refused_writes += 1
+            log.info(
+                "downstream refused %s's write of table %s to %s: token %s is not current (%s)",
+                holder,
+                table_id,
+                batch_end_ts,
+                token,
+                self.current_token(table_id),
+            )
+            return False
+        if self._token_holder[(table_id, token)] != holder:
+            raise ExecutorContractError(
+                f"{holder!r} wrote table {table_id} with token {token} acquired by "
+                f"{self._token_holder[(table_id, token)]!r}: tokens are not transferable"
+            )
+        if batch_end_ts <= self.committed(table_id):
+            return True
+        self._committed[table_id] = batch_end_ts
+        self.log.append(WriteRecord(table_id, token, holder, batch_end_ts))
+        return True
+
+
+class _Table:
+    """Mutable per-table state of the fake executor."""
+
+    __slots__ = ("checkpoint_ts", "countdown", "prepared_from", "resolved_ts", "state", "token")
+
+    def __init__(self, state: TableState, checkpoint_ts: int, resolved_ts: int) -> None:
+        self.state = state
+        self.checkpoint_ts = checkpoint_ts
+        self.resolved_ts = resolved_ts
+        self.prepared_from = checkpoint_ts
+        self.countdown = 0
+        self.token = 0  # 0: holds no fencing token (not sinking)
+
+
+class FakeExecutor:
+    """An in-memory TableExecutor: prepares in ``prepare_ticks``, stops in ``stop_ticks``.
+
+    Each :meth:`advance` raises every table's resolved TS to the upstream's, and each
+    sinking table (REPLICATING, or STOPPING after it replicated: its last flush) writes one
+    batch up to ``min(resolved, barrier)``. A refused write means another capture took the
+    table over: the table goes STOPPED at its last accepted checkpoint and
+    ``fenced_writes`` counts it. Invariant: checkpoint_ts <= resolved_ts for every table.
+    """
+
+    def __init__(
+        self,
+        capture_id: str,
+        downstream: FakeDownstream,
+        upstream: FakeUpstream,
+        prepare_ticks: int = 1,
+        stop_ticks: int = 1,
+    ) -> None:
+        if prepare_ticks < 0 or stop_ticks < 0:
+            raise InvalidMessageError(
+                f"prepare_ticks and stop_ticks must be >= 0, got {prepare_ticks}, {stop_ticks}"
+            )
+        self.capture_id = capture_id
+        self.downstream = downstream
+        self.upstream = upstream
+        self.prepare_ticks = prepare_ticks
+        self.stop_ticks = stop_ticks
+        self.barrier = Barrier()
+        self.fenced_writes = 0
+        self._tables: dict[int, _Table] = {}
+
+    # ------------------------------------------------------------------ commands
+    def prepare(self, table_id: int, checkpoint: Checkpoint) -> None:
+        """Phase 1: pull from ``checkpoint.checkpoint_ts``; PREPARED after ``prepare_ticks``."""
+        if table_id in self._tables:
+            raise ExecutorContractError(
+                f"prepare of table {table_id} on {self.capture_id}, which holds it in "
+                f"{self._tables[table_id].state.name}: prepare only an ABSENT table"
+            )
+        start = checkpoint.checkpoint_ts
+        resolved = max(start, self.upstream.resolved_ts(table_id))
+        table = _Table(T.PREPARING, start, resolved)
+        table.countdown = self.prepare_ticks
+        if self.prepare_ticks == 0:
+            table.state = T.PREPARED
+        self._tables[table_id] = table
+
+    def commit(self, table_id: int, checkpoint: Checkpoint) -> None:
+        """Phase 2: check the data is readable, take the fencing token, sink from the checkpoint."""
+        table = self._tables.get(table_id)
+        if table is None or table.state != T.PREPARED:
+            state = "ABSENT" if table is None else table.state.name
+            raise ExecutorContractError(
+                f"commit of table {table_id} on {self.capture_id} in {state}: "
+                "commit only a PREPARED table"
+            )
+        start = checkpoint.checkpoint_ts
+        if table.prepared_from > start:
+            raise ExecutorContractError(
+                f"table {table_id} on {self.capture_id} was prepared from {table.prepared_from} "
+                f"> commit checkpoint {start}: sinking would skip the changes in between; "
+                "prepare it again from the checkpoint"
+            )
+        committed = self.downstream.committed(table_id)
+        if committed < start:
+            raise ExecutorContractError(
+                f"table {table_id} on {self.capture_id}: downstream committed {committed} < commit "
+                f"checkpoint {start}: the previous primary's writes are not readable yet"
+            )
+        table.token = self.downstream.acquire(table_id, self.capture_id)
+        table.state = T.REPLICATING
+        table.checkpoint_ts = start
+        table.resolved_ts = max(table.resolved_ts, start)
+
+    def remove(self, table_id: int) -> None:
+        """Begin stopping (idempotent); STOPPED after ``stop_ticks`` advances."""
+        table = self._tables.get(table_id)
+        if table is None or table.state in (T.STOPPING, T.STOPPED):
+            return
+        table.state = T.STOPPING
+        table.countdown = self.stop_ticks
+        if self.stop_ticks == 0:
+            self._stop(table)
+
+    def forget(self, table_id: int) -> None:
+        """Drop a STOPPED table (no-op for an ABSENT one)."""
+        table = self._tables.get(table_id)
+        if table is None:
+            return
+        if table.state != T.STOPPED:
+            raise ExecutorContractError(
+                f"forget of table {table_id} on {self.capture_id} in {table.state.name}: "
+                "only a STOPPED table may be forgotten (remove it first)"
+            )
+        del self._tables[table_id]
+
+    def set_barrier(self, barrier: Barrier) -> None:
+        """Sinks will not pass ``barrier.barrier_ts(table_id)``."""
+        self.barrier = barrier
+
+    # ------------------------------------------------------------------ progress
+    def advance(self) -> None:
+        """One processor tick: pull up to the upstream's resolved TS, sink, finish phases."""
+        for table_id, table in self._tables.items():
+            if table.state == T.STOPPED:
+                continue
+            table.resolved_ts = max(table.resolved_ts, self.upstream.resolved_ts(table_id))
+            if table.state == T.PREPARING:
+                table.countdown -= 1
+                if table.countdown <= 0:
+                    table.state = T.PREPARED
+            elif table.state == T.REPLICATING:
+                self._sink(table_id, table)
+            elif table.state == T.STOPPING:
+                self._advance_stopping(table_id, table)
+            assert table.checkpoint_ts <= table.resolved_ts, (table_id, self.capture_id)
+
+    def _advance_stopping(self, table_id: int, table: _Table) -> None:
+        if table.token and not self._sink(table_id, table):
+            return  # fenced: already stopped
+        table.countdown -= 1
+        if table.countdown <= 0:
+            self._stop(table)
+
+    def _sink(self, table_id: int, table: _Table) -> bool:
+        """Write one batch; on a refused write the table stops (False)."""
+        target = min(table.resolved_ts, self.barrier.barrier_ts(table_id))
+        if target <= table.checkpoint_ts:
+            return True
+        if not self.downstream.write(table_id, table.token, target, self.capture_id):
+            log.warning(
+                "capture %s: write of table %s fenced at checkpoint %s: another capture owns it",
+                self.capture_id,
+                table_id,
+                table.checkpoint_ts,
+            )
+            self.fenced_writes += 1
+            self._stop(table)
+            return False
+        table.checkpoint_ts = target
+        return True
+
+    @staticmethod
+    def _stop(table: _Table) -> None:
+        table.state = T.STOPPED
+        table.token = 0
+
+    # ------------------------------------------------------------------ reports
+    def status(self, table_id: int) -> TableStatus:
+        """The table's status (ABSENT at checkpoint 0 if not held)."""
+        table = self._tables.get(table_id)
+        if table is None:
+            return TableStatus(table_id, T.ABSENT, Checkpoint(0, 0))
+        return TableStatus(
+            table_id, table.state, Checkpoint(table.checkpoint_ts, table.resolved_ts)
+        )
+
+    def statuses(self) -> TableStatusBatch:
+        """Every held table's status, in columns (insertion order)."""
+        n = len(self._tables)
+        tables = self._tables.values()
+        return TableStatusBatch(
+            np.fromiter(self._tables.keys(), np.int64, n),
+            np.fromiter((int(t.state) for t in tables), np.int64, n),
+            np.fromiter((t.checkpoint_ts for t in tables), np.int64, n),
+            np.fromiter((t.resolved_ts for t in tables), np.int64, n),
+        )
+
+    def held(self) -> int:
+        """How many tables this executor holds."""
+        return len(self._tables)
