@@ -303,8 +303,9 @@ class Agent:
         if finished:
             statuses = tuple(self._executor.status(t) for t in sorted(finished))
             stopped += [s.table_id for s in statuses if s.state == T.STOPPED]
-            out.append(DispatchTableResponse(self._header(), self._capture_id, self._owner_id, statuses))
-        for table_id in set(stopped):
+            header = self._header()
+            out.append(DispatchTableResponse(header, self._capture_id, self._owner_id, statuses))
+        for table_id in sorted(set(stopped)):
             # Reported once with its final checkpoint: from now on it reads ABSENT.
             self._executor.forget(table_id)
         self._check_invariant()
@@ -313,10 +314,10 @@ class Agent:
     def _drive_tasks(self) -> list[int]:
         finished = []
         for table_id, task in list(self._tasks.items()):
-            req = task.request
-            done = self._drive_remove(table_id) if isinstance(req, RemoveTableRequest) else (
-                self._drive_add(task)
-            )
+            if isinstance(task.request, RemoveTableRequest):
+                done = self._drive_remove(table_id)
+            else:
+                done = self._drive_add(task)
             if done:
                 del self._tasks[table_id]
                 finished.append(table_id)

@@ -148,7 +148,9 @@ class CaptureRegistry:
         """Every registered capture whose lease has not expired, by id."""
         return list(_decode_all(self._client.get_prefix(self._layout.captures)).values())
 
-    def watch(self, on_change: Callable[[MappingProxyType[str, CaptureInfo]], None]) -> CaptureWatch:
+    def watch(
+        self, on_change: Callable[[MappingProxyType[str, CaptureInfo]], None]
+    ) -> CaptureWatch:
         """Follow the alive set; ``on_change`` gets the whole set after every change."""
         return CaptureWatch(self._client, self._layout, on_change).start()
 
@@ -218,4 +220,3 @@ class CaptureWatch:
             self._changed.notify_all()
         if self._on_change is not None:
             self._on_change(MappingProxyType(dict(alive)))
-

@@ -13,6 +13,7 @@ updates) stamp a write id into the value and recognise their own write when they
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import logging
 import threading
@@ -413,7 +414,9 @@ class EtcdClient:
 
     def grant_lease(self, ttl_s: int) -> LeaseGrant:
         """A new lease; keys attached to it vanish ``ttl_s`` after its last keep-alive."""
-        resp = self._unary("lease grant", "leasestub", "LeaseGrant", etcdrpc.LeaseGrantRequest(TTL=ttl_s))
+        resp = self._unary(
+            "lease grant", "leasestub", "LeaseGrant", etcdrpc.LeaseGrantRequest(TTL=ttl_s)
+        )
         if resp.error:
             raise MetastoreError(f"etcd refused a lease of {ttl_s}s: {resp.error}")
         return LeaseGrant(int(resp.ID), int(resp.TTL))
@@ -441,10 +444,10 @@ class EtcdClient:
 
     def revoke_lease(self, lease_id: int) -> None:
         """Revoke the lease (deleting its keys); a lease that is already gone is fine."""
-        try:
-            self._unary("lease revoke", "leasestub", "LeaseRevoke", etcdrpc.LeaseRevokeRequest(ID=lease_id))
-        except LeaseExpiredError:
-            pass
+        with contextlib.suppress(LeaseExpiredError):
+            self._unary(
+                "lease revoke", "leasestub", "LeaseRevoke", etcdrpc.LeaseRevokeRequest(ID=lease_id)
+            )
 
     def lease_ttl(self, lease_id: int) -> int:
         """Seconds the lease has left (-1 when it has expired or never existed)."""
@@ -554,9 +557,7 @@ class PrefixWatch:
         self._broken = threading.Event()
         self._stopped = threading.Event()
         self._generation = 0
-        self._thread = threading.Thread(
-            target=self._run, name=f"watch {prefix}", daemon=True
-        )
+        self._thread = threading.Thread(target=self._run, name=f"watch {prefix}", daemon=True)
 
     def start(self) -> PrefixWatch:
         """Start watching (returns once the first snapshot was delivered or failed)."""
@@ -600,6 +601,4 @@ class PrefixWatch:
             _log.info("%s; re-listing", reason)
             self._broken.set()
 
-        return self._client.watch_prefix(
-            self._prefix, snapshot.revision + 1, on_events, on_broken
-        )
+        return self._client.watch_prefix(self._prefix, snapshot.revision + 1, on_events, on_broken)

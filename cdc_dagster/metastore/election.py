@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from cdc_dagster.metastore.client import (
     Compare,
+    Delete,
     EtcdClient,
     Get,
     LeaseGrant,
@@ -22,7 +23,6 @@ from cdc_dagster.metastore.client import (
     Put,
     TxnResult,
     create_revision_is,
-    Delete,
 )
 from cdc_dagster.metastore.errors import CampaignTimeoutError, NotOwnerError
 from cdc_dagster.metastore.keys import KeyLayout, check_segment
@@ -78,9 +78,7 @@ class OwnerSession:
         failed, returns the result with ``succeeded`` false and the ``failure`` reads.
         """
         owner_key = self._layout.owner
-        result = self._client.txn(
-            [self.guard(), *compares], success, [Get(owner_key), *failure]
-        )
+        result = self._client.txn([self.guard(), *compares], success, [Get(owner_key), *failure])
         if result.succeeded:
             return result
         owner_kvs, *rest = result.reads

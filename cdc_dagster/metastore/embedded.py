@@ -187,7 +187,9 @@ class EmbeddedEtcd:
             stdout=self._log_file,
             stderr=subprocess.STDOUT,
             start_new_session=True,
-            preexec_fn=_die_with_parent if self.die_with_parent and sys.platform == "linux" else None,
+            preexec_fn=_die_with_parent
+            if self.die_with_parent and sys.platform == "linux"
+            else None,
         )
         self._wait_healthy(timeout_s)
         self._write_endpoint_file()

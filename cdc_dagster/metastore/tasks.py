@@ -29,7 +29,9 @@ class TaskStatusStore:
 
     def read(self, changefeed_id: str) -> dict[str, TaskStatus]:
         """Every capture's latest status for the changefeed, by capture id."""
-        return decode_tasks(self._layout, self._client.get_prefix(self._layout.tasks(changefeed_id)).kvs)
+        return decode_tasks(
+            self._layout, self._client.get_prefix(self._layout.tasks(changefeed_id)).kvs
+        )
 
 
 def decode_tasks(layout: KeyLayout, kvs: Iterable[KeyValue]) -> dict[str, TaskStatus]:

@@ -54,9 +54,7 @@ def validate_sink_uri(sink_uri: str) -> str:
     supported = ", ".join(f"{s}://" for s in SINK_SCHEMES)
     if scheme not in SINK_SCHEMES:
         what = f"scheme {scheme!r}" if scheme else "no scheme"
-        raise UnknownSinkSchemeError(
-            f"sink URI {sink_uri!r} has {what}; supported: {supported}"
-        )
+        raise UnknownSinkSchemeError(f"sink URI {sink_uri!r} has {what}; supported: {supported}")
     if scheme in ("delta", "file") and not (parts.netloc + parts.path).strip("/"):
         raise InvalidSinkUriError(
             f"sink URI {sink_uri!r} names no directory; e.g. {scheme}:///data/lake"

@@ -1,0 +1,151 @@
+"""The etcd metastore: owner election, capture registry, changefeeds, task statuses, GC safepoint.
+
+Start here: ``with connect(None, state_dir) as ms: ...`` runs against a private etcd
+(started on first use, reused by later processes); ``connect(["host:2379", ...], ...)``
+uses an external cluster. The key layout is in :mod:`cdc_dagster.metastore.keys`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Self
+
+from cdc_dagster.metastore.captures import CaptureInfo, CaptureRegistry, CaptureSession
+from cdc_dagster.metastore.changefeeds import (
+    Changefeed,
+    ChangefeedInfo,
+    ChangefeedState,
+    ChangefeedStatus,
+    ChangefeedStore,
+    wall_ms,
+)
+from cdc_dagster.metastore.client import EtcdClient, RpcCounts
+from cdc_dagster.metastore.ddl_state import DdlState
+from cdc_dagster.metastore.election import Election, OwnerInfo, OwnerSession
+from cdc_dagster.metastore.embedded import EmbeddedEtcd, EtcdTuning, running_endpoint
+from cdc_dagster.metastore.errors import *  # noqa: F403 - the error hierarchy is public API
+from cdc_dagster.metastore.keys import KeyLayout
+from cdc_dagster.metastore.owner_tick import (
+    ChangefeedProgress,
+    OwnerSnapshot,
+    TickCommit,
+    commit_owner_tick,
+    read_owner_snapshot,
+)
+from cdc_dagster.metastore.status_codec import TaskStatus
+from cdc_dagster.metastore.tasks import TaskStatusStore
+
+_log = logging.getLogger(__name__)
+
+__all__ = [
+    "CaptureInfo",
+    "CaptureRegistry",
+    "CaptureSession",
+    "Changefeed",
+    "ChangefeedInfo",
+    "ChangefeedProgress",
+    "ChangefeedState",
+    "ChangefeedStatus",
+    "ChangefeedStore",
+    "DdlState",
+    "Election",
+    "EmbeddedEtcd",
+    "EtcdClient",
+    "EtcdTuning",
+    "KeyLayout",
+    "Metastore",
+    "OwnerInfo",
+    "OwnerSession",
+    "OwnerSnapshot",
+    "RpcCounts",
+    "TaskStatus",
+    "TaskStatusStore",
+    "TickCommit",
+    "connect",
+]
+
+
+class Metastore:
+    """One cluster's metastore over one etcd connection (and the private etcd, if it started one)."""
+
+    def __init__(
+        self,
+        client: EtcdClient,
+        layout: KeyLayout,
+        *,
+        embedded: EmbeddedEtcd | None = None,
+        now_ms: Callable[[], int] = wall_ms,
+    ) -> None:
+        self.client = client
+        self.layout = layout
+        self.embedded = embedded
+        self.election = Election(client, layout)
+        self.captures = CaptureRegistry(client, layout)
+        self.changefeeds = ChangefeedStore(client, layout, now_ms=now_ms)
+        self.tasks = TaskStatusStore(client, layout)
+
+    def read_owner_snapshot(self) -> OwnerSnapshot:
+        """The owner's tick input, read at one revision in one round trip."""
+        return read_owner_snapshot(self.client, self.layout)
+
+    def commit_owner_tick(
+        self,
+        session: OwnerSession,
+        snapshot: OwnerSnapshot,
+        progress: Mapping[str, ChangefeedProgress],
+        ddl: Mapping[str, DdlState] | None = None,
+    ) -> TickCommit:
+        """Persist the tick in one owner-guarded write (NotOwnerError if ownership was lost)."""
+        return commit_owner_tick(session, self.client, self.layout, snapshot, progress, ddl)
+
+    def gc_safepoint(self) -> int:
+        """The GC safepoint (0 before any owner set one)."""
+        kv = self.client.get(self.layout.gc_safepoint)
+        return int(kv.value) if kv is not None else 0
+
+    def close(self) -> None:
+        """Close the connection, and stop the private etcd if this process started it."""
+        self.client.close()
+        if self.embedded is not None:
+            self.embedded.stop()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def connect(
+    endpoints: str | Sequence[str] | None,
+    state_dir: str | os.PathLike[str] | None = None,
+    *,
+    cluster_id: str = "default",
+    keep_etcd_running: bool = False,
+    now_ms: Callable[[], int] = wall_ms,
+    rpc_timeout_s: float = 5.0,
+    retry_timeout_s: float = 15.0,
+) -> Metastore:
+    """Open the metastore on ``endpoints`` (``--etcd host:port,...``), or on a private etcd.
+
+    With no endpoints, attaches to the private etcd already running from
+    ``state_dir/etcd`` or starts one there. A started etcd stops on ``close()`` unless
+    ``keep_etcd_running`` (then later processes attach to it until it is stopped).
+    """
+    embedded = None
+    if not endpoints:
+        if state_dir is None:
+            raise ValueError("connect() needs etcd endpoints or a state_dir for a private etcd")
+        etcd_dir = Path(state_dir) / "etcd"
+        endpoints = running_endpoint(etcd_dir)
+        if endpoints is None:
+            embedded = EmbeddedEtcd(etcd_dir, die_with_parent=not keep_etcd_running).start()
+            endpoints = embedded.endpoints
+        else:
+            _log.info("attaching to the private etcd at %s", endpoints)
+    client = EtcdClient(endpoints, rpc_timeout_s=rpc_timeout_s, retry_timeout_s=retry_timeout_s)
+    owned = embedded if embedded is not None and not keep_etcd_running else None
+    return Metastore(client, KeyLayout(cluster_id), embedded=owned, now_ms=now_ms)

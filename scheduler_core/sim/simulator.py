@@ -1,0 +1,303 @@
+"""A fault-injecting simulator: an owner and N captures on a lossy bus.
+
+Faults: message delay / drop / duplicate / reorder; capture crash and restart (new epoch);
+a partitioned capture that keeps writing after its lease expired (a zombie, stopped by
+the sink's fencing token); owner crash and re-election with a higher owner_rev; a zombie
+owner that keeps sending; tables added and dropped at a barrier. After every step the
+validators in :mod:`scheduler_core.sim.invariants` run.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import random
+from dataclasses import dataclass, field
+
+
+from scheduler_core.agent import Agent
+from scheduler_core.coordinator import Coordinator, CoordinatorConfig
+from scheduler_core.model import Checkpoint, ReplicationSetState
+from scheduler_core.sim.bus import Bus, Faults
+from scheduler_core.sim.fake_executor import FakeDownstream, FakeExecutor, FakeUpstream
+from scheduler_core.sim.invariants import Monotonic, default_validators
+from scheduler_core.ts import compose
+
+log = logging.getLogger(__name__)
+
+START_MS = 1_000_000
+TICK_MS = 10
+
+
+@dataclass(slots=True)
+class SimCapture:
+    """One capture process as the simulator sees it."""
+
+    capture_id: str
+    agent: Agent
+    executor: FakeExecutor
+    registration: str
+    crashed: bool = False
+    partitioned: bool = False
+    renewed_at: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class SimConfig:
+    """Sizes and timings of a simulated cluster."""
+
+    captures: int = 3
+    tables: int = 8
+    lease_ticks: int = 3  # a capture that has not renewed for this long is gone
+    election_ticks: int = 2  # ticks between an owner crash and the next owner
+    prepare_ticks: int = 1
+    stop_ticks: int = 1
+    coordinator: CoordinatorConfig = field(
+        default_factory=lambda: CoordinatorConfig(balance_interval_ticks=10)
+    )
+
+
+class Simulator:
+    """Drives Coordinator and Agents through ticks; fault methods change the world."""
+
+    def __init__(self, seed: int, config: SimConfig | None = None, faults: Faults | None = None):
+        self.cfg = config or SimConfig()
+        self.rng = random.Random(seed)
+        self.bus = Bus(random.Random(self.rng.getrandbits(32)), faults or Faults())
+        self.now = 0
+        start = compose(START_MS)
+        self.upstream = FakeUpstream(start)
+        self.downstream = FakeDownstream(start)
+        self.persisted = Checkpoint.at(start)
+        self.tables: set[int] = set(range(1, self.cfg.tables + 1))
+        self._next_table = self.cfg.tables + 1
+        self.start_ts: dict[int, int] = {}
+        self.pending_changes: list[tuple[set[int], set[int], int]] = []
+        self._ids = itertools.count(1)
+        self.captures: dict[str, SimCapture] = {}
+        for i in range(self.cfg.captures):
+            self._start_capture(f"capture-{i}")
+        self.owner_rev = 0
+        self.owner: Coordinator | None = None
+        self.zombies: list[Coordinator] = []
+        self.owner_down_until = 0
+        self.validators = default_validators()
+        self._elect()
+
+    # ------------------------------------------------------------------ world
+    def _epoch(self) -> str:
+        return f"e{next(self._ids)}"
+
+    def _start_capture(self, cid: str) -> None:
+        ex = FakeExecutor(
+            cid, self.downstream, self.upstream, self.cfg.prepare_ticks, self.cfg.stop_ticks
+        )
+        agent = Agent(cid, ex, self._epoch)
+        self.captures[cid] = SimCapture(cid, agent, ex, f"r{next(self._ids)}", renewed_at=self.now)
+
+    def _elect(self) -> None:
+        self.owner_rev += 1
+        owner = Coordinator(
+            owner_id=f"owner-{self.owner_rev}",
+            owner_rev=self.owner_rev,
+            changefeed_epoch=1,
+            checkpoint=self.persisted,
+            tables=sorted(self.tables),
+            rng=random.Random(self.rng.getrandbits(32)),
+            config=self.cfg.coordinator,
+        )
+        owner.start_ts.update(
+            {t: ts for t, ts in self.start_ts.items() if ts > self.persisted.checkpoint_ts}
+        )
+        for add, remove, ts in self.pending_changes:
+            owner.change_tables(add=add, remove=remove, barrier_ts=ts)
+        self.owner = owner
+        for v in self.validators:
+            if isinstance(v, Monotonic):
+                v.owner_changed()
+
+    def alive(self) -> dict[str, str]:
+        """The registry: captures whose lease has not expired."""
+        return {
+            c.capture_id: c.registration
+            for c in self.captures.values()
+            if not c.crashed and self.now - c.renewed_at <= self.cfg.lease_ticks
+        }
+
+    def writers(self) -> list[SimCapture]:
+        """Captures that may still write without being fenced: running and holding a lease."""
+        alive = self.alive()
+        return [c for c in self.captures.values() if c.capture_id in alive]
+
+    # ------------------------------------------------------------------ faults
+    def crash_capture(self, cid: str) -> None:
+        """The process dies: no more writes, no more messages; its lease runs out."""
+        cap = self.captures[cid]
+        cap.crashed = True
+        self.bus.drop_for(cid)
+
+    def restart_capture(self, cid: str) -> None:
+        """A crashed or partitioned capture comes back as a new process (new epoch)."""
+        cap = self.captures[cid]
+        if not (cap.crashed or cap.partitioned):
+            return
+        self.bus.drop_for(cid)
+        self._start_capture(cid)
+
+    def partition_capture(self, cid: str) -> None:
+        """Cut a capture off: it keeps writing (a zombie once its lease expires)."""
+        self.captures[cid].partitioned = True
+
+    def crash_owner(self, *, zombie: bool = False) -> None:
+        """The owner dies (or, with ``zombie``, loses its lease but keeps sending)."""
+        if self.owner is None:
+            return
+        if zombie:
+            self.zombies.append(self.owner)
+        self.owner = None
+        self.owner_down_until = self.now + self.cfg.election_ticks
+
+    def add_table(self) -> int:
+        """A new table at a barrier ts (the upstream's resolved ts now)."""
+        tid = self._next_table
+        self._next_table += 1
+        ts = self.upstream.resolved_ts(tid)
+        self.downstream.create_table(tid, ts)
+        self._change({tid}, set(), ts)
+        return tid
+
+    def drop_table(self, tid: int) -> None:
+        """Remove a table from the changefeed at a barrier."""
+        self._change(set(), {tid}, self.upstream.resolved_ts(tid))
+
+    def _change(self, add: set[int], remove: set[int], ts: int) -> None:
+        self.pending_changes.append((add, remove, ts))
+        if self.owner is not None:
+            self.owner.change_tables(add=add, remove=remove, barrier_ts=ts)
+
+    # ------------------------------------------------------------------ the step
+    def step(self) -> None:
+        """One tick of the world, then every validator."""
+        self.now += 1
+        self.upstream.advance(compose(START_MS + self.now * TICK_MS))
+        for cap in list(self.captures.values()):
+            self._capture_tick(cap)
+        if self.owner is None and self.now >= self.owner_down_until:
+            self._elect()
+        for owner in [*self.zombies, self.owner]:
+            if owner is not None:
+                self._owner_tick(owner)
+        for v in self.validators:
+            v.check(self)
+
+    def _capture_tick(self, cap: SimCapture) -> None:
+        if cap.crashed:
+            return
+        if not cap.partitioned:
+            cap.agent.handle(self.bus.deliver(self.now, cap.capture_id))
+            cap.renewed_at = self.now
+        out = cap.agent.tick()  # drives the executor's data progress too
+        if not cap.partitioned:
+            for m in out:
+                self.bus.send(self.now, m)
+
+    def _owner_tick(self, owner: Coordinator) -> None:
+        inbox = self.bus.deliver(self.now, owner.owner_id)
+        result = owner.tick(self.alive(), inbox)
+        for m in result.messages:
+            self.bus.send(self.now, m)
+        if owner is self.owner:
+            self.persisted = result.checkpoint
+            self._note_applied_changes(owner)
+
+    def _note_applied_changes(self, owner: Coordinator) -> None:
+        current = set(owner.current_tables.tolist())
+        for change in list(self.pending_changes):
+            add, remove, ts = change
+            if add <= current and not (remove & current):
+                self.pending_changes.remove(change)
+                self.tables = (self.tables | add) - remove
+                self.start_ts.update(dict.fromkeys(add, ts))
+
+    # ------------------------------------------------------------------ liveness
+    def converged(self) -> bool:
+        """Every current table replicates and the checkpoint is near the upstream."""
+        owner = self.owner
+        if owner is None or self.pending_changes:
+            return False
+        rm = owner.replications
+        for tid in owner.current_tables.tolist():
+            if tid not in rm or rm.view(tid).state != ReplicationSetState.REPLICATING:
+                return False
+        lag_ms = (self.upstream.resolved_ts(0) - self.persisted.checkpoint_ts) >> 18
+        return lag_ms <= 5 * TICK_MS
+
+    def quiesce(self, max_ticks: int) -> int:
+        """Stop all faults, bring every capture back; ticks until converged (raises if not)."""
+        self.bus.faults = Faults()
+        for cap in list(self.captures.values()):
+            if cap.crashed or cap.partitioned:
+                self.restart_capture(cap.capture_id)
+        for n in range(1, max_ticks + 1):
+            self.step()
+            if self.converged():
+                return n
+        from scheduler_core.sim.invariants import InvariantViolation
+
+        raise InvariantViolation(
+            f"liveness: not converged {max_ticks} ticks after faults stopped: "
+            f"checkpoint {self.persisted}, upstream {self.upstream.resolved_ts(0)}, "
+            f"tables {self._table_states()}"
+        )
+
+    def _table_states(self) -> dict[int, str]:
+        owner = self.owner
+        if owner is None:
+            return {}
+        rm = owner.replications
+        return {
+            t: (rm.view(t).state.name if t in rm else "MISSING")
+            for t in owner.current_tables.tolist()
+        }
+
+
+def run_schedule(seed: int, steps: int = 150, config: SimConfig | None = None) -> int:
+    """A random fault schedule for ``seed``; returns the ticks liveness took afterwards."""
+    rng = random.Random(seed ^ 0x5EED)
+    faults = Faults(
+        drop=rng.choice([0.0, 0.05, 0.2]),
+        duplicate=rng.choice([0.0, 0.05, 0.2]),
+        max_delay=rng.choice([0, 1, 3]),
+    )
+    sim = Simulator(seed, config, faults)
+    for _ in range(steps):
+        _random_fault(sim, rng)
+        sim.step()
+    return sim.quiesce(max_ticks=200)
+
+
+def _random_fault(sim: Simulator, rng: random.Random) -> None:
+    r = rng.random()
+    cids = sorted(sim.captures)
+    cid = rng.choice(cids)
+    cap = sim.captures[cid]
+    if r < 0.02:
+        sim.crash_capture(cid)
+    elif r < 0.05 and (cap.crashed or cap.partitioned):
+        sim.restart_capture(cid)
+    elif r < 0.06:
+        sim.partition_capture(cid)
+    elif r < 0.07:
+        sim.crash_owner(zombie=rng.random() < 0.5)
+    elif r < 0.09:
+        sim.add_table()
+    elif r < 0.10 and len(sim.tables) > 1:
+        sim.drop_table(rng.choice(sorted(sim.tables)))
+    elif r < 0.11 and sim.owner is not None:
+        sim.owner.request_rebalance()
+    elif r < 0.12 and sim.owner is not None:
+        tid = rng.choice(sorted(sim.tables))
+        sim.owner.move_table(tid, rng.choice(cids))
+
+
+__all__ = ["SimCapture", "SimConfig", "Simulator", "run_schedule"]

@@ -1,0 +1,142 @@
+"""A real etcd for every test: one private server per session, plus per-test clusters.
+
+The ``etcd_server`` / ``etcd_endpoints`` fixtures are generic (they only yield a running
+server and its endpoints) so they can move to ``tests/conftest.py`` when other suites
+need etcd. Each test gets its own cluster prefix, so tests never see each other's keys.
+"""
+
+from __future__ import annotations
+
+import json
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cdc_dagster.metastore import KeyLayout, Metastore, connect
+from cdc_dagster.metastore.embedded import EmbeddedEtcd, EtcdTuning
+
+OWNER_PROC = Path(__file__).with_name("owner_proc.py")
+
+
+@pytest.fixture(scope="session")
+def etcd_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedEtcd]:
+    """A private etcd for the whole session (short election timeout: 1 s leases work)."""
+    server = EmbeddedEtcd(tmp_path_factory.mktemp("etcd"), tuning=EtcdTuning.for_tests())
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def etcd_endpoints(etcd_server: EmbeddedEtcd) -> list[str]:
+    """``host:port`` endpoints of the session's etcd."""
+    return etcd_server.endpoints
+
+
+@pytest.fixture
+def cluster_id() -> str:
+    """A cluster id of this test's own, so its keys do not meet other tests' keys."""
+    return f"t{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture
+def layout(cluster_id: str) -> KeyLayout:
+    """The key layout of this test's cluster."""
+    return KeyLayout(cluster_id)
+
+
+@pytest.fixture
+def metastore(etcd_endpoints: list[str], cluster_id: str) -> Iterator[Metastore]:
+    """A metastore on the session etcd, for this test's cluster."""
+    ms = connect(etcd_endpoints, cluster_id=cluster_id, retry_timeout_s=10.0)
+    try:
+        yield ms
+    finally:
+        ms.close()
+
+
+class Candidate:
+    """An ``owner_proc.py`` process: send it commands, read its JSON answers with timeouts."""
+
+    def __init__(self, endpoints: list[str], cluster_id: str, owner_id: str, ttl_s: int) -> None:
+        self.owner_id = owner_id
+        self.proc = subprocess.Popen(
+            [sys.executable, str(OWNER_PROC), ",".join(endpoints), cluster_id, owner_id, str(ttl_s)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            bufsize=1,
+        )
+        self._lines: queue.Queue[str | None] = queue.Queue()
+        threading.Thread(target=self._pump, daemon=True).start()
+
+    def _pump(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self._lines.put(line)
+        self._lines.put(None)
+
+    def send(self, command: str) -> None:
+        """Write one command line."""
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(command + "\n")
+        self.proc.stdin.flush()
+
+    def read(self, timeout_s: float) -> dict[str, Any]:
+        """The next answer; fails the test if none comes within ``timeout_s``."""
+        try:
+            line = self._lines.get(timeout=timeout_s)
+        except queue.Empty:
+            pytest.fail(f"{self.owner_id} said nothing within {timeout_s}s")
+        if line is None:
+            pytest.fail(f"{self.owner_id} exited with {self.proc.wait()}")
+        return dict(json.loads(line))
+
+    def silent_for(self, seconds: float) -> bool:
+        """True if no answer arrives within ``seconds``."""
+        try:
+            self._lines.put(self._lines.get(timeout=seconds))
+        except queue.Empty:
+            return True
+        return False
+
+    def signal(self, sig: signal.Signals) -> None:
+        """Send ``sig`` to the process."""
+        self.proc.send_signal(sig)
+
+    def cleanup(self) -> None:
+        """Kill the process whatever state it is in (stopped ones are continued first)."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGCONT)
+            self.proc.kill()
+        self.proc.wait(timeout=10)
+
+
+@pytest.fixture
+def spawn_candidate(
+    etcd_endpoints: list[str], cluster_id: str
+) -> Iterator[Callable[[str, int], Candidate]]:
+    """Start owner candidates in their own processes; every one is killed after the test."""
+    started: list[Candidate] = []
+
+    def spawn(owner_id: str, ttl_s: int) -> Candidate:
+        candidate = Candidate(etcd_endpoints, cluster_id, owner_id, ttl_s)
+        started.append(candidate)
+        assert candidate.read(timeout_s=30)["event"] == "ready"
+        return candidate
+
+    try:
+        yield spawn
+    finally:
+        for candidate in started:
+            candidate.cleanup()
