@@ -104,11 +104,18 @@ class Agent:
     """The capture side: fences owner messages, drives a TableExecutor, reports table states."""
 
     def __init__(
-        self, capture_id: str, executor: TableExecutor, new_epoch: Callable[[], str]
+        self,
+        capture_id: str,
+        executor: TableExecutor,
+        new_epoch: Callable[[], str],
+        registration: str = "",
     ) -> None:
         if not isinstance(capture_id, str) or not capture_id:
             raise ConfigError(f"capture_id must be a non-empty str, got {capture_id!r}")
         self._capture_id = capture_id
+        # The registry token of this process's registration (its lease): lets the owner
+        # tell this incarnation's reports from a late one of a previous incarnation.
+        self.registration = registration
         self._executor = executor
         self._new_epoch = new_epoch
         self._epoch = ""
@@ -373,7 +380,12 @@ class Agent:
         stopped = held.table_ids[held.states == int(T.STOPPED)].tolist()
         assert self._owner_id is not None
         response = HeartbeatResponse(
-            self._header(), self._capture_id, self._owner_id, tables, self.liveness
+            self._header(),
+            self._capture_id,
+            self._owner_id,
+            tables,
+            self.liveness,
+            self.registration,
         )
         return response, stopped
 

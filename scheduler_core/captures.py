@@ -91,10 +91,18 @@ class CaptureManager:
             return False
         return True
 
-    def handle_response(self, resp: HeartbeatResponse) -> None:
-        """Record a heartbeat response that :meth:`accept` let through."""
+    def handle_response(self, resp: HeartbeatResponse) -> bool:
+        """Record a heartbeat response that :meth:`accept` let through; False if ignored.
+
+        The epoch is learnt only from a response of the current registration: a late
+        report of a previous incarnation (same capture id, older lease) must not pin it.
+        """
         st = self.captures[resp.sender]
         if not st.epoch:
+            if resp.registration != st.registration:
+                log.debug("drop report of %s from registration %r (current %r)",
+                          resp.sender, resp.registration, st.registration)
+                return False
             st.epoch = resp.header.capture_epoch
         st.last_seq = resp.header.seq
         st.tables = resp.tables
@@ -103,6 +111,7 @@ class CaptureManager:
             st.state = CaptureState.STOPPING
         elif st.state == CaptureState.UNINITIALIZED:
             st.state = CaptureState.INITIALIZED
+        return True
 
     def note_seq(self, capture_id: str, seq: int) -> None:
         """Record the seq of a dispatch response that :meth:`accept` let through."""

@@ -213,12 +213,16 @@ class Coordinator:
                 self.stats.dropped_wrong_epoch += 1
                 continue
             if isinstance(m, HeartbeatResponse):
-                self.captures.handle_response(m)
+                if not self.captures.handle_response(m):
+                    self.stats.dropped_wrong_epoch += 1
+                    continue
                 if self._rebuilt:
                     out.extend(self.replications.handle_batch(m.sender, m.tables))
             elif isinstance(m, DispatchTableResponse):
+                if not self.captures.epoch_of(m.sender):
+                    continue  # epochs are learnt from heartbeat responses only
                 self.captures.note_seq(m.sender, m.header.seq)
-                if self._rebuilt and self.captures.epoch_of(m.sender):
+                if self._rebuilt:
                     out.extend(self.replications.handle_statuses(m.sender, m.statuses))
         return out
 

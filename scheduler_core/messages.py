@@ -237,9 +237,12 @@ class HeartbeatResponse:
     to: str
     tables: TableStatusBatch
     liveness: Liveness = Liveness.ALIVE
+    registration: str = ""  # the sender's registry token; the owner learns epochs only from the current one
 
     def __post_init__(self) -> None:
         _check_envelope(self.sender, self.to, self.header)
+        if not isinstance(self.registration, str):
+            raise InvalidMessageError(f"registration must be a str, got {self.registration!r}")
         if not isinstance(self.tables, TableStatusBatch):
             raise InvalidMessageError(f"tables must be a TableStatusBatch, got {self.tables!r}")
         if not isinstance(self.liveness, Liveness):

@@ -30,6 +30,7 @@ from pyetcd import exceptions as pyetcd_exceptions
 from pyetcd import watch as pyetcd_watch
 
 from cdc_dagster.metastore.errors import (
+    ClientClosedError,
     EtcdUnavailableError,
     InvalidEndpointError,
     LeaseExpiredError,
@@ -307,6 +308,7 @@ class EtcdClient:
         self.rpc_timeout_s = rpc_timeout_s
         self.retry_timeout_s = retry_timeout_s
         self._stats = _Stats()
+        self._closed = False
         eps = [
             pyetcd.Endpoint(h, p, secure=False, time_retry=0.2, opts=_GRPC_OPTIONS)
             for h, p in parse_endpoints(endpoints)
@@ -324,6 +326,7 @@ class EtcdClient:
 
     def close(self) -> None:
         """Close the channels; the client cannot be used afterwards."""
+        self._closed = True
         self._raw.close()
 
     def __enter__(self) -> EtcdClient:
@@ -336,6 +339,8 @@ class EtcdClient:
         deadline = time.monotonic() + self.retry_timeout_s
         delay = 0.05
         while True:
+            if self._closed:
+                raise ClientClosedError(f"etcd {what}: the client was closed")
             try:
                 return attempt()
             except grpc.RpcError as exc:
@@ -346,6 +351,10 @@ class EtcdClient:
                 reason = f"{code.name}: {exc.details()}"
             except pyetcd_exceptions.NoServerAvailableError:
                 reason = "every endpoint failed recently"
+            except ValueError as exc:  # grpc: "Cannot invoke RPC: Channel closed!"
+                if self._closed:
+                    raise ClientClosedError(f"etcd {what}: the client was closed") from exc
+                raise
             if time.monotonic() + delay > deadline:
                 raise EtcdUnavailableError(
                     f"etcd {what} failed for {self.retry_timeout_s:.0f}s at {self.endpoints} "
@@ -574,6 +583,8 @@ class PrefixWatch:
         while not self._stopped.is_set():
             try:
                 watch_id = self._subscribe()
+            except ClientClosedError:
+                return
             except MetastoreError as exc:
                 _log.warning("watch on %s: %s; retrying", self._prefix, exc)
                 self._stopped.wait(0.5)

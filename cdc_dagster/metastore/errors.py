@@ -31,6 +31,10 @@ class EtcdUnavailableError(MetastoreError):
     """etcd did not answer within the retry deadline."""
 
 
+class ClientClosedError(MetastoreError):
+    """The etcd client was closed; background threads using it stop."""
+
+
 class InvalidEndpointError(MetastoreError, ValueError):
     """An ``--etcd`` endpoint is not ``host:port``."""
 

@@ -8,7 +8,11 @@ import time
 from collections.abc import Callable
 
 from cdc_dagster.metastore.client import EtcdClient, LeaseGrant
-from cdc_dagster.metastore.errors import EtcdUnavailableError, LeaseExpiredError
+from cdc_dagster.metastore.errors import (
+    ClientClosedError,
+    EtcdUnavailableError,
+    LeaseExpiredError,
+)
 
 _log = logging.getLogger(__name__)
 
@@ -80,11 +84,14 @@ class LeaseKeeper:
             except LeaseExpiredError:
                 _log.warning("lease %x expired; stopping its keep-alive", self.lease_id)
                 return
+            except ClientClosedError:
+                return
             except EtcdUnavailableError as exc:
                 _log.warning("keep-alive of lease %x failed: %s", self.lease_id, exc)
 
     def _mark_lost(self) -> None:
         if not self._expired:
             self._expired = True
+            self._stop.set()
             if self._on_lost is not None:
                 self._on_lost()

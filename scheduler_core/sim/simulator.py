@@ -92,8 +92,9 @@ class Simulator:
         ex = FakeExecutor(
             cid, self.downstream, self.upstream, self.cfg.prepare_ticks, self.cfg.stop_ticks
         )
-        agent = Agent(cid, ex, self._epoch)
-        self.captures[cid] = SimCapture(cid, agent, ex, f"r{next(self._ids)}", renewed_at=self.now)
+        registration = f"r{next(self._ids)}"
+        agent = Agent(cid, ex, self._epoch, registration)
+        self.captures[cid] = SimCapture(cid, agent, ex, registration, renewed_at=self.now)
 
     def _elect(self) -> None:
         self.owner_rev += 1

@@ -1,0 +1,110 @@
+"""The capture registry against a real etcd: leases, epochs, fencing, watches."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+from cdc_dagster.metastore import Metastore, TaskStatus
+from cdc_dagster.metastore.errors import CaptureNotRegisteredError
+from scheduler_core.messages import Liveness, TableStatusBatch
+
+
+def _status(*table_ids: int) -> TaskStatus:
+    n = len(table_ids)
+    ts = np.full(n, 100, dtype=np.int64)
+    return TaskStatus(7, 1, Liveness.ALIVE, TableStatusBatch(list(table_ids), np.full(n, 3), ts, ts))
+
+
+def _wait_until(predicate, timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.05)
+    return predicate()
+
+
+def test_capture_whose_lease_expires_leaves_alive_list_and_reregisters_with_new_epoch(
+    metastore: Metastore,
+) -> None:
+    watch = metastore.captures.watch(lambda alive: None)
+    try:
+        stays = metastore.captures.register("stays", 1)
+        lapses = metastore.captures.register("lapses", 1, keepalive=False)
+        metastore.tasks.put(lapses, "cf", _status(1, 2))
+        assert watch.wait_for(lambda alive: set(alive) == {"stays", "lapses"}, 5)
+
+        assert _wait_until(lambda: [c.capture_id for c in metastore.captures.list_alive()] == ["stays"], 5)
+        assert watch.wait_for(lambda alive: set(alive) == {"stays"}, 5)
+        assert metastore.tasks.read("cf") == {}, "task statuses go with the capture's lease"
+        with pytest.raises(CaptureNotRegisteredError):
+            metastore.tasks.put(lapses, "cf", _status(1, 2))
+
+        again = metastore.captures.register("lapses", 1)
+        assert again.epoch != lapses.epoch
+        assert watch.wait_for(lambda alive: alive.get("lapses") == again.info, 5)
+        metastore.tasks.put(again, "cf", _status(4))
+        with pytest.raises(CaptureNotRegisteredError):
+            metastore.tasks.put(lapses, "cf", _status(1, 2))
+        again.deregister()
+    finally:
+        watch.stop()
+        stays.deregister()
+
+
+def test_reregistration_rotates_the_epoch_and_fences_the_previous_registration(
+    metastore: Metastore,
+) -> None:
+    old = metastore.captures.register("cap", 2)
+    new = metastore.captures.register("cap", 2)
+    try:
+        assert new.epoch != old.epoch
+        registered = metastore.captures.get("cap")
+        assert registered is not None and registered.epoch == new.epoch
+        metastore.tasks.put(new, "cf", _status(5))
+        with pytest.raises(CaptureNotRegisteredError):
+            metastore.tasks.put(old, "cf", _status(9))
+        assert metastore.tasks.read("cf")["cap"].tables == _status(5).tables
+    finally:
+        old.keeper.stop()
+        new.deregister()
+
+
+def test_deregister_removes_capture_and_its_task_statuses_at_once(metastore: Metastore) -> None:
+    session = metastore.captures.register("leaving", 5)
+    metastore.tasks.put(session, "cf", _status(3))
+    assert set(metastore.tasks.read("cf")) == {"leaving"}
+
+    session.deregister()
+
+    assert metastore.captures.list_alive() == []
+    assert metastore.tasks.read("cf") == {}
+
+
+def test_kept_alive_capture_outlives_its_ttl(metastore: Metastore) -> None:
+    session = metastore.captures.register("kept", 1)
+    try:
+        time.sleep(2.5)
+        assert [c.capture_id for c in metastore.captures.list_alive()] == ["kept"]
+        assert session.alive()
+    finally:
+        session.deregister()
+
+
+def test_watch_sees_captures_join_and_leave_with_their_epochs(metastore: Metastore) -> None:
+    seen: list[dict[str, str]] = []
+    watch = metastore.captures.watch(lambda alive: seen.append({k: v.epoch for k, v in alive.items()}))
+    try:
+        a = metastore.captures.register("a", 5)
+        b = metastore.captures.register("b", 5)
+        assert watch.wait_for(lambda alive: set(alive) == {"a", "b"}, 5)
+        a.deregister()
+        assert watch.wait_for(lambda alive: set(alive) == {"b"}, 5)
+        assert watch.alive()["b"].epoch == b.epoch
+        assert {"a": a.epoch, "b": b.epoch} in seen
+    finally:
+        watch.stop()
+        b.deregister()
