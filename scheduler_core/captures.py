@@ -100,8 +100,12 @@ class CaptureManager:
         st = self.captures[resp.sender]
         if not st.epoch:
             if resp.registration != st.registration:
-                log.debug("drop report of %s from registration %r (current %r)",
-                          resp.sender, resp.registration, st.registration)
+                log.debug(
+                    "drop report of %s from registration %r (current %r)",
+                    resp.sender,
+                    resp.registration,
+                    st.registration,
+                )
                 return False
             st.epoch = resp.header.capture_epoch
         st.last_seq = resp.header.seq

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from scheduler_core.captures import CaptureManager
+from scheduler_core.checkpoint import advance_checkpoint
+from scheduler_core.ddl import DDLEvent, DDLManager
 from scheduler_core.errors import ConfigError
 from scheduler_core.messages import (
     Barrier,
@@ -66,6 +68,9 @@ class TickResult:
     barrier: Barrier
     scheduler: str | None = None  # which scheduler produced this tick's tasks
     dispatches: int = 0
+    ready_ddls: tuple[DDLEvent, ...] = ()  # DDLs whose gate is open: execute, then ddl_done
+    syncpoint_ts: int | None = None  # a syncpoint all tables reached: record, then syncpoint_done
+    finished: bool = False  # the target ts was reached
 
 
 @dataclass(slots=True)
@@ -98,6 +103,7 @@ class Coordinator:
         tables: Iterable[int],
         rng: random.Random,
         config: CoordinatorConfig | None = None,
+        ddl: DDLManager | None = None,
     ) -> None:
         cfg = config or CoordinatorConfig()
         self.owner_id = owner_id
@@ -123,7 +129,7 @@ class Coordinator:
         ]
         self.current_tables = np.unique(np.fromiter(tables, np.int64))
         self.start_ts: dict[int, int] = {}
-        self.barrier_sources: list[BarrierSource] = []
+        self.ddl = ddl or DDLManager(checkpoint.checkpoint_ts)
         self.stats = _Stats()
         self._table_changes: list[_TableChange] = []
         self._rebuilt = False
@@ -192,7 +198,45 @@ class Coordinator:
         barrier = self.barrier()
         self._advance_checkpoint(barrier)
         msgs = self._emit(out, barrier)
-        return TickResult(msgs, self.checkpoint, barrier, scheduler, len(out))
+        ckpt = self.checkpoint.checkpoint_ts
+        ready: tuple[DDLEvent, ...] = ()
+        if self._rebuilt:
+            ready = tuple(self.ddl.ready(self._table_checkpoint, ckpt))
+        return TickResult(
+            msgs,
+            self.checkpoint,
+            barrier,
+            scheduler,
+            len(out),
+            ready,
+            self.ddl.ready_syncpoint(ckpt),
+            self.ddl.finished(ckpt),
+        )
+
+    def _table_checkpoint(self, table_id: int) -> int:
+        ts = self.replications.table_checkpoint(table_id)
+        return 0 if ts is None else ts
+
+    # ------------------------------------------------------------------ DDL
+    def add_ddl(self, event: DDLEvent) -> bool:
+        """Queue a DDL from the upstream's DDL stream (commit-ts order per table)."""
+        return self.ddl.add_ddl(event)
+
+    def advance_ddl_resolved(self, ts: int) -> None:
+        """No DDL with a commit ts <= ``ts`` is still to come: the global barrier may reach it."""
+        self.ddl.advance_ddl_resolved(ts)
+
+    def ddl_done(self, event: DDLEvent) -> None:
+        """A ready DDL ran downstream: lift its barrier and apply its table-set change."""
+        change = self.ddl.ddl_done(event)
+        add = np.asarray(change.added, np.int64)
+        remove = np.asarray(change.removed, np.int64)
+        if len(add) or len(remove):
+            self.apply_table_set_change(add, remove, change.barrier_ts)
+
+    def syncpoint_done(self, ts: int) -> None:
+        """The syncpoint at ``ts`` was recorded downstream."""
+        self.ddl.syncpoint_done(ts)
 
     def _accept(self, m: CaptureMessage) -> bool:
         if m.to != self.owner_id:
@@ -272,23 +316,22 @@ class Coordinator:
         """The barriers sinks must respect this tick."""
         global_ts = min((c.barrier_ts for c in self._table_changes), default=MAX_TS)
         table: dict[int, int] = {}
-        for source in self.barrier_sources:
-            b = source.barrier(self.current_tables)
-            global_ts = min(global_ts, b.global_barrier_ts)
-            for tid, ts in b.table_barriers.items():
-                table[tid] = min(ts, table.get(tid, MAX_TS))
+        b = self.ddl.barrier(_SortedIds(self.current_tables))
+        global_ts = min(global_ts, b.global_barrier_ts)
+        for tid, ts in b.table_barriers.items():
+            table[tid] = min(ts, table.get(tid, MAX_TS))
         return Barrier(global_ts, {t: ts for t, ts in table.items() if ts < global_ts})
 
     def _advance_checkpoint(self, barrier: Barrier) -> None:
         if not self._rebuilt:
             return
-        cp = self.replications.checkpoint(self.current_tables)
+        if not len(self.current_tables):
+            return  # nothing replicates, so nothing says how far the upstream has resolved
+        rows = self.replications.rows(self.current_tables)
+        cp = advance_checkpoint(*rows, barrier, len(self.current_tables), self.checkpoint)
         if cp is None:
             return
-        cap = min([barrier.global_barrier_ts, *barrier.table_barriers.values()])
-        ckpt = min(cp.checkpoint_ts, cap)
-        resolved = max(cp.resolved_ts, ckpt)
-        self.checkpoint = self.checkpoint.advanced(Checkpoint(ckpt, resolved))
+        self.checkpoint = cp
         # Table starts below the checkpoint are no longer needed.
         if self.start_ts:
             done = [t for t, ts in self.start_ts.items() if ts <= self.checkpoint.checkpoint_ts]
@@ -321,9 +364,14 @@ class Coordinator:
         return msgs
 
 
-class BarrierSource:
-    """Something that holds sinks back: the DDL manager, syncpoints, a target ts."""
+class _SortedIds:
+    """``in`` over a sorted id array without building a set of a million ints."""
 
-    def barrier(self, current_tables: np.ndarray) -> Barrier:  # pragma: no cover - protocol
-        """The barrier it imposes now."""
-        raise NotImplementedError
+    __slots__ = ("_ids",)
+
+    def __init__(self, ids: np.ndarray) -> None:
+        self._ids = ids
+
+    def __contains__(self, table_id: object) -> bool:
+        i = int(np.searchsorted(self._ids, table_id))
+        return i < len(self._ids) and int(self._ids[i]) == table_id

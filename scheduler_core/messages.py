@@ -237,7 +237,9 @@ class HeartbeatResponse:
     to: str
     tables: TableStatusBatch
     liveness: Liveness = Liveness.ALIVE
-    registration: str = ""  # the sender's registry token; the owner learns epochs only from the current one
+    registration: str = (
+        ""  # the sender's registry token; the owner learns epochs only from the current one
+    )
 
     def __post_init__(self) -> None:
         _check_envelope(self.sender, self.to, self.header)

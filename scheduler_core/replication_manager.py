@@ -364,18 +364,19 @@ class ReplicationManager:
         return gone
 
     # ------------------------------------------------------------------ checkpoint
-    def checkpoint(self, current: np.ndarray) -> Checkpoint | None:
-        """Min checkpoint over ``current`` tables, or None if one is missing or not replicating."""
-        if not len(current):
-            return None
+    def rows(self, current: np.ndarray) -> tuple[np.ndarray, ...]:
+        """Columns (ids, TableState values, checkpoint, resolved) of the ``current`` tables we track.
+
+        A table that is not REPLICATING here reads as ABSENT, so the checkpoint calculation
+        treats anything in transit as "cannot advance".
+        """
         slots = np.searchsorted(self._ids, current)
-        if len(self._ids) == 0 or (slots >= len(self._ids)).any():
-            return None
-        if not (self._ids[slots] == current).all():
-            return None
-        if (self._state[slots] != S.REPLICATING).any():
-            return None
-        return Checkpoint(int(self._ckpt[slots].min()), int(self._resolved[slots].min()))
+        found = slots < len(self._ids)
+        found[found] = self._ids[slots[found]] == current[found]
+        slots = slots[found]
+        replicating = self._state[slots] == S.REPLICATING
+        states = np.where(replicating, int(TableState.REPLICATING), int(TableState.ABSENT))
+        return self._ids[slots], states, self._ckpt[slots], self._resolved[slots]
 
     def table_checkpoint(self, table_id: int) -> int | None:
         """One table's checkpoint ts, if tracked."""

@@ -3,17 +3,18 @@
 The owner reads one such value per capture per tick, so its size is the tick's etcd
 cost. Layout (version 1), all little-endian::
 
-    header  "TS" | version u8 | liveness u8 | count u32 | owner_rev u64 | changefeed_epoch u64
-    body    zlib( w_ids u8 | w_ckpt u8 | w_res u8 | ckpt_base u64
-                  | table_id deltas     (w_ids bytes each)
-                  | states              (1 byte each)
-                  | checkpoint - base   (w_ckpt bytes each)
-                  | resolved - checkpoint (w_res bytes each) )
+    header   "TS" | version u8 | liveness u8 | count u32 | owner_rev u64 | changefeed_epoch u64
+    body     zlib( ids | states | column(checkpoint_ts) | column(resolved_ts) )
+    ids      width u8 | table_id deltas (rows sorted by table_id)
+    states   one byte per row
+    column   0 u8 | width u8 | base u64 | value - base                       (offset mode)
+           | 1 u8 | k u32 | width u8 | base u64 | deltas of the k distinct values
+               | index width u8 | index into the distinct values per row     (dictionary mode)
 
-Rows are sorted by table_id; each integer column uses the narrowest of 1/2/4/8 bytes that
-holds its largest value and is byte-shuffled (all first bytes, then all second bytes, ...)
-so that zlib sees long runs: ids step by small deltas and a capture's checkpoints sit
-within seconds of each other.
+Integers use the narrowest of 1/2/4/8 bytes that holds the column's largest value and
+are byte-shuffled (all first bytes, then all second bytes, ...) so that zlib sees long
+runs. Tables of a capture share a few resolved-ts marks, so the dictionary mode usually
+wins; the offset mode bounds the worst case (every checkpoint distinct).
 """
 
 from __future__ import annotations
@@ -27,11 +28,11 @@ import numpy as np
 from cdc_dagster.metastore.errors import CorruptValueError
 from scheduler_core.errors import InvalidMessageError
 from scheduler_core.messages import Liveness, TableStatusBatch
+from scheduler_core.ts import MAX_TS
 
 MAGIC = b"TS"
 VERSION = 1
 _HEADER = struct.Struct("<2sBBIQQ")
-_BODY_HEAD = struct.Struct("<BBBQ")
 _WIDTHS = (1, 2, 4, 8)
 _ZLIB_LEVEL = 6
 
@@ -74,38 +75,110 @@ def _width(values: np.ndarray) -> int:
     return next(w for w in _WIDTHS if top < 1 << (8 * w))
 
 
-def _shuffle(values: np.ndarray, width: int) -> bytes:
+def _shuffled(values: np.ndarray) -> bytes:
+    width = _width(values)
     raw = values.astype(f"<u{width}").view(np.uint8).reshape(len(values), width)
-    return raw.T.tobytes()
+    return bytes([width]) + raw.T.tobytes()
 
 
-def _unshuffle(buf: memoryview, n: int, width: int) -> np.ndarray:
-    raw = np.frombuffer(buf, dtype=np.uint8, count=n * width).reshape(width, n)
-    return np.ascontiguousarray(raw.T).view(f"<u{width}").ravel().astype(np.int64)
+def _ts_column(values: np.ndarray) -> bytes:
+    base = int(values.min()) if len(values) else 0
+    offsets = values - base
+    offset_mode = b"\x00" + _with_base(_shuffled(offsets), base)
+    uniq, index = np.unique(values, return_inverse=True)
+    if len(uniq) > 0xFFFF:
+        return offset_mode
+    dict_mode = b"".join(
+        (
+            b"\x01" + struct.pack("<I", len(uniq)),
+            _with_base(_shuffled(np.diff(uniq, prepend=np.int64(base))), base),
+            _shuffled(index.astype(np.int64)),
+        )
+    )
+    return dict_mode if len(dict_mode) < len(offset_mode) else offset_mode
+
+
+def _with_base(shuffled: bytes, base: int) -> bytes:
+    return shuffled[:1] + struct.pack("<Q", base) + shuffled[1:]
 
 
 def encode(status: TaskStatus) -> bytes:
     """The compact bytes for ``status`` (rows reordered by table_id)."""
     batch = sorted_batch(status.tables)
-    n = len(batch)
-    ids = np.diff(batch.table_ids, prepend=np.int64(0))
-    base = int(batch.checkpoint_ts.min()) if n else 0
-    ckpt = batch.checkpoint_ts - base
-    res = batch.resolved_ts - batch.checkpoint_ts
-    w_ids, w_ckpt, w_res = _width(ids), _width(ckpt), _width(res)
     body = b"".join(
         (
-            _BODY_HEAD.pack(w_ids, w_ckpt, w_res, base),
-            _shuffle(ids, w_ids),
+            _shuffled(np.diff(batch.table_ids, prepend=np.int64(0))),
             batch.states.astype(np.uint8).tobytes(),
-            _shuffle(ckpt, w_ckpt),
-            _shuffle(res, w_res),
+            _ts_column(batch.checkpoint_ts),
+            _ts_column(batch.resolved_ts),
         )
     )
     header = _HEADER.pack(
-        MAGIC, VERSION, int(status.liveness), n, status.owner_rev, status.changefeed_epoch
+        MAGIC, VERSION, int(status.liveness), len(batch), status.owner_rev, status.changefeed_epoch
     )
     return header + zlib.compress(body, _ZLIB_LEVEL)
+
+
+class _Reader:
+    """Bounds-checked reads from a decoded body."""
+
+    def __init__(self, body: bytes) -> None:
+        self._view = memoryview(body)
+        self._pos = 0
+
+    def take(self, size: int) -> memoryview:
+        if size < 0 or self._pos + size > len(self._view):
+            raise CorruptValueError("task status body ends early")
+        chunk = self._view[self._pos : self._pos + size]
+        self._pos += size
+        return chunk
+
+    def unpack(self, fmt: str) -> int:
+        return int(struct.unpack(fmt, self.take(struct.calcsize(fmt)))[0])
+
+    def shuffled(self, n: int) -> np.ndarray:
+        width = self.unpack("<B")
+        if width not in _WIDTHS:
+            raise CorruptValueError(f"task status has a column of width {width}")
+        return self.shuffled_of(n, width)
+
+    def shuffled_of(self, n: int, width: int) -> np.ndarray:
+        raw = np.frombuffer(self.take(n * width), dtype=np.uint8).reshape(width, n)
+        values = np.ascontiguousarray(raw.T).view(f"<u{width}").ravel()
+        if width == 8 and len(values) and int(values.max()) > MAX_TS:
+            raise CorruptValueError("task status has a value beyond 2^63")
+        return values.astype(np.int64)
+
+    def ts_column(self, n: int) -> np.ndarray:
+        mode = self.unpack("<B")
+        if mode == 0:
+            width = self.unpack("<B")
+            if width not in _WIDTHS:
+                raise CorruptValueError(f"task status has a column of width {width}")
+            base = self._base()
+            return self.shuffled_of(n, width) + base
+        if mode != 1:
+            raise CorruptValueError(f"task status has column mode {mode}")
+        k = self.unpack("<I")
+        width = self.unpack("<B")
+        if width not in _WIDTHS:
+            raise CorruptValueError(f"task status has a column of width {width}")
+        base = self._base()
+        uniq = np.cumsum(self.shuffled_of(k, width)) + base
+        index = self.shuffled(n)
+        if n and (k == 0 or int(index.max()) >= k):
+            raise CorruptValueError("task status dictionary index out of range")
+        return uniq[index] if n else np.zeros(0, np.int64)
+
+    def _base(self) -> int:
+        base = self.unpack("<Q")
+        if base > MAX_TS:
+            raise CorruptValueError(f"task status base {base} is beyond 2^63")
+        return base
+
+    def done(self) -> None:
+        if self._pos != len(self._view):
+            raise CorruptValueError("task status body has trailing bytes")
 
 
 def decode(data: bytes) -> TaskStatus:
@@ -118,24 +191,17 @@ def decode(data: bytes) -> TaskStatus:
             f"task status has magic {magic!r} version {version}; this build reads "
             f"{MAGIC!r} version {VERSION}: was it written by another cdc-dagster version?"
         )
-    body = _inflate(data[_HEADER.size :], _BODY_HEAD.size + n * 25)
+    # Widest possible body: 8-byte ids and offsets, 2-byte dictionary indexes, headers.
+    body = _Reader(_inflate(data[_HEADER.size :], 64 + n * 25 + 2 * 0x10000 * 8))
     try:
-        w_ids, w_ckpt, w_res, base = _BODY_HEAD.unpack_from(body)
-        expected = _BODY_HEAD.size + n * (w_ids + 1 + w_ckpt + w_res)
-        if w_ids not in _WIDTHS or w_ckpt not in _WIDTHS or w_res not in _WIDTHS:
-            raise CorruptValueError(f"task status has column widths {(w_ids, w_ckpt, w_res)}")
-        if len(body) != expected:
-            raise CorruptValueError(f"task status body is {len(body)} bytes, expected {expected}")
-        view, pos = memoryview(body), _BODY_HEAD.size
-        ids = np.cumsum(_unshuffle(view[pos:], n, w_ids))
-        pos += n * w_ids
-        states = np.frombuffer(view[pos:], dtype=np.uint8, count=n).astype(np.int64)
-        pos += n
-        ckpt = _unshuffle(view[pos:], n, w_ckpt) + base
-        res = _unshuffle(view[pos + n * w_ckpt :], n, w_res) + ckpt
-        tables = TableStatusBatch(ids, states, ckpt, res)
+        ids = np.cumsum(body.shuffled(n))
+        states = np.frombuffer(body.take(n), dtype=np.uint8).astype(np.int64)
+        checkpoint_ts = body.ts_column(n)
+        resolved_ts = body.ts_column(n)
+        body.done()
+        tables = TableStatusBatch(ids, states, checkpoint_ts, resolved_ts)
         return TaskStatus(owner_rev, cf_epoch, Liveness(liveness), tables)
-    except (struct.error, ValueError, InvalidMessageError) as exc:
+    except (struct.error, ValueError, OverflowError, InvalidMessageError) as exc:
         raise CorruptValueError(f"task status does not decode: {exc}") from exc
 
 

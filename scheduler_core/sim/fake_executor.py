@@ -164,7 +164,7 @@ class FakeExecutor:
         self.upstream = upstream
         self.prepare_ticks = prepare_ticks
         self.stop_ticks = stop_ticks
-        self.barrier = Barrier()
+        self.barrier = Barrier(0)  # sink nothing until the owner says how far
         self.fenced_writes = 0
         self._tables: dict[int, _Table] = {}
 

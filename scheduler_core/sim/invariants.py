@@ -59,6 +59,8 @@ class NoLostTable:
         if cp > self._last and self._last >= 0:
             rm = owner.replications
             for tid in owner.current_tables.tolist():
+                if owner.start_ts.get(tid, -1) >= cp:
+                    continue  # starts at or above the checkpoint (created at this barrier)
                 view = rm.view(tid) if tid in rm else None
                 if view is None or view.state != ReplicationSetState.REPLICATING:
                     raise InvariantViolation(

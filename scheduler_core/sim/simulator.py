@@ -14,13 +14,13 @@ import logging
 import random
 from dataclasses import dataclass, field
 
-
 from scheduler_core.agent import Agent
 from scheduler_core.coordinator import Coordinator, CoordinatorConfig
+from scheduler_core.ddl import DDLEvent, DDLKind, DDLManager
 from scheduler_core.model import Checkpoint, ReplicationSetState
 from scheduler_core.sim.bus import Bus, Faults
 from scheduler_core.sim.fake_executor import FakeDownstream, FakeExecutor, FakeUpstream
-from scheduler_core.sim.invariants import Monotonic, default_validators
+from scheduler_core.sim.invariants import InvariantViolation, Monotonic, default_validators
 from scheduler_core.ts import compose
 
 log = logging.getLogger(__name__)
@@ -73,6 +73,8 @@ class Simulator:
         self._next_table = self.cfg.tables + 1
         self.start_ts: dict[int, int] = {}
         self.pending_changes: list[tuple[set[int], set[int], int]] = []
+        self.pending_ddls: list[DDLEvent] = []  # what etcd would hold: DDLs not yet done
+        self.ddls_done = 0
         self._ids = itertools.count(1)
         self.captures: dict[str, SimCapture] = {}
         for i in range(self.cfg.captures):
@@ -106,7 +108,13 @@ class Simulator:
             tables=sorted(self.tables),
             rng=random.Random(self.rng.getrandbits(32)),
             config=self.cfg.coordinator,
+            # One below the checkpoint: a DDL exactly at it may not have run yet.
+            ddl=DDLManager(
+                self.persisted.checkpoint_ts - 1, ddl_resolved_ts=self.persisted.checkpoint_ts - 1
+            ),
         )
+        for ev in self.pending_ddls:
+            owner.add_ddl(ev)
         owner.start_ts.update(
             {t: ts for t, ts in self.start_ts.items() if ts > self.persisted.checkpoint_ts}
         )
@@ -171,6 +179,39 @@ class Simulator:
         """Remove a table from the changefeed at a barrier."""
         self._change(set(), {tid}, self.upstream.resolved_ts(tid))
 
+    def alter_table(self, tid: int) -> DDLEvent:
+        """A DDL on one table, committed just after everything resolved so far."""
+        ts = self.upstream.resolved_ts(tid) + 1
+        return self._ddl(DDLEvent(ts, DDLKind.ALTER_TABLE, f"ALTER TABLE t{tid}", table_ids=(tid,)))
+
+    def create_table_ddl(self) -> DDLEvent:
+        """CREATE TABLE: a global barrier; the table starts at the DDL's commit ts."""
+        tid = self._next_table
+        self._next_table += 1
+        ts = self.upstream.resolved_ts(tid) + 1
+        return self._ddl(DDLEvent(ts, DDLKind.CREATE_TABLE, f"CREATE TABLE t{tid}", creates=(tid,)))
+
+    def _ddl(self, ev: DDLEvent) -> DDLEvent:
+        self.pending_ddls.append(ev)
+        if self.owner is not None:
+            self.owner.add_ddl(ev)
+        return ev
+
+    def _execute_ddls(self, owner: Coordinator, ready: tuple[DDLEvent, ...]) -> None:
+        for ev in ready:
+            for tid in ev.touched:
+                if tid in owner.current_tables and self.downstream.committed(tid) != ev.commit_ts:
+                    raise InvariantViolation(
+                        f"step {self.now}: order: DDL {ev} ran with table {tid} downstream "
+                        f"at {self.downstream.committed(tid)}, not exactly its commit ts"
+                    )
+            for tid in ev.creates:
+                self.downstream.create_table(tid, ev.commit_ts)
+            owner.ddl_done(ev)
+            self.pending_ddls.remove(ev)
+            self.ddls_done += 1
+            self.tables = (self.tables | set(ev.creates)) - set(ev.drops)
+
     def _change(self, add: set[int], remove: set[int], ts: int) -> None:
         self.pending_changes.append((add, remove, ts))
         if self.owner is not None:
@@ -204,11 +245,14 @@ class Simulator:
 
     def _owner_tick(self, owner: Coordinator) -> None:
         inbox = self.bus.deliver(self.now, owner.owner_id)
+        # The simulator is the DDL puller: every DDL up to now has been queued.
+        owner.advance_ddl_resolved(self.upstream.resolved_ts(0))
         result = owner.tick(self.alive(), inbox)
         for m in result.messages:
             self.bus.send(self.now, m)
         if owner is self.owner:
             self.persisted = result.checkpoint
+            self._execute_ddls(owner, result.ready_ddls)
             self._note_applied_changes(owner)
 
     def _note_applied_changes(self, owner: Coordinator) -> None:
@@ -224,7 +268,7 @@ class Simulator:
     def converged(self) -> bool:
         """Every current table replicates and the checkpoint is near the upstream."""
         owner = self.owner
-        if owner is None or self.pending_changes:
+        if owner is None or self.pending_changes or self.pending_ddls:
             return False
         rm = owner.replications
         for tid in owner.current_tables.tolist():
@@ -243,8 +287,6 @@ class Simulator:
             self.step()
             if self.converged():
                 return n
-        from scheduler_core.sim.invariants import InvariantViolation
-
         raise InvariantViolation(
             f"liveness: not converged {max_ticks} ticks after faults stopped: "
             f"checkpoint {self.persisted}, upstream {self.upstream.resolved_ts(0)}, "
@@ -294,6 +336,10 @@ def _random_fault(sim: Simulator, rng: random.Random) -> None:
         sim.add_table()
     elif r < 0.10 and len(sim.tables) > 1:
         sim.drop_table(rng.choice(sorted(sim.tables)))
+    elif r < 0.105:
+        sim.alter_table(rng.choice(sorted(sim.tables)))
+    elif r < 0.108:
+        sim.create_table_ddl()
     elif r < 0.11 and sim.owner is not None:
         sim.owner.request_rebalance()
     elif r < 0.12 and sim.owner is not None:

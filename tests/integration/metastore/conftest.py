@@ -18,10 +18,13 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
-from cdc_dagster.metastore import KeyLayout, Metastore, connect
+from cdc_dagster.metastore import KeyLayout, Metastore, TaskStatus, connect
 from cdc_dagster.metastore.embedded import EmbeddedEtcd, EtcdTuning
+from scheduler_core.messages import Liveness, TableStatusBatch
+from scheduler_core.model import TableState
 
 OWNER_PROC = Path(__file__).with_name("owner_proc.py")
 
@@ -71,7 +74,14 @@ class Candidate:
     def __init__(self, endpoints: list[str], cluster_id: str, owner_id: str, ttl_s: int) -> None:
         self.owner_id = owner_id
         self.proc = subprocess.Popen(
-            [sys.executable, str(OWNER_PROC), ",".join(endpoints), cluster_id, owner_id, str(ttl_s)],
+            [
+                sys.executable,
+                str(OWNER_PROC),
+                ",".join(endpoints),
+                cluster_id,
+                owner_id,
+                str(ttl_s),
+            ],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
@@ -140,3 +150,16 @@ def spawn_candidate(
     finally:
         for candidate in started:
             candidate.cleanup()
+
+
+@pytest.fixture
+def make_task_status() -> Callable[..., TaskStatus]:
+    """Build a TaskStatus of replicating tables, all at checkpoint = resolved = ``ts``."""
+
+    def make(*table_ids: int, ts: int = 100, owner_rev: int = 7) -> TaskStatus:
+        n = len(table_ids)
+        col = np.full(n, ts, dtype=np.int64)
+        batch = TableStatusBatch(list(table_ids), np.full(n, int(TableState.REPLICATING)), col, col)
+        return TaskStatus(owner_rev, 1, Liveness.ALIVE, batch)
+
+    return make

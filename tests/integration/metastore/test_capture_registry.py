@@ -4,18 +4,10 @@ from __future__ import annotations
 
 import time
 
-import numpy as np
 import pytest
 
-from cdc_dagster.metastore import Metastore, TaskStatus
+from cdc_dagster.metastore import Metastore
 from cdc_dagster.metastore.errors import CaptureNotRegisteredError
-from scheduler_core.messages import Liveness, TableStatusBatch
-
-
-def _status(*table_ids: int) -> TaskStatus:
-    n = len(table_ids)
-    ts = np.full(n, 100, dtype=np.int64)
-    return TaskStatus(7, 1, Liveness.ALIVE, TableStatusBatch(list(table_ids), np.full(n, 3), ts, ts))
 
 
 def _wait_until(predicate, timeout_s: float) -> bool:
@@ -28,27 +20,29 @@ def _wait_until(predicate, timeout_s: float) -> bool:
 
 
 def test_capture_whose_lease_expires_leaves_alive_list_and_reregisters_with_new_epoch(
-    metastore: Metastore,
+    metastore: Metastore, make_task_status
 ) -> None:
     watch = metastore.captures.watch(lambda alive: None)
     try:
         stays = metastore.captures.register("stays", 1)
         lapses = metastore.captures.register("lapses", 1, keepalive=False)
-        metastore.tasks.put(lapses, "cf", _status(1, 2))
+        metastore.tasks.put(lapses, "cf", make_task_status(1, 2))
         assert watch.wait_for(lambda alive: set(alive) == {"stays", "lapses"}, 5)
 
-        assert _wait_until(lambda: [c.capture_id for c in metastore.captures.list_alive()] == ["stays"], 5)
+        assert _wait_until(
+            lambda: [c.capture_id for c in metastore.captures.list_alive()] == ["stays"], 5
+        )
         assert watch.wait_for(lambda alive: set(alive) == {"stays"}, 5)
         assert metastore.tasks.read("cf") == {}, "task statuses go with the capture's lease"
         with pytest.raises(CaptureNotRegisteredError):
-            metastore.tasks.put(lapses, "cf", _status(1, 2))
+            metastore.tasks.put(lapses, "cf", make_task_status(1, 2))
 
         again = metastore.captures.register("lapses", 1)
         assert again.epoch != lapses.epoch
         assert watch.wait_for(lambda alive: alive.get("lapses") == again.info, 5)
-        metastore.tasks.put(again, "cf", _status(4))
+        metastore.tasks.put(again, "cf", make_task_status(4))
         with pytest.raises(CaptureNotRegisteredError):
-            metastore.tasks.put(lapses, "cf", _status(1, 2))
+            metastore.tasks.put(lapses, "cf", make_task_status(1, 2))
         again.deregister()
     finally:
         watch.stop()
@@ -56,7 +50,7 @@ def test_capture_whose_lease_expires_leaves_alive_list_and_reregisters_with_new_
 
 
 def test_reregistration_rotates_the_epoch_and_fences_the_previous_registration(
-    metastore: Metastore,
+    metastore: Metastore, make_task_status
 ) -> None:
     old = metastore.captures.register("cap", 2)
     new = metastore.captures.register("cap", 2)
@@ -64,18 +58,20 @@ def test_reregistration_rotates_the_epoch_and_fences_the_previous_registration(
         assert new.epoch != old.epoch
         registered = metastore.captures.get("cap")
         assert registered is not None and registered.epoch == new.epoch
-        metastore.tasks.put(new, "cf", _status(5))
+        metastore.tasks.put(new, "cf", make_task_status(5))
         with pytest.raises(CaptureNotRegisteredError):
-            metastore.tasks.put(old, "cf", _status(9))
-        assert metastore.tasks.read("cf")["cap"].tables == _status(5).tables
+            metastore.tasks.put(old, "cf", make_task_status(9))
+        assert metastore.tasks.read("cf")["cap"].tables == make_task_status(5).tables
     finally:
         old.keeper.stop()
         new.deregister()
 
 
-def test_deregister_removes_capture_and_its_task_statuses_at_once(metastore: Metastore) -> None:
+def test_deregister_removes_capture_and_its_task_statuses_at_once(
+    metastore: Metastore, make_task_status
+) -> None:
     session = metastore.captures.register("leaving", 5)
-    metastore.tasks.put(session, "cf", _status(3))
+    metastore.tasks.put(session, "cf", make_task_status(3))
     assert set(metastore.tasks.read("cf")) == {"leaving"}
 
     session.deregister()
@@ -96,7 +92,9 @@ def test_kept_alive_capture_outlives_its_ttl(metastore: Metastore) -> None:
 
 def test_watch_sees_captures_join_and_leave_with_their_epochs(metastore: Metastore) -> None:
     seen: list[dict[str, str]] = []
-    watch = metastore.captures.watch(lambda alive: seen.append({k: v.epoch for k, v in alive.items()}))
+    watch = metastore.captures.watch(
+        lambda alive: seen.append({k: v.epoch for k, v in alive.items()})
+    )
     try:
         a = metastore.captures.register("a", 5)
         b = metastore.captures.register("b", 5)

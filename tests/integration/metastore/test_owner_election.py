@@ -65,7 +65,10 @@ def test_zombie_owner_resumed_after_losing_its_lease_has_every_write_refused(
     assert heir.read(timeout_s=5)["ok"] is True
 
     assert new_rev > old_rev
-    data = {kv.key.rsplit("/", 1)[1]: kv for kv in metastore.client.get_prefix(metastore.layout.prefix + "data/").kvs}
+    data = {
+        kv.key.rsplit("/", 1)[1]: kv
+        for kv in metastore.client.get_prefix(metastore.layout.prefix + "data/").kvs
+    }
     assert sorted(data) == ["before-pause", "heir"]
     assert data["before-pause"].mod_revision < new_rev
 
@@ -76,12 +79,17 @@ def test_second_candidate_gets_nothing_while_an_owner_holds_the_key(metastore: M
     try:
         assert metastore.election.try_campaign("second", TTL_S) is None
         current = metastore.election.current_owner()
-        assert current is not None and (current.owner_id, current.owner_rev) == ("first", owner.owner_rev)
+        assert current is not None and (current.owner_id, current.owner_rev) == (
+            "first",
+            owner.owner_rev,
+        )
     finally:
         owner.resign()
 
 
-def test_resigned_owner_is_refused_and_successor_gets_higher_owner_rev(metastore: Metastore) -> None:
+def test_resigned_owner_is_refused_and_successor_gets_higher_owner_rev(
+    metastore: Metastore,
+) -> None:
     first = metastore.election.try_campaign("first", TTL_S)
     assert first is not None
     first.put(metastore.layout.prefix + "data/k", b"first")
