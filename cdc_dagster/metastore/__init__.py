@@ -146,6 +146,8 @@ def connect(
             endpoints = embedded.endpoints
         else:
             _log.info("attaching to the private etcd at %s", endpoints)
+    if embedded is not None and keep_etcd_running:
+        embedded.detach()
+        embedded = None
     client = EtcdClient(endpoints, rpc_timeout_s=rpc_timeout_s, retry_timeout_s=retry_timeout_s)
-    owned = embedded if embedded is not None and not keep_etcd_running else None
-    return Metastore(client, KeyLayout(cluster_id), embedded=owned, now_ms=now_ms)
+    return Metastore(client, KeyLayout(cluster_id), embedded=embedded, now_ms=now_ms)

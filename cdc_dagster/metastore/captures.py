@@ -19,6 +19,7 @@ from typing import Any
 from cdc_dagster.metastore.client import (
     Compare,
     EtcdClient,
+    LeaseGrant,
     Op,
     PrefixWatch,
     RangeResult,
@@ -138,6 +139,24 @@ class CaptureRegistry:
             keeper.start()
         _log.info("capture %s registered with epoch %s", capture_id, info.epoch)
         return CaptureSession(self._client, self._layout, info, keeper)
+
+    def attach(self, capture_id: str) -> CaptureSession:
+        """The capture's current registration, for a later process of the same capture.
+
+        A Dagster capture run is a new process each time: it attaches, renews the lease
+        with :meth:`CaptureSession.keep_alive`, and writes under the same fencing.
+        """
+        kv = self._client.get(self._layout.capture(capture_id))
+        if kv is None or not kv.lease:
+            raise CaptureNotRegisteredError(
+                f"capture {capture_id!r} is not registered (or its lease expired); register it"
+            )
+        info = CaptureInfo.decode(kv.value)
+        lease = self._client.lease_ttl(kv.lease)
+        if lease.ttl_s < 0:  # -1: gone (0: under a second left)
+            raise CaptureNotRegisteredError(f"capture {capture_id!r}'s lease has just expired")
+        grant = LeaseGrant(kv.lease, lease.granted_ttl_s)
+        return CaptureSession(self._client, self._layout, info, LeaseKeeper(self._client, grant))
 
     def get(self, capture_id: str) -> CaptureInfo | None:
         """The capture's current registration, or None."""

@@ -217,10 +217,11 @@ class TxnResult:
 
 @dataclass(frozen=True, slots=True)
 class LeaseGrant:
-    """A granted lease: its id and the TTL etcd granted (may exceed the one asked for)."""
+    """A lease: its id, the TTL etcd granted (may exceed the one asked for), what is left."""
 
     lease_id: int
     ttl_s: int
+    granted_ttl_s: int = 0  # set by lease_ttl(); ttl_s is then the time left
 
 
 class WatchEventType(enum.Enum):
@@ -458,10 +459,11 @@ class EtcdClient:
                 "lease revoke", "leasestub", "LeaseRevoke", etcdrpc.LeaseRevokeRequest(ID=lease_id)
             )
 
-    def lease_ttl(self, lease_id: int) -> int:
-        """Seconds the lease has left (-1 when it has expired or never existed)."""
+    def lease_ttl(self, lease_id: int) -> LeaseGrant:
+        """The lease's granted TTL, with ``ttl_s`` the whole seconds it has left (-1: gone)."""
         req = etcdrpc.LeaseTimeToLiveRequest(ID=lease_id)
-        return int(self._unary("lease ttl", "leasestub", "LeaseTimeToLive", req).TTL)
+        resp = self._unary("lease ttl", "leasestub", "LeaseTimeToLive", req)
+        return LeaseGrant(lease_id, int(resp.TTL), int(resp.grantedTTL))
 
     # --- watches -------------------------------------------------------------------------
 

@@ -119,6 +119,23 @@ class Election:
             return None
         return OwnerInfo(kv.value.decode(), kv.create_revision, kv.lease)
 
+    def attach(self, owner_id: str) -> OwnerSession | None:
+        """``owner_id``'s current ownership, for a later process of the same owner.
+
+        The owner loop is a Dagster sensor whose ticks may run in fresh processes: a tick
+        attaches, renews the lease with ``session.keeper.refresh()``, and writes under
+        the same ``owner_rev``. Returns None if ``owner_id`` is not the owner.
+        """
+        kv = self._client.get(self._layout.owner)
+        if kv is None or kv.value.decode() != owner_id:
+            return None
+        lease = self._client.lease_ttl(kv.lease)
+        if lease.ttl_s < 0:  # -1: gone (0: under a second left)
+            return None
+        info = OwnerInfo(owner_id, kv.create_revision, kv.lease)
+        grant = LeaseGrant(kv.lease, lease.granted_ttl_s)
+        return OwnerSession(self._client, self._layout, info, LeaseKeeper(self._client, grant))
+
     def try_campaign(self, owner_id: str, ttl_s: int) -> OwnerSession | None:
         """Become the owner if nobody is; returns None (and holds nothing) otherwise."""
         check_segment("owner_id", owner_id)

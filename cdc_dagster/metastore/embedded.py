@@ -243,6 +243,11 @@ class EmbeddedEtcd:
             (self.base_dir / ENDPOINT_FILE).unlink()
         self._close_log()
 
+    def detach(self) -> None:
+        """Leave the server running for other processes; this object stops managing it."""
+        self._close_log()
+        self._proc = None
+
     def restart(self, timeout_s: float = 30.0) -> None:
         """Stop and start again on the same ports and data (clients must reconnect)."""
         self.stop()

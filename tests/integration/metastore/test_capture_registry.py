@@ -106,3 +106,21 @@ def test_watch_sees_captures_join_and_leave_with_their_epochs(metastore: Metasto
     finally:
         watch.stop()
         b.deregister()
+
+
+def test_later_capture_run_attaches_renews_the_lease_and_writes_under_the_same_epoch(
+    metastore: Metastore, make_task_status
+) -> None:
+    first_run = metastore.captures.register("cap", 1, keepalive=False)
+    later_run = metastore.captures.attach("cap")
+    try:
+        assert (later_run.epoch, later_run.lease_id) == (first_run.epoch, first_run.lease_id)
+        for _ in range(4):  # 2 s of runs, each renewing a 1 s lease
+            time.sleep(0.5)
+            later_run.keep_alive()
+        metastore.tasks.put(later_run, "cf", make_task_status(8))
+        assert set(metastore.tasks.read("cf")) == {"cap"}
+    finally:
+        later_run.deregister()
+    with pytest.raises(CaptureNotRegisteredError):
+        metastore.captures.attach("cap")

@@ -1,0 +1,170 @@
+"""The fault-injecting simulator: random schedules keep every invariant and stay live."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from scheduler_core.messages import Barrier
+from scheduler_core.sim.bus import Faults
+from scheduler_core.sim.invariants import InvariantViolation, NoDoubleWrite, NoLostTable
+from scheduler_core.sim.simulator import Simulator, run_schedule
+
+FAST_SEEDS = 40
+CI_SEEDS = int(os.environ.get("SIM_SEEDS", "1500"))  # SIM_SEEDS=100000 for a long soak
+
+
+@pytest.mark.parametrize("seed", range(FAST_SEEDS))
+def test_random_fault_schedule_keeps_invariants_and_converges(seed: int) -> None:
+    ticks = run_schedule(seed)
+    assert 0 < ticks <= 200
+
+
+@pytest.mark.slow
+def test_many_random_fault_schedules() -> None:
+    """CI runs a few thousand schedules; set SIM_SEEDS for a soak."""
+    worst = 0
+    for seed in range(FAST_SEEDS, FAST_SEEDS + CI_SEEDS):
+        worst = max(worst, run_schedule(seed))
+    assert worst <= 200
+
+
+def test_stable_cluster_replicates_every_table_and_checkpoint_follows_upstream() -> None:
+    sim = Simulator(7)
+    for _ in range(20):
+        sim.step()
+    assert sim.converged()
+    assert sim.persisted.checkpoint_ts > sim.upstream.resolved_ts(0) - (5 * 10 << 18)
+
+
+def test_ddls_run_in_order_and_only_block_their_table() -> None:
+    sim = Simulator(3)
+    for _ in range(10):
+        sim.step()
+    sim.alter_table(1)
+    sim.create_table_ddl()
+    for _ in range(3):
+        sim.step()
+        sim.alter_table(2)
+    assert sim.quiesce(100) > 0
+    assert sim.ddls_done == 5
+    assert 9 in sim.tables  # the created table replicates
+
+
+def test_owner_crash_and_zombie_owner_are_survived() -> None:
+    sim = Simulator(11, faults=Faults(drop=0.1, max_delay=2))
+    for _ in range(15):
+        sim.step()
+    sim.crash_owner(zombie=True)
+    for _ in range(10):
+        sim.step()
+    assert sim.owner is not None and sim.owner.owner_rev == 2
+    assert sim.quiesce(100) > 0
+    assert all(c.agent.owner_rev == 2 for c in sim.captures.values())
+
+
+def test_zombie_capture_writes_are_fenced_after_its_tables_move() -> None:
+    sim = Simulator(5)
+    for _ in range(10):
+        sim.step()
+    sim.partition_capture("capture-0")
+    # A zombie that had been told it may sink far ahead keeps writing on its own.
+    sim.captures["capture-0"].executor.set_barrier(Barrier())
+    for _ in range(15):
+        sim.step()
+    assert sim.captures["capture-0"].executor.fenced_writes > 0
+    assert sim.quiesce(100) > 0
+
+
+def test_no_lost_table_validator_catches_a_checkpoint_past_a_table() -> None:
+    sim = Simulator(1)
+    for _ in range(10):
+        sim.step()
+    sim.downstream._committed[1] = 0  # the downstream "lost" table 1's data
+    with pytest.raises(InvariantViolation, match="passed table 1"):
+        NoLostTable().check(sim)
+
+
+def test_no_double_write_validator_catches_two_sinking_captures() -> None:
+    sim = Simulator(1)
+    for _ in range(10):
+        sim.step()
+    holder = next(c for c in sim.captures.values() if c.executor.held())
+    tid = int(holder.executor.statuses().table_ids[0])
+    other = next(c for c in sim.captures.values() if c is not holder)
+    other.executor._tables[tid] = holder.executor._tables[tid]
+    with pytest.raises(InvariantViolation, match="several captures"):
+        NoDoubleWrite().check(sim)
+
+
+class SimMachine(RuleBasedStateMachine):
+    """Hypothesis picks the faults; every step runs the validators; liveness at the end."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sim = Simulator(0, faults=Faults(drop=0.05, duplicate=0.05, max_delay=2))
+
+    @rule(n=st.integers(1, 5))
+    def run(self, n: int) -> None:
+        for _ in range(n):
+            self.sim.step()
+
+    @rule(i=st.integers(0, 2))
+    def crash_capture(self, i: int) -> None:
+        self.sim.crash_capture(f"capture-{i}")
+
+    @rule(i=st.integers(0, 2))
+    def restart_capture(self, i: int) -> None:
+        self.sim.restart_capture(f"capture-{i}")
+
+    @rule(i=st.integers(0, 2))
+    def partition_capture(self, i: int) -> None:
+        self.sim.partition_capture(f"capture-{i}")
+
+    @rule(zombie=st.booleans())
+    def crash_owner(self, zombie: bool) -> None:
+        self.sim.crash_owner(zombie=zombie)
+
+    @rule()
+    def add_table(self) -> None:
+        self.sim.add_table()
+
+    @precondition(lambda self: len(self.sim.tables) > 1)
+    @rule(data=st.data())
+    def drop_table(self, data: st.DataObject) -> None:
+        self.sim.drop_table(data.draw(st.sampled_from(sorted(self.sim.tables))))
+
+    @rule(data=st.data())
+    def alter_table(self, data: st.DataObject) -> None:
+        self.sim.alter_table(data.draw(st.sampled_from(sorted(self.sim.tables))))
+
+    @rule()
+    def create_table_ddl(self) -> None:
+        self.sim.create_table_ddl()
+
+    @precondition(lambda self: self.sim.owner is not None)
+    @rule(data=st.data())
+    def move_table(self, data: st.DataObject) -> None:
+        tid = data.draw(st.sampled_from(sorted(self.sim.tables)))
+        self.sim.owner.move_table(tid, data.draw(st.sampled_from(sorted(self.sim.captures))))
+
+    @invariant()
+    def checkpoint_not_ahead_of_upstream(self) -> None:
+        assert self.sim.persisted.checkpoint_ts <= self.sim.upstream.resolved_ts(0)
+
+    def teardown(self) -> None:
+        self.sim.quiesce(200)
+
+
+TestSimMachine = SimMachine.TestCase
+TestSimMachine.settings = settings(
+    max_examples=int(os.environ.get("SIM_EXAMPLES", "25")),
+    stateful_step_count=40,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.too_slow],
+)
