@@ -192,6 +192,8 @@ class Simulator:
         return self._ddl(DDLEvent(ts, DDLKind.CREATE_TABLE, f"CREATE TABLE t{tid}", creates=(tid,)))
 
     def _ddl(self, ev: DDLEvent) -> DDLEvent:
+        if any((p.commit_ts, p.query) == (ev.commit_ts, ev.query) for p in self.pending_ddls):
+            return ev  # the same DDL twice from the stream: the manager ignores it too
         self.pending_ddls.append(ev)
         if self.owner is not None:
             self.owner.add_ddl(ev)
