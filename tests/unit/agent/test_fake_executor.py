@@ -16,7 +16,9 @@ T = TableState
 def rig(**kw: int) -> tuple[FakeExecutor, FakeDownstream, FakeUpstream]:
     upstream = FakeUpstream(100)
     downstream = FakeDownstream(initial_ts=100)
-    return FakeExecutor("c1", downstream, upstream, **kw), downstream, upstream
+    executor = FakeExecutor("c1", downstream, upstream, **kw)
+    executor.set_barrier(Barrier())  # no barrier: the agent passes the owner's each tick
+    return executor, downstream, upstream
 
 
 def replicating(executor: FakeExecutor, table_id: int, ts: int = 100) -> None:
@@ -137,6 +139,8 @@ def test_zombie_primary_write_fenced_after_takeover() -> None:
     down = FakeDownstream(100)
     old = FakeExecutor("c1", down, up)
     new = FakeExecutor("c2", down, up, prepare_ticks=0)
+    old.set_barrier(Barrier())
+    new.set_barrier(Barrier())
     replicating(old, 1)
     up.advance(150)
     old.advance()
