@@ -762,6 +762,7 @@ def run_grid(args: argparse.Namespace) -> None:
         print(validate(TABLE_SIZES[0], m))
     print()
     rows: list[dict] = []
+    lines: list[str] = []
     for n, m in itertools.product(args.grid_tables, CAPTURE_SIZES):
         _log(f"grid: {_size(n)} x {m} (subprocess)")
         cmd = [
@@ -786,9 +787,13 @@ def run_grid(args: argparse.Namespace) -> None:
             print(f"{_size(n)} x {m}: FAILED (exit {proc.returncode})\n{proc.stdout[-2000:]}")
             continue
         rows.append(detail)
+        lines.append(f"{_size(n)} x {m}: {proc.stdout.strip().splitlines()[-1]}")
         _log("  " + row(detail))
     print_table(rows)
     print_scaling(rows)
+    print("\nMachine-readable line of each size:")
+    for line in lines:
+        print("  " + line)
 
 
 def run_one(args: argparse.Namespace) -> None:
