@@ -480,6 +480,7 @@ class Result:
     added_captures: int = 0
     peak_rss_mb: float = math.nan
     wall_s: float = math.nan
+    load_1m: float = math.nan  # load average at the end; the bench itself is ~1 of 2 cores
     assignments: dict[str, np.ndarray] = field(default_factory=dict)
 
     def detail(self) -> dict[str, float | int]:
@@ -519,6 +520,7 @@ class Phases:
         self.cl.profiler = None
         r.wall_s = time.perf_counter() - t0
         r.peak_rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        r.load_1m = os.getloadavg()[0]
         return r
 
     def _owner(self) -> Coordinator:
@@ -685,7 +687,7 @@ def _ratio(x: float, target: float) -> str:
 COLUMNS = (
     f"{'tables':>7} {'capt':>4} | {'init_s':>8} {'p50_ms':>8} {'p95_ms':>8} {'rebuild_s':>9} "
     f"{'rebal_s':>8} {'moved':>7} | {'init/T':>6} {'p50/T':>6} {'rbld/T':>6} | "
-    f"{'rss_MB':>7} {'wall_s':>7}"
+    f"{'rss_MB':>7} {'wall_s':>7} {'load':>5}"
 )
 
 
@@ -697,7 +699,7 @@ def row(d: dict) -> str:
         f"{_ratio(d['initial_assign_s'], TARGET_INITIAL_S)} "
         f"{_ratio(d['steady_p50_ms'], TARGET_STEADY_P50_MS)} "
         f"{_ratio(d['rebuild_s'], TARGET_REBUILD_S)} | "
-        f"{d['peak_rss_mb']:7.0f} {d['wall_s']:7.1f}"
+        f"{d['peak_rss_mb']:7.0f} {d['wall_s']:7.1f} {d.get('load_1m', math.nan):5.2f}"
     )
 
 
@@ -707,16 +709,20 @@ def print_table(rows: list[dict]) -> None:
     for d in rows:
         print(row(d))
     print(
-        "(ratio columns: figure / target; the targets are for 1M x 100, smaller sizes are for orientation)"
+        "(ratio columns: figure / target; the targets are for 1M x 100, smaller sizes are for "
+        "orientation. load: 1-min load average at the end of the size; the bench is ~1.0 of "
+        f"{os.cpu_count()} CPUs, more means other processes competed)"
     )
 
 
 def print_scaling(rows: list[dict]) -> None:
     by = {(d["tables"], d["captures"]): d for d in rows}
     lo, hi = TABLE_SIZES[0], TABLE_SIZES[-1]
-    print(
-        f"\nScaling: per-table cost at {_size(hi)} / per-table cost at {_size(lo)} (1.0 = linear)"
-    )
+    if any((lo, m) in by and (hi, m) in by for m in CAPTURE_SIZES):
+        print(
+            f"\nScaling: per-table cost at {_size(hi)} / per-table cost at {_size(lo)} "
+            "(1.0 = linear; rebalance per moved table)"
+        )
     for m in CAPTURE_SIZES:
         a, b = by.get((lo, m)), by.get((hi, m))
         if a is None or b is None:
