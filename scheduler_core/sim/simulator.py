@@ -195,8 +195,11 @@ class Simulator:
         if any((p.commit_ts, p.query) == (ev.commit_ts, ev.query) for p in self.pending_ddls):
             return ev  # the same DDL twice from the stream: the manager ignores it too
         self.pending_ddls.append(ev)
-        if self.owner is not None:
-            self.owner.add_ddl(ev)
+        # Every owner process, zombies included, reads the same upstream DDL stream: a
+        # zombie's DDL resolved ts only moves past DDLs it has also seen.
+        for owner in [*self.zombies, self.owner]:
+            if owner is not None:
+                owner.add_ddl(ev)
         return ev
 
     def _execute_ddls(self, owner: Coordinator, ready: tuple[DDLEvent, ...]) -> None:

@@ -15,7 +15,7 @@ from scheduler_core.sim.invariants import InvariantViolation, NoDoubleWrite, NoL
 from scheduler_core.sim.simulator import Simulator, run_schedule
 
 FAST_SEEDS = 40
-CI_SEEDS = int(os.environ.get("SIM_SEEDS", "260"))  # SIM_SEEDS=100000 for a long soak
+CI_SEEDS = int(os.environ.get("SIM_SEEDS", "1500"))  # SIM_SEEDS=100000 for a long soak
 
 
 @pytest.mark.parametrize("seed", range(FAST_SEEDS))
