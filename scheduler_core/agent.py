@@ -307,6 +307,10 @@ class Agent:
         if heartbeat is not None:
             response, stopped = self._heartbeat_response(heartbeat)
             out.append(response)
+            # The heartbeat response already carries these tables' states: saying it
+            # twice made the owner poll each table twice and re-send every commit.
+            reported = np.isin(finished, response.tables.table_ids)
+            finished = [t for t, dup in zip(finished, reported.tolist(), strict=True) if not dup]
         if finished:
             statuses = tuple(self._executor.status(t) for t in sorted(finished))
             stopped += [s.table_id for s in statuses if s.state == T.STOPPED]

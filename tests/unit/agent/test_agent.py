@@ -270,10 +270,8 @@ def test_add_secondary_reports_preparing_then_prepared() -> None:
     rig.upstream.advance(120)
     rig.agent.handle([rig.heartbeat(1)])
     prepared = status(1, T.PREPARED, 100, 120)
-    assert rig.agent.tick() == [
-        rig.hb_response(prepared, seq=3),
-        rig.dispatch_response(prepared, seq=4),
-    ]
+    # The heartbeat response carries the finished task's state: no separate dispatch response.
+    assert rig.agent.tick() == [rig.hb_response(prepared, seq=3)]
     assert rig.agent.tasks == {}
     assert rig.downstream.log == []  # a secondary never sinks
 
@@ -327,9 +325,9 @@ def test_remove_reports_stopping_then_stopped_once_then_absent() -> None:
     rig.upstream.advance(200)
     rig.agent.handle([rig.heartbeat(1)])
     final = status(1, T.STOPPED, 200)
-    assert rig.agent.tick() == [rig.hb_response(final, seq=4), rig.dispatch_response(final, seq=5)]
+    assert rig.agent.tick() == [rig.hb_response(final, seq=4)]
     rig.agent.handle([rig.heartbeat(1)])
-    assert rig.agent.tick() == [rig.hb_response(status(1, T.ABSENT), seq=6)]
+    assert rig.agent.tick() == [rig.hb_response(status(1, T.ABSENT), seq=5)]
     assert rig.downstream.log[-1] == WriteRecord(1, 1, CAP, 200)
 
 
@@ -408,3 +406,13 @@ def test_heartbeat_response_for_10k_tables_is_columnar() -> None:
     expected_states[n:] = T.ABSENT
     assert np.array_equal(tables.states, expected_states)
     assert (tables.checkpoint_ts[:n] == 100).all() and (tables.checkpoint_ts[n:] == 0).all()
+
+
+def test_task_finished_with_a_heartbeat_is_reported_once_in_the_heartbeat_response() -> None:
+    rig = Rig(prepare_ticks=0)
+    rig.connect()
+    # The owner's heartbeat does not list the table yet; the add finishes in the same tick.
+    rig.agent.handle([rig.dispatch(add(1, 100, secondary=True)), rig.heartbeat()])
+    out = rig.agent.tick()
+    prepared = status(1, T.PREPARED, 100)
+    assert out == [rig.hb_response(prepared, seq=2)]
