@@ -195,7 +195,7 @@ class FastCapture:
             if isinstance(m, Heartbeat):
                 self._heartbeat = m
             elif h.capture_epoch == self.epoch:
-                self._pending.extend(m.requests)
+                self._pending.extend(m.all_requests())
 
     # -------------------------------------------------------------- one processor tick
     def tick(self, now_ts: int) -> list[CaptureMessage]:
@@ -209,7 +209,10 @@ class FastCapture:
         if self.owner_id is None:
             return out
         if hb is not None:
-            out.append(self._heartbeat_response(hb))
+            response = self._heartbeat_response(hb)
+            out.append(response)
+            # As the Agent: a state already in the heartbeat response is not sent twice.
+            finished = finished[~np.isin(finished, response.tables.table_ids)]
         if len(finished):
             statuses = self._statuses(finished)
             out.append(

@@ -263,7 +263,7 @@ class Agent:
         if msg.header.capture_epoch != self._epoch:
             self._reject("rejected_capture_epoch", msg, f"our epoch is {self._epoch!r}")
             return
-        for req in msg.requests:
+        for req in msg.all_requests():
             self._inject(req)
 
     def _inject(self, req: Dispatch) -> None:

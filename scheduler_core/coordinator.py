@@ -350,12 +350,15 @@ class Coordinator:
         for d in dispatches:
             if d.to in self.captures.captures:
                 by_capture.setdefault(d.to, []).append(d)
+        batches = self.replications.take_add_batches()
         msgs: list[OwnerMessage] = []
         for cid in sorted(self.captures.captures):
             reqs = by_capture.get(cid)
-            if reqs:
+            adds = batches.get(cid)
+            if reqs or adds is not None:
+                header = self._header(cid)
                 msgs.append(
-                    DispatchTableRequest(self._header(cid), self.owner_id, cid, tuple(reqs))
+                    DispatchTableRequest(header, self.owner_id, cid, tuple(reqs or ()), adds)
                 )
             owned = self.replications.owned_tables(cid) if self._rebuilt else np.empty(0, np.int64)
             msgs.append(

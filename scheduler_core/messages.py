@@ -251,16 +251,75 @@ class HeartbeatResponse:
             raise InvalidMessageError(f"liveness must be a Liveness, got {self.liveness!r}")
 
 
+@dataclass(frozen=True, slots=True, eq=False)
+class AddTableBatch:
+    """Many :class:`AddTableRequest` for one capture, in columns (a burst of adds stays compact)."""
+
+    table_ids: np.ndarray
+    is_secondary: np.ndarray  # 1 = prepare, 0 = start sinking
+    checkpoint_ts: np.ndarray
+    resolved_ts: np.ndarray
+
+    def __post_init__(self) -> None:
+        for name in ("table_ids", "is_secondary", "checkpoint_ts", "resolved_ts"):
+            object.__setattr__(self, name, _readonly_int64(name, getattr(self, name)))
+        n = len(self.table_ids)
+        if not (len(self.is_secondary) == len(self.checkpoint_ts) == len(self.resolved_ts) == n):
+            raise InvalidMessageError("AddTableBatch columns must all have the same length")
+        if n and (
+            self.table_ids.min() < 0
+            or self.checkpoint_ts.min() < 0
+            or (self.checkpoint_ts > self.resolved_ts).any()
+            or not np.isin(self.is_secondary, (0, 1)).all()
+        ):
+            raise InvalidMessageError(
+                "AddTableBatch needs table ids >= 0, 0 <= checkpoint_ts <= resolved_ts "
+                "and is_secondary in {0, 1}"
+            )
+
+    def __len__(self) -> int:
+        return len(self.table_ids)
+
+    def requests(self, to: str) -> Iterator[AddTableRequest]:
+        """The rows as :class:`AddTableRequest` objects addressed to ``to``."""
+        cols = (self.table_ids, self.is_secondary, self.checkpoint_ts, self.resolved_ts)
+        for tid, sec, ck, rs in zip(*(c.tolist() for c in cols), strict=True):
+            yield AddTableRequest(to, tid, bool(sec), Checkpoint(ck, rs))
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, AddTableBatch):
+            return NotImplemented
+        return all(
+            np.array_equal(getattr(self, n), getattr(other, n))
+            for n in ("table_ids", "is_secondary", "checkpoint_ts", "resolved_ts")
+        )
+
+    def __hash__(self) -> int:
+        return hash(self.table_ids.tobytes())
+
+
 @dataclass(frozen=True, slots=True)
 class DispatchTableRequest:
-    """Owner -> capture: add / remove table requests for ``to`` (all with ``to`` as addressee)."""
+    """Owner -> capture: add / remove table requests for ``to`` (all with ``to`` as addressee).
+
+    ``adds`` carries a burst of adds in columns; :meth:`all_requests` yields everything.
+    """
 
     header: Header
     sender: str
     to: str
     requests: tuple[Dispatch, ...]
+    adds: AddTableBatch | None = None
+
+    def all_requests(self) -> Iterator[Dispatch]:
+        """Every request: the listed ones, then the columnar adds."""
+        yield from self.requests
+        if self.adds is not None:
+            yield from self.adds.requests(self.to)
 
     def __post_init__(self) -> None:
+        if self.adds is not None and not isinstance(self.adds, AddTableBatch):
+            raise InvalidMessageError(f"adds must be an AddTableBatch, got {self.adds!r}")
         _check_envelope(self.sender, self.to, self.header)
         object.__setattr__(self, "requests", tuple(self.requests))
         for req in self.requests:

@@ -96,6 +96,16 @@ class ReplicationSet:
         rs._check_invariant()
         return rs
 
+    @classmethod
+    def committing(cls, table_id: int, capture_id: str, checkpoint: Checkpoint) -> ReplicationSet:
+        """COMMIT with ``capture_id`` promoted and told to sink (an add's second phase)."""
+        rs = cls(table_id, checkpoint)
+        rs.state = S.COMMIT
+        rs.primary = capture_id
+        rs._captures[capture_id] = Role.PRIMARY
+        rs._check_invariant()
+        return rs
+
     @staticmethod
     def _rebuilt_state(rs: ReplicationSet, committed: bool, stopping: int) -> ReplicationSetState:
         if not rs._captures:

@@ -10,9 +10,14 @@ so a table lives in one of two forms, never both:
   capture). Kept as a :class:`ReplicationSet` object in ``_active``; its checkpoint and
   state are mirrored into the columns for the checkpoint calculation.
 
-A steady row is turned into an object (``_materialize``) before any event that could
-change it, and an object that settles back into the steady shape is folded into the
-columns again (``_settle``). So per-tick work is proportional to what changed plus the
+* **adding** -- a new table on its way in, in one of the two shapes a plain add passes
+  through: PREPARE with the capture as secondary, or COMMIT with it promoted. Also only
+  columns (``_fast`` / ``_fcap``); a burst of adds and its Prepared / Replicating reports
+  are applied vectorised, each step exactly what ``ReplicationSet.poll`` does for it.
+
+A steady or adding row is turned into an object (``_materialize``) before any event the
+vectorised steps do not cover, and an object that settles back into the steady shape is
+folded into the columns again (``_settle``). So per-tick work is proportional to what changed plus the
 number of captures; the ReplicationSet state machine stays the only place transitions
 are decided.
 """
@@ -25,7 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from scheduler_core.messages import Dispatch, TableStatusBatch
+from scheduler_core.messages import AddTableBatch, Dispatch, TableStatusBatch
 from scheduler_core.model import (
     Checkpoint,
     ReplicationSetState,
@@ -36,6 +41,7 @@ from scheduler_core.model import (
 from scheduler_core.replication import ReplicationSet
 from scheduler_core.tasks import (
     AddTableTask,
+    BurstAddTask,
     BurstTask,
     MoveTableTask,
     RemoveTableTask,
@@ -48,6 +54,9 @@ log = logging.getLogger(__name__)
 S = ReplicationSetState
 _NOT_STEADY = -1
 _REPLICATING = int(TableState.REPLICATING)
+_PREPARING = int(TableState.PREPARING)
+_PREPARED = int(TableState.PREPARED)
+_NOT_ADDING, _ADD_PREPARE, _ADD_COMMIT = 0, 1, 2  # values of the ``_fast`` column
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +90,9 @@ class ReplicationManager:
         self._state = np.empty(0, np.int8)  # ReplicationSetState of every row
         self._ckpt = np.empty(0, np.int64)
         self._resolved = np.empty(0, np.int64)
+        self._fast = np.empty(0, np.int8)  # _ADD_PREPARE / _ADD_COMMIT for adding rows
+        self._fcap = np.empty(0, np.int32)  # the adding row's capture index
+        self._adds: list[tuple[np.ndarray, ...]] = []  # columnar adds not yet taken
         self._active: dict[int, ReplicationSet] = {}
         self._running: dict[int, ScheduleTask] = {}
         self._cap_index: dict[str, int] = {}
@@ -114,8 +126,14 @@ class ReplicationManager:
         rs = self._active.get(table_id)
         if rs is not None:
             return TableView(table_id, rs.state, rs.primary, dict(rs.captures), rs.checkpoint)
-        primary = self._cap_names[self._primary[s]]
         cp = Checkpoint(int(self._ckpt[s]), int(self._resolved[s]))
+        if self._fast[s] == _ADD_PREPARE:
+            cid = self._cap_names[self._fcap[s]]
+            return TableView(table_id, S.PREPARE, None, {cid: Role.SECONDARY}, cp)
+        if self._fast[s] == _ADD_COMMIT:
+            cid = self._cap_names[self._fcap[s]]
+            return TableView(table_id, S.COMMIT, cid, {cid: Role.PRIMARY}, cp)
+        primary = self._cap_names[self._primary[s]]
         return TableView(table_id, S.REPLICATING, primary, {primary: Role.PRIMARY}, cp)
 
     def active(self) -> Mapping[int, ReplicationSet]:
@@ -129,8 +147,9 @@ class ReplicationManager:
     def table_counts(self, captures: Iterable[str]) -> dict[str, int]:
         """Tables per capture (any role), for the balancing schedulers."""
         counts = dict.fromkeys(captures, 0)
-        steady = self._primary[self._primary >= 0]
-        per_idx = np.bincount(steady, minlength=len(self._cap_names)) if len(steady) else []
+        owner = self._column_owner()
+        owner = owner[owner >= 0]
+        per_idx = np.bincount(owner, minlength=len(self._cap_names)) if len(owner) else []
         for cid in counts:
             idx = self._cap_index.get(cid)
             if idx is not None and idx < len(per_idx):
@@ -164,9 +183,14 @@ class ReplicationManager:
             self._owned_cache = self._group_owned()
         return self._owned_cache.get(capture_id, np.empty(0, np.int64))
 
+    def _column_owner(self) -> np.ndarray:
+        # The one capture of a steady or adding row; -1 for rows kept as objects.
+        return np.where(self._fast > 0, self._fcap, self._primary)
+
     def _group_owned(self) -> dict[str, np.ndarray]:
-        steady = self._primary >= 0
-        prim = self._primary[steady]
+        owner = self._column_owner()
+        steady = owner >= 0
+        prim = owner[steady]
         ids = self._ids[steady]
         order = np.argsort(prim, kind="stable")
         bounds = np.searchsorted(prim[order], np.arange(len(self._cap_names) + 1))
@@ -249,14 +273,67 @@ class ReplicationManager:
         slots_c = np.minimum(slots, len(self._ids) - 1)
         known = self._ids[slots_c] == batch.table_ids
         fast = known & (batch.states == _REPLICATING) & (self._primary[slots_c] == ci)
-        fs = slots_c[fast]
-        # Slots are unique within a batch (TableStatusBatch rejects repeated ids).
-        self._ckpt[fs] = np.maximum(self._ckpt[fs], batch.checkpoint_ts[fast])
-        self._resolved[fs] = np.maximum(self._resolved[fs], batch.resolved_ts[fast])
+        self._advance_rows(slots_c[fast], batch.checkpoint_ts[fast], batch.resolved_ts[fast])
+        fast |= self._adding_reports(ci, batch, slots_c, known)
         slow = np.flatnonzero(known & ~fast)
         if not len(slow):
             return []
         return self.handle_statuses(capture_id, (batch.status_at(int(i)) for i in slow))
+
+    def _advance_rows(self, slots: np.ndarray, ckpt: np.ndarray, resolved: np.ndarray) -> None:
+        # Slots are unique within a batch (TableStatusBatch rejects repeated ids).
+        self._ckpt[slots] = np.maximum(self._ckpt[slots], ckpt)
+        self._resolved[slots] = np.maximum(self._resolved[slots], resolved)
+
+    def _adding_reports(
+        self, ci: int, batch: TableStatusBatch, slots: np.ndarray, known: np.ndarray
+    ) -> np.ndarray:
+        """Vectorised ``poll`` for adding rows; returns the mask of report rows it handled.
+
+        PREPARE + Preparing: nothing. PREPARE + Prepared: COMMIT, promote, send the commit.
+        COMMIT + Prepared: the commit was lost, send it again. COMMIT + Replicating:
+        REPLICATING (steady). Any other report goes the slow way.
+        """
+        kind = np.where(known & (self._fcap[slots] == ci), self._fast[slots], _NOT_ADDING)
+        st = batch.states
+        prep, commit = kind == _ADD_PREPARE, kind == _ADD_COMMIT
+        promote = prep & (st == _PREPARED)
+        resend = commit & (st == _PREPARED)
+        done = commit & (st == _REPLICATING)
+        ps = slots[promote]
+        self._fast[ps] = _ADD_COMMIT
+        self._state[ps] = S.COMMIT
+        commit_slots = slots[promote | resend]
+        self._queue_adds(ci, commit_slots, secondary=False)
+        ds = slots[done]
+        self._advance_rows(ds, batch.checkpoint_ts[done], batch.resolved_ts[done])
+        self._fast[ds] = _NOT_ADDING
+        self._state[ds] = S.REPLICATING
+        self._primary[ds] = ci
+        return (prep & (st == _PREPARING)) | promote | resend | done
+
+    def _queue_adds(self, ci: int | np.ndarray, slots: np.ndarray, *, secondary: bool) -> None:
+        if not len(slots):
+            return
+        caps = np.broadcast_to(np.asarray(ci, np.int32), slots.shape)
+        sec = np.full(len(slots), int(secondary), np.int64)
+        self._adds.append((caps, self._ids[slots], sec, self._ckpt[slots], self._resolved[slots]))
+
+    def take_add_batches(self) -> dict[str, AddTableBatch]:
+        """The columnar adds produced since the last call, per capture."""
+        if not self._adds:
+            return {}
+        cols = [np.concatenate(c) for c in zip(*self._adds, strict=True)]
+        self._adds = []
+        order = np.argsort(cols[0], kind="stable")
+        caps = cols[0][order]
+        bounds = np.flatnonzero(np.diff(caps)) + 1
+        out = {}
+        for part in np.split(np.arange(len(order)), bounds):
+            rows = order[part]
+            name = self._cap_names[int(caps[part[0]])]
+            out[name] = AddTableBatch(*(c[rows] for c in cols[1:]))
+        return out
 
     def handle_statuses(self, capture_id: str, statuses: Iterable[TableStatus]) -> list[Dispatch]:
         """Feed statuses (dispatch responses, or the slow rows of a report) to their sets."""
@@ -275,7 +352,7 @@ class ReplicationManager:
         idx = self._cap_index.get(capture_id)
         out: list[Dispatch] = []
         if idx is not None:
-            for s in np.flatnonzero(self._primary == idx):
+            for s in np.flatnonzero(self._column_owner() == idx):
                 self._materialize(int(s))
         for tid, rs in list(self._active.items()):
             msgs, affected = rs.handle_capture_shutdown(capture_id)
@@ -294,6 +371,9 @@ class ReplicationManager:
             if isinstance(task, BurstTask):
                 out.extend(self._apply_burst(task.tasks))
                 continue
+            if isinstance(task, BurstAddTask):
+                out.extend(self._apply_burst_add(task))
+                continue
             if len(self._running) >= self.max_task_concurrency:
                 continue  # not break: a later burst task may still apply
             out.extend(self._apply(task))
@@ -306,6 +386,29 @@ class ReplicationManager:
         out: list[Dispatch] = []
         for task in tasks:
             out.extend(self._apply(task))
+        return out
+
+    def _apply_burst_add(self, task: BurstAddTask) -> list[Dispatch]:
+        """New tables go straight into the adding columns; known ones take the slow way."""
+        idx = np.asarray([self._capture_index(c) for c in task.captures], np.int32)
+        caps = idx[task.capture_index]
+        new = ~np.isin(task.table_ids, self._ids)
+        ids = task.table_ids[new]
+        if len(ids):
+            if len(np.unique(ids)) != len(ids):
+                raise ValueError("BurstAddTask lists a table twice")
+            self._insert_rows(ids, S.PREPARE)
+            slots = np.searchsorted(self._ids, ids)
+            self._fast[slots] = _ADD_PREPARE
+            self._fcap[slots] = caps[new]
+            self._ckpt[slots] = task.checkpoint_ts[new]
+            self._resolved[slots] = task.checkpoint_ts[new]
+            self._queue_adds(caps[new], slots, secondary=True)
+        out: list[Dispatch] = []
+        for i in np.flatnonzero(~new).tolist():
+            cid = task.captures[int(task.capture_index[i])]
+            tid, ts = int(task.table_ids[i]), int(task.checkpoint_ts[i])
+            out.extend(self._apply(AddTableTask(tid, cid, ts)))
         return out
 
     def _apply(self, task: ScheduleTask) -> list[Dispatch]:
@@ -321,7 +424,8 @@ class ReplicationManager:
             self._insert_rows(np.asarray([tid], np.int64), S.ABSENT)
             s = self._slot(tid)
         assert s is not None
-        if isinstance(task, AddTableTask) and tid not in self._active and self._primary[s] < 0:
+        fresh = tid not in self._active and self._primary[s] < 0 and self._fast[s] == _NOT_ADDING
+        if isinstance(task, AddTableTask) and fresh:
             self._active[tid] = ReplicationSet(tid, Checkpoint.at(task.checkpoint_ts))
         rs = self._materialize(s)
         if isinstance(task, AddTableTask):
@@ -406,14 +510,22 @@ class ReplicationManager:
         rs = self._active.get(tid)
         if rs is not None:
             return rs
-        assert self._primary[s] >= 0, f"table {tid} is neither steady nor active"
-        primary = self._cap_names[self._primary[s]]
         cp = Checkpoint(int(self._ckpt[s]), int(self._resolved[s]))
-        rs = ReplicationSet.rebuild(
-            tid, cp, {primary: TableStatus(tid, TableState.REPLICATING, cp)}
-        )
+        kind = int(self._fast[s])
+        if kind == _ADD_PREPARE:
+            cid = self._cap_names[self._fcap[s]]
+            rs = ReplicationSet.rebuild(tid, cp, {cid: TableStatus(tid, TableState.PREPARING, cp)})
+        elif kind == _ADD_COMMIT:
+            rs = ReplicationSet.committing(tid, self._cap_names[self._fcap[s]], cp)
+        else:
+            assert self._primary[s] >= 0, f"table {tid} is neither steady, adding nor active"
+            primary = self._cap_names[self._primary[s]]
+            rs = ReplicationSet.rebuild(
+                tid, cp, {primary: TableStatus(tid, TableState.REPLICATING, cp)}
+            )
         self._active[tid] = rs
         self._primary[s] = _NOT_STEADY
+        self._fast[s] = _NOT_ADDING
         return rs
 
     def _settle(self, s: int, rs: ReplicationSet) -> None:
@@ -436,6 +548,8 @@ class ReplicationManager:
         self._state = np.insert(self._state, pos, int(state))
         self._ckpt = np.insert(self._ckpt, pos, 0)
         self._resolved = np.insert(self._resolved, pos, 0)
+        self._fast = np.insert(self._fast, pos, _NOT_ADDING)
+        self._fcap = np.insert(self._fcap, pos, -1)
         self._owned_cache = None
 
     def _take(self, keep: np.ndarray) -> None:
@@ -444,4 +558,6 @@ class ReplicationManager:
         self._state = self._state[keep]
         self._ckpt = self._ckpt[keep]
         self._resolved = self._resolved[keep]
+        self._fast = self._fast[keep]
+        self._fcap = self._fcap[keep]
         self._owned_cache = None

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from scheduler_core.errors import InvalidMessageError
 
 
@@ -51,6 +53,29 @@ class MoveTableTask:
 ScheduleTask = AddTableTask | RemoveTableTask | MoveTableTask
 
 
+@dataclass(frozen=True, slots=True, eq=False)
+class BurstAddTask:
+    """The basic scheduler's adds in columns: table ``table_ids[i]`` goes to
+    ``captures[capture_index[i]]`` starting at ``checkpoint_ts[i]``."""
+
+    table_ids: np.ndarray
+    captures: tuple[str, ...]
+    capture_index: np.ndarray
+    checkpoint_ts: np.ndarray
+
+    def __post_init__(self) -> None:
+        n = len(self.table_ids)
+        if len(self.capture_index) != n or len(self.checkpoint_ts) != n:
+            raise InvalidMessageError("BurstAddTask columns must all have the same length")
+        if n and (self.capture_index.min() < 0 or self.capture_index.max() >= len(self.captures)):
+            raise InvalidMessageError("BurstAddTask.capture_index points outside captures")
+        for cid in self.captures:
+            _check(0, cid)
+
+    def __len__(self) -> int:
+        return len(self.table_ids)
+
+
 @dataclass(frozen=True, slots=True)
 class BurstTask:
     """A batch from the basic scheduler: bypasses the concurrency cap (bounded by its own size)."""
@@ -58,4 +83,4 @@ class BurstTask:
     tasks: tuple[ScheduleTask, ...]
 
 
-Task = ScheduleTask | BurstTask
+Task = ScheduleTask | BurstTask | BurstAddTask

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import heapq
 import logging
 
 import numpy as np
 
 from scheduler_core.schedulers.base import ScheduleContext
-from scheduler_core.tasks import AddTableTask, BurstTask, RemoveTableTask, Task
+from scheduler_core.tasks import BurstAddTask, BurstTask, RemoveTableTask, Task
 
 log = logging.getLogger(__name__)
 
@@ -25,10 +24,7 @@ class BasicScheduler:
 
     def schedule(self, ctx: ScheduleContext) -> list[Task]:
         """A burst of adds for missing tables and a burst of removes for extra ones."""
-        tasks: list[Task] = []
-        adds = self._adds(ctx)
-        if adds:
-            tasks.append(BurstTask(tuple(adds)))
+        tasks: list[Task] = list(self._adds(ctx))
         removes = self._removes(ctx)
         if removes:
             tasks.append(BurstTask(tuple(removes)))
@@ -43,7 +39,7 @@ class BasicScheduler:
             absent = np.setdiff1d(absent, running, assume_unique=True)
         return np.union1d(missing, absent)[: self.add_table_batch_size]
 
-    def _adds(self, ctx: ScheduleContext) -> list[AddTableTask]:
+    def _adds(self, ctx: ScheduleContext) -> list[BurstAddTask]:
         missing = self._missing(ctx)
         if not len(missing):
             return []
@@ -52,15 +48,13 @@ class BasicScheduler:
             log.warning("%d tables wait: no capture can take tables", len(missing))
             return []
         counts = ctx.replications.table_counts(targets)
-        heap = [(counts[c], c) for c in targets]
-        heapq.heapify(heap)
-        adds = []
-        for tid in missing.tolist():
-            n, cid = heapq.heappop(heap)
-            start = ctx.start_ts.get(tid, ctx.checkpoint_ts)
-            adds.append(AddTableTask(tid, cid, start))
-            heapq.heappush(heap, (n + 1, cid))
-        return adds
+        quota = fill_evenly(np.asarray([counts[c] for c in targets], np.int64), len(missing))
+        capture_index = np.repeat(np.arange(len(targets), dtype=np.int64), quota)
+        start = np.full(len(missing), ctx.checkpoint_ts, np.int64)
+        if ctx.start_ts:
+            for i, tid in enumerate(missing.tolist()):
+                start[i] = ctx.start_ts.get(tid, ctx.checkpoint_ts)
+        return [BurstAddTask(missing, tuple(targets), capture_index, start)]
 
     def _removes(self, ctx: ScheduleContext) -> list[RemoveTableTask]:
         rm = ctx.replications
@@ -71,3 +65,23 @@ class BasicScheduler:
             if holder is not None:
                 out.append(RemoveTableTask(tid, holder))
         return out
+
+
+def fill_evenly(counts: np.ndarray, k: int) -> np.ndarray:
+    """How many of ``k`` new tables each capture gets so loads end as even as possible.
+
+    Water filling: raise the lowest loads to a common level L, then hand the remainder
+    one each to captures at L (earliest first). Vectorised: O(captures x log k).
+    """
+    lo, hi = int(counts.min()), int(counts.min()) + k
+    while lo < hi:  # the highest level whose fill needs no more than k tables
+        mid = (lo + hi + 1) // 2
+        if int(np.maximum(mid - counts, 0).sum()) <= k:
+            lo = mid
+        else:
+            hi = mid - 1
+    quota = np.maximum(lo - counts, 0)
+    rest = k - int(quota.sum())
+    at_level = np.flatnonzero(counts + quota == lo)
+    quota[at_level[:rest]] += 1
+    return quota
