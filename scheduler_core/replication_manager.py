@@ -93,6 +93,9 @@ class ReplicationManager:
         self._fast = np.empty(0, np.int8)  # _ADD_PREPARE / _ADD_COMMIT for adding rows
         self._fcap = np.empty(0, np.int32)  # the adding row's capture index
         self._adds: list[tuple[np.ndarray, ...]] = []  # columnar adds not yet taken
+        self._version = getattr(self, "_version", 0) + 1  # bumps when rows are added/removed
+        self._member_key: tuple | None = None
+        self._slot_cache: dict[int, tuple[int, np.ndarray, np.ndarray, np.ndarray]] = {}
         self._active: dict[int, ReplicationSet] = {}
         self._running: dict[int, ScheduleTask] = {}
         self._cap_index: dict[str, int] = {}
@@ -166,9 +169,28 @@ class ReplicationManager:
 
     def extra_tables(self, current: np.ndarray) -> np.ndarray:
         """Ids tracked but not in ``current`` (sorted) and not already being removed."""
-        extra = ~np.isin(self._ids, current, assume_unique=True)
-        extra &= self._state != S.REMOVING
+        extra = self._membership(current)[2] & (self._state != S.REMOVING)
         return self._ids[extra]
+
+    def untracked(self, current: np.ndarray) -> np.ndarray:
+        """Ids in ``current`` (sorted) that no replication set tracks yet."""
+        return current[~self._membership(current)[1]]
+
+    def _membership(self, current: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        # (slots of the tracked current tables, which of current are tracked, which rows
+        # are extra). Cached until the table set or the rows change: a steady tick pays
+        # nothing for it.
+        key = self._member_key
+        if key is not None and key[0] is current and key[1] == self._version:
+            return key[2]
+        slots = np.searchsorted(self._ids, current)
+        found = slots < len(self._ids)
+        found[found] = self._ids[slots[found]] == current[found]
+        extra = np.ones(len(self._ids), bool)
+        extra[slots[found]] = False
+        value = (slots[found], found, extra)
+        self._member_key = (current, self._version, value)
+        return value
 
     def replicating_on(self, capture_id: str) -> np.ndarray:
         """Ids of tables REPLICATING with ``capture_id`` as their only capture (movable)."""
@@ -269,9 +291,7 @@ class ReplicationManager:
         if not len(batch) or not len(self._ids):
             return []
         ci = self._capture_index(capture_id)
-        slots = np.searchsorted(self._ids, batch.table_ids)
-        slots_c = np.minimum(slots, len(self._ids) - 1)
-        known = self._ids[slots_c] == batch.table_ids
+        slots_c, known = self._report_slots(ci, batch.table_ids)
         fast = known & (batch.states == _REPLICATING) & (self._primary[slots_c] == ci)
         self._advance_rows(slots_c[fast], batch.checkpoint_ts[fast], batch.resolved_ts[fast])
         fast |= self._adding_reports(ci, batch, slots_c, known)
@@ -279,6 +299,17 @@ class ReplicationManager:
         if not len(slow):
             return []
         return self.handle_statuses(capture_id, (batch.status_at(int(i)) for i in slow))
+
+    def _report_slots(self, ci: int, table_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        # A capture reports the same tables tick after tick: reuse the lookup while the
+        # rows are unchanged (array_equal on its ids costs far less than searchsorted).
+        hit = self._slot_cache.get(ci)
+        if hit is not None and hit[0] == self._version and np.array_equal(hit[1], table_ids):
+            return hit[2], hit[3]
+        slots = np.minimum(np.searchsorted(self._ids, table_ids), len(self._ids) - 1)
+        known = self._ids[slots] == table_ids
+        self._slot_cache[ci] = (self._version, table_ids, slots, known)
+        return slots, known
 
     def _advance_rows(self, slots: np.ndarray, ckpt: np.ndarray, resolved: np.ndarray) -> None:
         # Slots are unique within a batch (TableStatusBatch rejects repeated ids).
@@ -474,10 +505,7 @@ class ReplicationManager:
         A table that is not REPLICATING here reads as ABSENT, so the checkpoint calculation
         treats anything in transit as "cannot advance".
         """
-        slots = np.searchsorted(self._ids, current)
-        found = slots < len(self._ids)
-        found[found] = self._ids[slots[found]] == current[found]
-        slots = slots[found]
+        slots = self._membership(current)[0]
         replicating = self._state[slots] == S.REPLICATING
         states = np.where(replicating, int(TableState.REPLICATING), int(TableState.ABSENT))
         return self._ids[slots], states, self._ckpt[slots], self._resolved[slots]
@@ -550,6 +578,7 @@ class ReplicationManager:
         self._resolved = np.insert(self._resolved, pos, 0)
         self._fast = np.insert(self._fast, pos, _NOT_ADDING)
         self._fcap = np.insert(self._fcap, pos, -1)
+        self._version += 1
         self._owned_cache = None
 
     def _take(self, keep: np.ndarray) -> None:
@@ -560,4 +589,5 @@ class ReplicationManager:
         self._resolved = self._resolved[keep]
         self._fast = self._fast[keep]
         self._fcap = self._fcap[keep]
+        self._version += 1
         self._owned_cache = None

@@ -32,7 +32,7 @@ class BasicScheduler:
 
     def _missing(self, ctx: ScheduleContext) -> np.ndarray:
         rm = ctx.replications
-        missing = np.setdiff1d(ctx.current_tables, rm.table_ids, assume_unique=True)
+        missing = rm.untracked(ctx.current_tables)
         absent = np.intersect1d(rm.absent_tables(), ctx.current_tables, assume_unique=True)
         if len(rm.running_tasks):
             running = np.fromiter(rm.running_tasks, np.int64, len(rm.running_tasks))
