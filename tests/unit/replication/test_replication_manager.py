@@ -1,0 +1,106 @@
+"""ReplicationManager: the vectorised column paths behave exactly like ReplicationSet objects."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+
+from scheduler_core import Checkpoint, ReplicationSet, TableState, TableStatus
+from scheduler_core.messages import AddTableRequest, TableStatusBatch
+from scheduler_core.model import ReplicationSetState
+from scheduler_core.replication_manager import ReplicationManager
+from scheduler_core.schedulers.basic import fill_evenly
+from scheduler_core.tasks import BurstAddTask, MoveTableTask
+
+T = TableState
+CAPS = ("a", "b")
+
+
+def burst_add(tid: int, capture: str, ts: int) -> BurstAddTask:
+    return BurstAddTask(
+        np.asarray([tid], np.int64), (capture,), np.zeros(1, np.int64), np.asarray([ts], np.int64)
+    )
+
+
+def manager_out(rm: ReplicationManager, msgs: list) -> list:
+    """Dispatches from a call plus the columnar adds it queued, as request objects."""
+    out = list(msgs)
+    for cid, batch in sorted(rm.take_add_batches().items()):
+        out.extend(batch.requests(cid))
+    return out
+
+
+def snapshot(view_or_rs) -> tuple:  # noqa: ANN001
+    return (
+        view_or_rs.state,
+        view_or_rs.primary,
+        dict(view_or_rs.captures),
+        view_or_rs.checkpoint,
+    )
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_columnar_add_path_matches_replication_set_step_by_step(seed: int) -> None:
+    rng = random.Random(seed)
+    tid, start = 7, 100
+    rs = ReplicationSet(tid, Checkpoint.at(start))
+    rm = ReplicationManager()
+    assert manager_out(rm, rm.handle_tasks([burst_add(tid, "a", start)])) == rs.handle_add_table(
+        "a"
+    )
+    ck = start
+    for step in range(25):
+        cid = rng.choice(CAPS)
+        state = rng.choice([T.ABSENT, T.PREPARING, T.PREPARED, T.REPLICATING, T.STOPPED])
+        if state == T.REPLICATING and rs.primary not in (None, cid):
+            continue  # a second writer raises MultiplePrimaryError in both, tested elsewhere
+        ck += rng.randrange(3)
+        status = TableStatus(tid, state, Checkpoint(ck, ck + 5))
+        expected = rs.poll(status, cid)
+        got = manager_out(rm, rm.handle_batch(cid, TableStatusBatch.of([status])))
+        assert got == expected, f"step {step}: {status} from {cid}"
+        assert snapshot(rm.view(tid)) == snapshot(rs), f"step {step}"
+        if rs.state == ReplicationSetState.ABSENT:
+            break
+
+
+def test_burst_add_of_many_tables_emits_one_columnar_batch_per_capture() -> None:
+    rm = ReplicationManager()
+    ids = np.arange(1, 1001, dtype=np.int64)
+    task = BurstAddTask(ids, ("a", "b"), ids % 2, np.full(1000, 50, np.int64))
+    assert rm.handle_tasks([task]) == []
+    batches = rm.take_add_batches()
+    assert sorted(batches) == ["a", "b"]
+    assert len(batches["a"]) == len(batches["b"]) == 500
+    assert set(batches["a"].is_secondary.tolist()) == {1}
+    assert rm.table_counts(["a", "b"]) == {"a": 500, "b": 500}
+    assert rm.owned_tables("a").tolist() == ids[ids % 2 == 0].tolist()
+
+
+def test_steady_table_materialises_for_a_move_and_folds_back() -> None:
+    rm = ReplicationManager()
+    rm.handle_tasks([burst_add(1, "a", 10)])
+    rm.take_add_batches()
+    rm.handle_batch("a", TableStatusBatch.of([TableStatus(1, T.PREPARED, Checkpoint.at(10))]))
+    rm.take_add_batches()
+    rm.handle_batch("a", TableStatusBatch.of([TableStatus(1, T.REPLICATING, Checkpoint(12, 15))]))
+    assert rm.active() == {} and rm.view(1).state == ReplicationSetState.REPLICATING
+    msgs = rm.handle_tasks([MoveTableTask(1, "b")])
+    assert msgs == [AddTableRequest("b", 1, True, Checkpoint(12, 15))]
+    assert 1 in rm.active()
+
+
+@pytest.mark.parametrize(
+    ("counts", "k", "quota"),
+    [
+        ([0, 0, 0], 7, [3, 2, 2]),
+        ([5, 0, 2], 4, [0, 3, 1]),
+        ([5, 0, 2], 0, [0, 0, 0]),
+        ([1, 1], 1, [1, 0]),
+        ([10, 0], 3, [0, 3]),
+    ],
+)
+def test_fill_evenly_levels_the_load(counts: list[int], k: int, quota: list[int]) -> None:
+    assert fill_evenly(np.asarray(counts, np.int64), k).tolist() == quota
