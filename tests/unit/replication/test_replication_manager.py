@@ -32,7 +32,7 @@ def manager_out(rm: ReplicationManager, msgs: list) -> list:
     return out
 
 
-def snapshot(view_or_rs) -> tuple:  # noqa: ANN001
+def snapshot(view_or_rs) -> tuple:
     return (
         view_or_rs.state,
         view_or_rs.primary,
