@@ -7,13 +7,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from scheduler_core.errors import InvalidMessageError
+from scheduler_core.messages import _check_id, _check_table_id
 
 
 def _check(table_id: int, capture_id: str) -> None:
-    if type(table_id) is not int or table_id < 0:
-        raise InvalidMessageError(f"table_id must be an int >= 0, got {table_id!r}")
-    if not isinstance(capture_id, str) or not capture_id:
-        raise InvalidMessageError(f"capture_id must be a non-empty str, got {capture_id!r}")
+    _check_table_id(table_id)
+    _check_id("capture_id", capture_id)
 
 
 @dataclass(frozen=True, slots=True)
