@@ -1,5 +1,8 @@
 """The scheduling protocol of cdc-dagster, sans-I/O: events in, messages out."""
 
+from scheduler_core.agent import Agent
+from scheduler_core.coordinator import Coordinator, CoordinatorConfig, TickResult
+from scheduler_core.ddl import DDLEvent, DDLKind, DDLManager, TableSetChange
 from scheduler_core.errors import (
     ConfigError,
     ExecutorContractError,
@@ -8,14 +11,21 @@ from scheduler_core.errors import (
     ProtocolError,
     SchedulerError,
 )
+from scheduler_core.executor import TableExecutor
 from scheduler_core.messages import AddTableRequest, RemoveTableRequest
 from scheduler_core.model import Checkpoint, ReplicationSetState, Role, TableState, TableStatus
 from scheduler_core.replication import ReplicationSet
 
 __all__ = [
     "AddTableRequest",
+    "Agent",
     "Checkpoint",
     "ConfigError",
+    "Coordinator",
+    "CoordinatorConfig",
+    "DDLEvent",
+    "DDLKind",
+    "DDLManager",
     "ExecutorContractError",
     "InvalidMessageError",
     "MultiplePrimaryError",
@@ -25,6 +35,9 @@ __all__ = [
     "ReplicationSetState",
     "Role",
     "SchedulerError",
+    "TableExecutor",
+    "TableSetChange",
     "TableState",
     "TableStatus",
+    "TickResult",
 ]
