@@ -95,7 +95,13 @@ class Monotonic:
         if owner is None:
             return
         rm = owner.replications
-        for tid in rm.table_ids.tolist():
+        tracked = rm.table_ids.tolist()
+        # A table the owner stopped tracking (removed, or forgotten and added again later)
+        # starts a new replication set: monotonic holds per incarnation. Seed 5110: a
+        # zombie owner's add was removed by its successor, then added at its barrier.
+        for gone in self._tables.keys() - set(tracked):
+            del self._tables[gone]
+        for tid in tracked:
             c = rm.view(tid).checkpoint
             prev = self._tables.get(tid, (0, 0))
             if c.checkpoint_ts < prev[0] or c.resolved_ts < prev[1]:
