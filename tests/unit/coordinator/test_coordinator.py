@@ -1,0 +1,204 @@
+"""Coordinator scenarios: one owner tick at a time, with hand-written capture reports."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+
+from scheduler_core import Checkpoint, ConfigError, Coordinator, DDLEvent, DDLKind, TableState
+from scheduler_core.coordinator import CoordinatorConfig
+from scheduler_core.messages import (
+    DispatchTableRequest,
+    Header,
+    Heartbeat,
+    HeartbeatResponse,
+    TableStatusBatch,
+)
+from scheduler_core.model import TableStatus
+from scheduler_core.ts import MAX_TS
+
+OWNER = "owner-1"
+CP = Checkpoint.at(1000)
+
+
+def coordinator(tables=(1, 2, 3, 4), **cfg) -> Coordinator:
+    return Coordinator(
+        owner_id=OWNER,
+        owner_rev=5,
+        changefeed_epoch=1,
+        checkpoint=CP,
+        tables=tables,
+        rng=random.Random(0),
+        config=CoordinatorConfig(**cfg),
+    )
+
+
+class Capture:
+    """A hand-driven capture: reports exactly the statuses a test gives it."""
+
+    def __init__(self, cid: str) -> None:
+        self.cid, self.epoch, self.reg, self.seq = cid, f"{cid}-e", f"{cid}-r", 0
+
+    def report(self, *statuses: TableStatus, rev: int = 5, cf: int = 1) -> HeartbeatResponse:
+        self.seq += 1
+        header = Header(rev, self.epoch, cf, self.seq)
+        batch = TableStatusBatch.of(statuses)
+        return HeartbeatResponse(header, self.cid, OWNER, batch, registration=self.reg)
+
+
+def st(tid: int, state: TableState, ck: int = 1000, rs: int | None = None) -> TableStatus:
+    return TableStatus(tid, state, Checkpoint(ck, ck if rs is None else rs))
+
+
+def dispatched(result, cid: str) -> list:
+    out = []
+    for m in result.messages:
+        if isinstance(m, DispatchTableRequest) and m.to == cid:
+            out.extend(m.all_requests())
+    return out
+
+
+def replicate_all(co: Coordinator, caps: list[Capture], ck: int = 1000) -> dict[int, str]:
+    """Drive adds until every table replicates; returns table -> capture."""
+    alive = {c.cid: c.reg for c in caps}
+    held: dict[str, dict[int, TableState]] = {c.cid: {} for c in caps}
+    result = co.tick(alive, [c.report() for c in caps])
+    for _ in range(4):
+        for c in caps:
+            for req in dispatched(result, c.cid):
+                held[c.cid][req.table_id] = (
+                    TableState.PREPARED if req.is_secondary else TableState.REPLICATING
+                )
+        reports = [c.report(*(st(t, s, ck) for t, s in held[c.cid].items())) for c in caps]
+        result = co.tick(alive, reports)
+    return {t: cid for cid, tables in held.items() for t in tables}
+
+
+def test_no_scheduling_until_every_alive_capture_has_reported() -> None:
+    co = coordinator()
+    a, b = Capture("a"), Capture("b")
+    result = co.tick({"a": a.reg, "b": b.reg}, [a.report()])
+    assert result.dispatches == 0 and not dispatched(result, "a")
+    result = co.tick({"a": a.reg, "b": b.reg}, [b.report()])
+    assert result.scheduler == "basic"
+    assert len(dispatched(result, "a")) + len(dispatched(result, "b")) == 4
+
+
+@pytest.mark.parametrize(
+    ("rev", "cf", "to", "counter"),
+    [
+        (4, 1, OWNER, "dropped_stale_owner"),
+        (5, 2, OWNER, "dropped_wrong_changefeed"),
+        (5, 1, "owner-0", "dropped_wrong_addressee"),
+    ],
+)
+def test_reports_with_wrong_fencing_fields_are_dropped(
+    rev: int, cf: int, to: str, counter: str
+) -> None:
+    co = coordinator()
+    a = Capture("a")
+    header = Header(rev, a.epoch, cf, 1)
+    msg = HeartbeatResponse(header, "a", to, TableStatusBatch.of([]), registration=a.reg)
+    result = co.tick({"a": a.reg}, [msg])
+    assert getattr(co.stats, counter) == 1
+    assert result.dispatches == 0  # "a" never counted as initialized
+
+
+def test_report_from_a_previous_registration_does_not_pin_the_epoch() -> None:
+    co = coordinator()
+    old = Capture("a")
+    new = Capture("a")
+    new.epoch, new.reg = "a-e2", "a-r2"
+    co.tick({"a": new.reg}, [old.report()])  # late report of the dead incarnation
+    assert co.captures.epoch_of("a") == ""
+    co.tick({"a": new.reg}, [new.report()])
+    assert co.captures.epoch_of("a") == "a-e2"
+
+
+def test_initial_adds_spread_evenly_and_checkpoint_follows_tables() -> None:
+    co = coordinator(tables=range(1, 9))
+    a, b = Capture("a"), Capture("b")
+    placement = replicate_all(co, [a, b])
+    assert sorted(placement) == list(range(1, 9))
+    assert sorted(placement.values()).count("a") == 4
+    assert co.checkpoint == Checkpoint.at(1000)
+
+
+def test_drain_refuses_the_last_capture() -> None:
+    co = coordinator()
+    a = Capture("a")
+    co.tick({"a": a.reg}, [a.report()])
+    with pytest.raises(ConfigError, match="last capture"):
+        co.drain_capture("a")
+
+
+def test_heartbeat_lists_the_tables_the_owner_thinks_a_capture_holds() -> None:
+    co = coordinator(tables=(1, 2))
+    a = Capture("a")
+    replicate_all(co, [a])
+    result = co.tick(
+        {"a": a.reg}, [a.report(st(1, TableState.REPLICATING), st(2, TableState.REPLICATING))]
+    )
+    hb = next(m for m in result.messages if isinstance(m, Heartbeat))
+    assert hb.table_ids.tolist() == [1, 2] and hb.header.capture_epoch == a.epoch
+
+
+def test_table_change_holds_every_table_at_the_barrier_then_adds_at_it() -> None:
+    co = coordinator(tables=(1,))
+    a = Capture("a")
+    replicate_all(co, [a])
+    co.change_tables(add=[9], barrier_ts=1500)
+    result = co.tick({"a": a.reg}, [a.report(st(1, TableState.REPLICATING, 1200, 2000))])
+    assert result.barrier.global_barrier_ts == 1500
+    assert 9 not in co.current_tables
+    result = co.tick({"a": a.reg}, [a.report(st(1, TableState.REPLICATING, 1500, 2000))])
+    assert co.checkpoint.checkpoint_ts == 1500
+    result = co.tick({"a": a.reg}, [a.report(st(1, TableState.REPLICATING, 1500, 2000))])
+    adds = [r for r in dispatched(result, "a") if r.table_id == 9]
+    assert adds and adds[0].checkpoint == Checkpoint.at(1500)
+    assert result.barrier.global_barrier_ts == MAX_TS
+
+
+def test_table_ddl_blocks_only_its_table() -> None:
+    co = coordinator(tables=(1, 2))
+    a = Capture("a")
+    replicate_all(co, [a])
+    co.add_ddl(DDLEvent(1300, DDLKind.ALTER_TABLE, "ALTER TABLE t1", table_ids=(1,)))
+    result = co.tick(
+        {"a": a.reg}, [a.report(st(1, TableState.REPLICATING), st(2, TableState.REPLICATING))]
+    )
+    assert dict(result.barrier.table_barriers) == {1: 1300}
+    assert result.barrier.global_barrier_ts == MAX_TS
+    reports = [
+        a.report(
+            st(1, TableState.REPLICATING, 1300, 2000), st(2, TableState.REPLICATING, 1900, 2000)
+        )
+    ]
+    result = co.tick({"a": a.reg}, reports)
+    assert [e.query for e in result.ready_ddls] == ["ALTER TABLE t1"]
+    assert co.checkpoint.checkpoint_ts == 1300  # held by table 1 only
+    co.ddl_done(result.ready_ddls[0])
+    result = co.tick(
+        {"a": a.reg},
+        [
+            a.report(
+                st(1, TableState.REPLICATING, 1900, 2000), st(2, TableState.REPLICATING, 1900, 2000)
+            )
+        ],
+    )
+    assert dict(result.barrier.table_barriers) == {}
+    assert co.checkpoint.checkpoint_ts == 1900
+
+
+def test_capture_leaving_makes_its_tables_absent_and_they_are_re_added() -> None:
+    co = coordinator(tables=(1, 2))
+    a, b = Capture("a"), Capture("b")
+    placement = replicate_all(co, [a, b])
+    gone = placement[1]
+    stay = next(c for c in (a, b) if c.cid != gone)
+    result = co.tick({stay.cid: stay.reg}, [])
+    readded = [r.table_id for r in dispatched(result, stay.cid)]
+    assert 1 in readded
+    assert np.isin(readded, [t for t, c in placement.items() if c == gone]).all()
