@@ -195,7 +195,9 @@ class Agent:
             return self._reject("rejected_wrong_capture", msg, f"addressed to {msg.to!r}")
         if h.owner_rev <= 0 or h.owner_rev < self._owner_rev:
             return self._reject("rejected_stale_owner", msg, f"adopted rev {self._owner_rev}")
-        if h.owner_rev > self._owner_rev:
+        if h.owner_rev > self._owner_rev or (
+            self._owner_id is None and h.owner_rev == self._owner_rev
+        ):
             self._adopt_owner(msg)
         elif msg.sender != self._owner_id:
             log.error("two owners with rev %s: %s and %s", h.owner_rev, self._owner_id, msg.sender)
@@ -213,6 +215,28 @@ class Agent:
             )
             self._changefeed_epoch = h.changefeed_epoch
         return True
+
+    def observe_owner_rev(self, owner_rev: int) -> None:
+        """The registry (etcd) says the elected owner has ``owner_rev``: lower ones are zombies.
+
+        A capture must not learn the current owner only from owner messages: a process that
+        (re)starts after an election would otherwise adopt a zombie owner it hears first,
+        take tables from it, and sink them next to the real owner's choice (simulator seed
+        6496). Raising the floor drops the stale owner and its tasks in flight.
+        """
+        if owner_rev <= self._owner_rev:
+            return
+        log.info(
+            "capture %s: registry owner_rev %s > adopted %s (%s): dropping the stale owner",
+            self._capture_id,
+            owner_rev,
+            self._owner_rev,
+            self._owner_id,
+        )
+        self._owner_rev = owner_rev
+        self._owner_id = None
+        self._tasks.clear()
+        self._heartbeat = None
 
     def _reject(self, counter: str, msg: OwnerMessage, why: str) -> bool:
         setattr(self.stats, counter, getattr(self.stats, counter) + 1)
@@ -399,7 +423,9 @@ class Agent:
 
     def _check_invariant(self) -> None:
         ok = (
-            (self._owner_id is not None) == (self._owner_rev > 0)
+            # An owner implies a rev; a rev without an owner is a floor from the registry.
+            (self._owner_id is None or self._owner_rev > 0)
+            and (self._owner_id is not None or not self._tasks)
             and bool(self._epoch)
             and all(t == task.request.table_id for t, task in self._tasks.items())
         )

@@ -241,6 +241,8 @@ class Simulator:
         if cap.crashed:
             return
         if not cap.partitioned:
+            # Renewing its lease, the capture also reads the elected owner's rev from etcd.
+            cap.agent.observe_owner_rev(self.owner_rev)
             cap.agent.handle(self.bus.deliver(self.now, cap.capture_id))
             cap.renewed_at = self.now
         out = cap.agent.tick()  # drives the executor's data progress too

@@ -416,3 +416,32 @@ def test_task_finished_with_a_heartbeat_is_reported_once_in_the_heartbeat_respon
     out = rig.agent.tick()
     prepared = status(1, T.PREPARED, 100)
     assert out == [rig.hb_response(prepared, seq=2)]
+
+
+def test_registry_owner_rev_fences_a_zombie_owner_heard_first() -> None:
+    rig = Rig()
+    rig.agent.observe_owner_rev(2)  # read from etcd at registration: owner rev 2 is elected
+    rig.agent.handle([rig.heartbeat(rev=1, sender="zombie")])
+    assert rig.agent.owner_id is None and rig.agent.tick() == []
+    assert rig.agent.stats.rejected_stale_owner == 1
+    rig.agent.handle([rig.heartbeat(rev=2)])
+    assert (rig.agent.owner_id, rig.agent.owner_rev) == (OWNER, 2)
+
+
+def test_registry_owner_rev_drops_the_stale_owners_tasks_in_flight() -> None:
+    rig = Rig(prepare_ticks=3)
+    rig.connect(rev=1)
+    rig.agent.handle([rig.dispatch(add(1, 100, secondary=True))])
+    assert list(rig.agent.tasks) == [1]
+    rig.agent.observe_owner_rev(2)
+    assert rig.agent.tasks == {} and rig.agent.owner_id is None
+    rig.agent.handle([rig.dispatch(add(2, 100, secondary=True), rev=1)])
+    assert rig.agent.tasks == {}
+
+
+def test_registry_owner_rev_not_above_the_adopted_one_changes_nothing() -> None:
+    rig = Rig()
+    rig.connect(rev=3)
+    epoch = rig.agent.epoch
+    rig.agent.observe_owner_rev(3)
+    assert (rig.agent.owner_id, rig.agent.epoch) == (OWNER, epoch)
