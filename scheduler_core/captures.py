@@ -37,10 +37,8 @@ class CaptureStatus:
     state: CaptureState = CaptureState.UNINITIALIZED
     epoch: str = ""  # the capture's epoch, learnt from its first response
     last_seq: int = -1
-    tables: TableStatusBatch | None = (
-        None  # the last full report, kept for the owner-switch rebuild
-    )
-    reported_tables: int = 0
+    # The last full report, kept for the owner-switch rebuild.
+    tables: TableStatusBatch | None = None
 
     @property
     def schedulable(self) -> bool:
@@ -110,7 +108,6 @@ class CaptureManager:
             st.epoch = resp.header.capture_epoch
         st.last_seq = resp.header.seq
         st.tables = resp.tables
-        st.reported_tables = len(resp.tables)
         if resp.liveness == Liveness.STOPPING:
             st.state = CaptureState.STOPPING
         elif st.state == CaptureState.UNINITIALIZED:
@@ -128,15 +125,6 @@ class CaptureManager:
             st.state != CaptureState.UNINITIALIZED for st in self.captures.values()
         )
 
-    def schedulable(self) -> list[str]:
-        """Captures that may receive new tables, sorted."""
-        return sorted(cid for cid, st in self.captures.items() if st.schedulable)
-
     def epoch_of(self, capture_id: str) -> str:
         """The capture's epoch as known to the owner ("" if not yet known)."""
         return self.captures[capture_id].epoch
-
-    def mark_stopping(self, capture_id: str) -> None:
-        """Owner-side drain: the capture gets no new tables from now on."""
-        if capture_id in self.captures:
-            self.captures[capture_id].state = CaptureState.STOPPING

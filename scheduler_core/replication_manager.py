@@ -411,9 +411,7 @@ class ReplicationManager:
         return out
 
     def _apply_burst(self, tasks: tuple[ScheduleTask, ...]) -> list[Dispatch]:
-        new = [t.table_id for t in tasks if isinstance(t, AddTableTask) and t.table_id not in self]
-        if new:
-            self._insert_rows(np.unique(np.asarray(new, np.int64)), S.ABSENT)
+        # Bursts of moves and removes (adds come as a columnar BurstAddTask).
         out: list[Dispatch] = []
         for task in tasks:
             out.extend(self._apply(task))
