@@ -22,19 +22,22 @@ aborts at exit, delta-rs#2184): ``read_table_at`` reads a pinned version's
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
+import shutil
 import time
 import urllib.parse
-from collections.abc import Callable
-from typing import TypeVar
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypeVar
 
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-from deltalake import DeltaTable
-from deltalake.exceptions import CommitFailedError, TableNotFoundError
+from deltalake import DeltaTable, write_deltalake
+from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
 from deltalake.transaction import CommitProperties, Transaction
 
 from cdc_dagster.sinks.base import (
@@ -44,12 +47,15 @@ from cdc_dagster.sinks.base import (
     OP_UPSERT,
     Committed,
     FencedError,
+    SinkDDLError,
     SinkError,
     SinkGapError,
     SinkSchemaError,
+    SyncpointRecord,
 )
-from cdc_dagster.sinks.delta_paths import table_path
-from cdc_dagster.upstream.schema import TableSchema, arrow_type
+from cdc_dagster.sinks.delta_ddl import evolve, plain_type, same_schema
+from cdc_dagster.sinks.delta_paths import META_DIR, encode_component, table_location, table_path
+from cdc_dagster.upstream.schema import DdlRecord, TableSchema, arrow_type
 
 APP_PREFIX = "cdc-dagster"
 MAX_COMMIT_ATTEMPTS = 50
@@ -81,11 +87,8 @@ def delta_schema(table: TableSchema) -> pa.Schema:
 
 
 def _table_description(table: TableSchema) -> str:
-    return json.dumps(
-        {"table_id": table.table_id, "database": table.database, "table": table.table},
-        ensure_ascii=False,
-        sort_keys=True,
-    )
+    """Delta metadata description: the upstream table id (the name is the metadata name)."""
+    return json.dumps({"cdc_dagster_table_id": table.table_id})
 
 
 def _quote(name: str) -> str:
@@ -167,11 +170,7 @@ class DeltaSink:
         return dt
 
     def _check_identity(self, changefeed_id: str, table: TableSchema, dt: DeltaTable) -> None:
-        desc = dt.metadata().description
-        try:
-            found = json.loads(desc)["table_id"] if desc else None
-        except (ValueError, KeyError, TypeError):
-            found = None
+        found = _table_id_of(dt)
         if found != table.table_id:
             raise SinkError(
                 f"{_where(changefeed_id, table)}: the Delta table at {self.path(table)} belongs "
@@ -191,7 +190,7 @@ class DeltaSink:
                 description=_table_description(table),
                 commit_properties=CommitProperties(app_transactions=txns),
             )
-        except Exception as exc:  # delta-rs raises a bare DeltaError for "already exists"
+        except DeltaError as exc:  # delta-rs raises a bare DeltaError for "already exists"
             if DeltaTable.is_deltatable(path):
                 return False
             raise SinkError(
@@ -284,7 +283,7 @@ class DeltaSink:
                     f"{where}: column {f.name!r} is not in the Delta table at {self.path(table)} "
                     f"(it has {have.names}); was a DDL not applied? apply it, then retry"
                 )
-            if not _same_type(have.field(i).type, f.type):
+            if plain_type(have.field(i).type) != plain_type(f.type):
                 raise SinkSchemaError(
                     f"{where}: column {f.name!r} is {have.field(i).type} in Delta but "
                     f"{f.type} in the batch's schema; was a DDL not applied? apply it, then retry"
@@ -296,13 +295,212 @@ class DeltaSink:
                 "was a DDL not applied? apply it, then retry"
             )
 
+    # -- DDL -----------------------------------------------------------------------------
 
-def _same_type(a: pa.DataType, b: pa.DataType) -> bool:
-    if a == b:
-        return True
-    strings = (pa.string(), pa.large_string(), pa.string_view())
-    binaries = (pa.binary(), pa.large_binary(), pa.binary_view())
-    return (a in strings and b in strings) or (a in binaries and b in binaries)
+    def apply_ddl(
+        self, changefeed_id: str, record: DdlRecord, before: Mapping[int, TableSchema | None]
+    ) -> None:
+        """Apply one DDL record exactly once per table (see ``docs/dataplane.md``, 3.2).
+
+        Drops and renames are directory moves (a table that is already gone or already at
+        its new place is done); every other change is one commit per table carrying the
+        ``ddl`` marker (version = the DDL's commit ts) and is skipped when the table's
+        marker is already at or past it, so a crash between apply and record is harmless.
+        """
+        where = _ddl_where(changefeed_id, record)
+        try:
+            self._apply_ddl(changefeed_id, record, before, where)
+        except SinkDDLError:
+            raise
+        except SinkError as exc:
+            raise SinkDDLError(f"{where}: {exc}") from exc
+        except (OSError, ValueError, pa.ArrowException, DeltaError) as exc:
+            raise SinkDDLError(
+                f"{where}: {exc}; the DDL is not recorded as applied — fix the downstream "
+                "table (or the record), then run the DDL again"
+            ) from exc
+
+    def _apply_ddl(
+        self,
+        changefeed_id: str,
+        record: DdlRecord,
+        before: Mapping[int, TableSchema | None],
+        where: str,
+    ) -> None:
+        for table_id in record.drops:
+            self._drop(changefeed_id, _need_schema(before, table_id, "before", where))
+        kept = [t for t in record.table_ids if t not in record.drops]
+        pairs = [
+            (
+                _need_schema(before, t, "before", where),
+                _need_schema(record.tables, t, "after", where),
+            )
+            for t in kept
+        ]
+        moves = [(b, a) for b, a in pairs if self.path(b) != self.path(a)]
+        if moves:
+            self._relocate(changefeed_id, record, moves, where)
+        for table_id in record.creates:
+            self._create_for_ddl(
+                changefeed_id, record, _need_schema(record.tables, table_id, "after", where)
+            )
+        for b, a in pairs:
+            self._alter(changefeed_id, record, b, a, where)
+
+    def _drop(self, changefeed_id: str, table: TableSchema) -> None:
+        path = self.path(table)
+        try:
+            dt = DeltaTable(path)
+        except TableNotFoundError:
+            return  # dropped already (replay) or never written
+        if _table_id_of(dt) != table.table_id:
+            return  # another table took the name after this drop: not ours to drop
+        trash = os.path.join(self.root, META_DIR, "trash", uuid.uuid4().hex)
+        os.makedirs(os.path.dirname(trash), exist_ok=True)
+        os.rename(path, trash)  # atomic: readers see the whole table or none
+        shutil.rmtree(trash, ignore_errors=True)
+
+    def _relocate(
+        self,
+        changefeed_id: str,
+        record: DdlRecord,
+        moves: list[tuple[TableSchema, TableSchema]],
+        where: str,
+    ) -> None:
+        """RENAME TABLE(s): move every source aside first, then into place (swaps work)."""
+        stage_dir = os.path.join(
+            self.root, META_DIR, "renaming", encode_component(changefeed_id), str(record.commit_ts)
+        )
+        staged = {b.table_id: os.path.join(stage_dir, str(b.table_id)) for b, _ in moves}
+        for b, _ in moves:
+            src = self.path(b)
+            if os.path.isdir(src) and _table_id_at(src) == b.table_id:
+                os.makedirs(stage_dir, exist_ok=True)
+                os.rename(src, staged[b.table_id])
+        for b, a in moves:
+            dst = self.path(a)
+            if os.path.isdir(staged[b.table_id]):
+                if os.path.exists(dst):
+                    raise SinkDDLError(
+                        f"{where}: cannot rename {b.qualified_name} to {a.qualified_name}: "
+                        f"{dst} is taken (table id {_table_id_at(dst)}); the table waits at "
+                        f"{staged[b.table_id]} — move the other table away and run the DDL again"
+                    )
+                os.makedirs(os.path.dirname(dst), exist_ok=True)
+                os.rename(staged[b.table_id], dst)
+            elif not (os.path.isdir(dst) and _table_id_at(dst) == a.table_id):
+                raise SinkDDLError(
+                    f"{where}: table {b.qualified_name} (id {b.table_id}) is neither at "
+                    f"{self.path(b)} nor at {dst}; restore it or re-create the table downstream"
+                )
+        with contextlib.suppress(OSError):
+            os.rmdir(stage_dir)
+
+    def _create_for_ddl(self, changefeed_id: str, record: DdlRecord, table: TableSchema) -> None:
+        marker = Transaction(app_id(changefeed_id, "ddl"), record.commit_ts)
+        if not self._create(changefeed_id, table, [marker]):
+            # exists: a replay, or a new primary's acquire got there first
+            self._alter(changefeed_id, record, table, table, _ddl_where(changefeed_id, record))
+
+    def _alter(
+        self,
+        changefeed_id: str,
+        record: DdlRecord,
+        before: TableSchema,
+        after: TableSchema,
+        where: str,
+    ) -> None:
+        """One commit that brings ``after``'s table to the DDL's effect, with its marker."""
+        ddl, fence = app_id(changefeed_id, "ddl"), app_id(changefeed_id, "fence")
+
+        def attempt() -> None:
+            dt = self._open(changefeed_id, after)
+            if dt is None:
+                raise SinkDDLError(
+                    f"{where}: table {after.qualified_name} (id {after.table_id}) is missing "
+                    f"downstream at {self.path(after)}; re-create it (acquire creates it empty) "
+                    "or filter it out, then run the DDL again"
+                )
+            if (dt.transaction_version(ddl) or 0) >= record.commit_ts:
+                return  # applied already
+            txns = [
+                Transaction(fence, dt.transaction_version(fence) or 0),  # conflicts with writers
+                Transaction(ddl, record.commit_ts),
+            ]
+            target = delta_schema(after)
+            props = CommitProperties(app_transactions=txns)
+            if record.action == "truncate_table":
+                write_deltalake(dt, target.empty_table(), mode="overwrite", commit_properties=props)
+            elif not same_schema(_schema_of(dt), target) or any(
+                c.default is not None and c.id not in {x.id for x in before.columns}
+                for c in after.columns
+            ):
+                data = evolve(_read_snapshot(dt), before, after, target, record.commit_ts)
+                write_deltalake(
+                    dt,
+                    data,
+                    mode="overwrite",
+                    schema_mode="overwrite",
+                    commit_properties=props,
+                )
+            elif dt.metadata().name != after.qualified_name:
+                dt.alter.set_table_name(after.qualified_name, commit_properties=props)
+            else:
+                _empty_commit(dt, txns)  # add/drop index, same-type modify: the marker only
+
+        _with_retries(attempt, where)
+
+    # -- syncpoints ----------------------------------------------------------------------
+
+    def record_syncpoint(
+        self, changefeed_id: str, ts: int, tables: Sequence[TableSchema]
+    ) -> SyncpointRecord:
+        """Write ``_cdc_dagster/syncpoints/<cf>/<ts:020d>.json``: ts -> each table's version.
+
+        Idempotent: a syncpoint already recorded is returned as it is. A table whose
+        committed ts is past ``ts`` cannot be pinned at ``ts`` and raises ``SinkError``.
+        """
+        existing = read_syncpoint(self.root, changefeed_id, ts)
+        if existing is not None:
+            return existing
+        entries: dict[int, dict[str, Any]] = {}
+        for table in tables:
+            dt = self._open(changefeed_id, table)
+            if dt is None:
+                raise SinkError(
+                    f"syncpoint {ts}: {_where(changefeed_id, table)} has no Delta table at "
+                    f"{self.path(table)}; a syncpoint needs every table — acquire it first"
+                )
+            committed = dt.transaction_version(app_id(changefeed_id, "checkpoint")) or 0
+            if committed > ts:
+                raise SinkError(
+                    f"syncpoint {ts}: {_where(changefeed_id, table)} is already committed to "
+                    f"{committed} > {ts}, so no Delta version holds it at {ts}; the syncpoint "
+                    "barrier was passed — record syncpoints before releasing the barrier"
+                )
+            entries[table.table_id] = {
+                "version": dt.version(),
+                "location": table_location(table.database, table.table),
+                "database": table.database,
+                "table": table.table,
+                "committed_ts": committed,
+            }
+        doc = {
+            "changefeed": changefeed_id,
+            "ts": ts,
+            "tables": {str(k): v for k, v in entries.items()},
+        }
+        path = syncpoint_path(self.root, changefeed_id, ts)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        tmp = os.path.join(
+            os.path.dirname(path), f".{os.path.basename(path)}.tmp-{uuid.uuid4().hex}"
+        )
+        with open(tmp, "w", encoding="utf-8") as fh:
+            json.dump(doc, fh, ensure_ascii=False, sort_keys=True)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+        return _syncpoint_record(doc)
 
 
 def prepare_batch(where: str, table: TableSchema, batch: pa.Table) -> pa.Table:
@@ -390,6 +588,49 @@ def _merge(dt: DeltaTable, table: TableSchema, source: pa.Table, txns: list[Tran
 # -- reading -------------------------------------------------------------------------------
 
 
+def _need_schema(
+    schemas: Mapping[int, TableSchema | None], table_id: int, which: str, where: str
+) -> TableSchema:
+    schema = schemas.get(table_id)
+    if schema is None:
+        raise SinkDDLError(
+            f"{where}: no schema {which} the DDL for table id {table_id}; the DDL record or "
+            "the schema history is incomplete — fix the change log, then run the DDL again"
+        )
+    return schema
+
+
+def _ddl_where(changefeed_id: str, record: DdlRecord) -> str:
+    names = [f"{t.qualified_name} (id {i})" for i, t in record.tables.items() if t]
+    return (
+        f"changefeed {changefeed_id}: DDL {record.action} at {record.commit_ts} on "
+        f"{names or list(record.table_ids)} ({record.query[:200]!r})"
+    )
+
+
+def _table_id_of(dt: DeltaTable) -> int | None:
+    desc = dt.metadata().description
+    try:
+        return int(json.loads(desc)["cdc_dagster_table_id"]) if desc else None
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+def _table_id_at(path: str) -> int | None:
+    try:
+        return _table_id_of(DeltaTable(path))
+    except TableNotFoundError:
+        return None
+
+
+def _read_snapshot(dt: DeltaTable) -> pa.Table:
+    """The rows of ``dt``'s loaded version (``file_uris()`` + pyarrow, never to_pyarrow_*)."""
+    schema = pa.schema([f.with_type(plain_type(f.type)) for f in _schema_of(dt)])
+    parts = [pq.read_table(_local_path(u)) for u in dt.file_uris()]
+    parts = [p.select(schema.names).cast(schema) for p in parts if p.num_rows]
+    return pa.concat_tables(parts) if parts else schema.empty_table()
+
+
 def read_table_at(root: str, table: TableSchema | str, version: int | None = None) -> pa.Table:
     """The content of a Delta table at ``version`` (latest if None), via ``file_uris()``.
 
@@ -400,19 +641,43 @@ def read_table_at(root: str, table: TableSchema | str, version: int | None = Non
         if isinstance(table, str)
         else table_path(root, table.database, table.table)
     )
-    dt = DeltaTable(path, version=version)
-    schema = _schema_of(dt)
-    schema = pa.schema([f.with_type(_plain(f.type)) for f in schema])
-    parts = [pq.read_table(_local_path(u)) for u in dt.file_uris()]
-    parts = [p.select(schema.names).cast(schema) for p in parts if p.num_rows]
-    if not parts:
-        return schema.empty_table()
-    return pa.concat_tables(parts)
+    return _read_snapshot(DeltaTable(path, version=version))
 
 
-def _plain(t: pa.DataType) -> pa.DataType:
-    if t in (pa.string_view(), pa.large_string()):
-        return pa.string()
-    if t in (pa.binary_view(), pa.large_binary()):
-        return pa.binary()
-    return t
+# -- syncpoint files -------------------------------------------------------------------------
+
+
+def syncpoint_path(root: str, changefeed_id: str, ts: int) -> str:
+    """``<root>/_cdc_dagster/syncpoints/<changefeed>/<ts:020d>.json`` (changefeed encoded)."""
+    return os.path.join(
+        root, META_DIR, "syncpoints", encode_component(changefeed_id), f"{ts:020d}.json"
+    )
+
+
+def _syncpoint_record(doc: Mapping[str, Any]) -> SyncpointRecord:
+    tables = doc["tables"]
+    return SyncpointRecord(
+        changefeed_id=doc["changefeed"],
+        ts=int(doc["ts"]),
+        versions={int(k): int(v["version"]) for k, v in tables.items()},
+        locations={int(k): v["location"] for k, v in tables.items()},
+    )
+
+
+def read_syncpoint(root: str, changefeed_id: str, ts: int) -> SyncpointRecord | None:
+    """The syncpoint recorded at ``ts``, None if there is none."""
+    try:
+        with open(syncpoint_path(root, changefeed_id, ts), encoding="utf-8") as fh:
+            return _syncpoint_record(json.load(fh))
+    except FileNotFoundError:
+        return None
+
+
+def list_syncpoints(root: str, changefeed_id: str) -> list[int]:
+    """The ts of every syncpoint recorded for ``changefeed_id``, ascending."""
+    d = os.path.dirname(syncpoint_path(root, changefeed_id, 0))
+    try:
+        names = os.listdir(d)
+    except FileNotFoundError:
+        return []
+    return sorted(int(n[:-5]) for n in names if n.endswith(".json") and not n.startswith("."))
