@@ -346,6 +346,9 @@ class DeltaSink:
             )
         for b, a in pairs:
             self._alter(changefeed_id, record, b, a, where)
+        if record.action == "drop_schema" and record.schema:
+            with contextlib.suppress(OSError):  # only if empty: tables of other feeds stay
+                os.rmdir(os.path.join(self.root, encode_component(record.schema)))
 
     def _drop(self, changefeed_id: str, table: TableSchema) -> None:
         path = self.path(table)

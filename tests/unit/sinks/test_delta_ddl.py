@@ -313,3 +313,28 @@ def test_ddl_racing_a_writer_never_loses_either(sink, loaded, monkeypatch):
     apply(sink, "add_column", 25, {7: t}, {7: after})
     got = {r["id"]: r["flag"] for r in read_table_at(sink.root, after).to_pylist()}
     assert got == {1: 1, 2: 1, 3: 1}
+
+
+def test_drop_schema_drops_its_tables_and_directory(sink, loaded):
+    t, _ = loaded
+    other = accounts(table="other", table_id=9)
+    sink.acquire(CF, other)
+    rec = DdlRecord(
+        commit_ts=20,
+        kind=DDLKind.DROP_SCHEMA,
+        action="drop_schema",
+        query="DROP DATABASE `bank`",
+        table_ids=(7, 9),
+        drops=(7, 9),
+        schema="bank",
+        tables={7: None, 9: None},
+    )
+    for _ in range(2):
+        sink.apply_ddl(CF, rec, {7: t, 9: other})
+    assert not os.path.exists(os.path.join(sink.root, "bank"))
+
+
+def test_create_schema_touches_nothing(sink):
+    rec = DdlRecord(20, DDLKind.CREATE_SCHEMA, "create_schema", "CREATE DATABASE x", schema="x")
+    sink.apply_ddl(CF, rec, {})
+    assert not os.path.exists(os.path.join(sink.root, "x"))
