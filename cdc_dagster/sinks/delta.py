@@ -121,12 +121,17 @@ def _empty_commit(dt: DeltaTable, txns: list[Transaction]) -> None:
 
 
 def _with_retries(attempt: Callable[[], _T], what: str) -> _T:
-    """Run ``attempt`` until it commits; a concurrent commit makes it reload and re-check."""
+    """Run ``attempt`` until it commits; a concurrent commit makes it reload and re-check.
+
+    Any other deltalake error becomes a ``SinkError`` naming ``what`` (nothing committed).
+    """
     for n in range(MAX_COMMIT_ATTEMPTS):
         try:
             return attempt()
         except CommitFailedError:
             time.sleep(random.uniform(0.002, 0.02) * min(n + 1, 10))
+        except DeltaError as exc:
+            raise SinkError(f"{what}: deltalake refused it: {exc}; nothing was written") from exc
     raise SinkError(
         f"{what}: {MAX_COMMIT_ATTEMPTS} commits in a row lost to concurrent commits; "
         "nothing was written — is another capture writing this table? retry later"
@@ -451,7 +456,7 @@ class DeltaSink:
             else:
                 _empty_commit(dt, txns)  # add/drop index, same-type modify: the marker only
 
-        _with_retries(attempt, where)
+        _with_retries(attempt, "applying it")
 
     # -- syncpoints ----------------------------------------------------------------------
 
