@@ -214,7 +214,9 @@ class Coordinator:
         )
 
     def _table_checkpoint(self, table_id: int) -> int:
-        ts = self.replications.table_checkpoint(table_id)
+        # Only a replicating table's checkpoint says its data is downstream up to it: a
+        # table being moved, stopped or re-added waits (its DDL with it).
+        ts = self.replications.replicating_checkpoint(table_id)
         return 0 if ts is None else ts
 
     # ------------------------------------------------------------------ DDL

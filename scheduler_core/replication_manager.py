@@ -513,6 +513,13 @@ class ReplicationManager:
         s = self._slot(table_id)
         return None if s is None else int(self._ckpt[s])
 
+    def replicating_checkpoint(self, table_id: int) -> int | None:
+        """One table's checkpoint ts if it is REPLICATING (a table-DDL gate counts only that)."""
+        s = self._slot(table_id)
+        if s is None or self._state[s] != S.REPLICATING:
+            return None
+        return int(self._ckpt[s])
+
     # ------------------------------------------------------------------ internals
     def _slot(self, table_id: int) -> int | None:
         s = int(np.searchsorted(self._ids, table_id))

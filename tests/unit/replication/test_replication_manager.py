@@ -104,3 +104,26 @@ def test_steady_table_materialises_for_a_move_and_folds_back() -> None:
 )
 def test_fill_evenly_levels_the_load(counts: list[int], k: int, quota: list[int]) -> None:
     assert fill_evenly(np.asarray(counts, np.int64), k).tolist() == quota
+
+
+def batch(*rows: tuple[int, TableState, int]) -> TableStatusBatch:
+    return TableStatusBatch.of([TableStatus(t, s, Checkpoint.at(c)) for t, s, c in rows])
+
+
+def test_destination_crash_mid_move_after_owner_switch_frees_every_table_it_held() -> None:
+    # Issue 10's stall: move of table 1 from a to b in flight, owner crash, then b crashes.
+    # Rebuilt: table 1 {a Stopping, b Prepared}, table 2 Replicating on b. Removing b used
+    # to raise KeyError on table 1 and leave table 2 Replicating on the dead capture.
+    rm = ReplicationManager()
+    reports = {
+        "a": batch((1, T.STOPPING, 100)),
+        "b": batch((1, T.PREPARED, 100), (2, T.REPLICATING, 100)),
+    }
+    rm.rebuild(reports, Checkpoint.at(90))
+    assert rm.handle_capture_removed("b") == []
+    assert rm.view(2).state == ReplicationSetState.ABSENT
+    assert rm.view(1).state == ReplicationSetState.REMOVING  # waits for a to stop
+    assert rm.handle_statuses("a", [TableStatus(1, T.STOPPED, Checkpoint.at(110))]) == []
+    assert rm.view(1).state == ReplicationSetState.ABSENT
+    assert rm.view(1).checkpoint == Checkpoint.at(110)
+    assert sorted(rm.absent_tables().tolist()) == [1, 2]
