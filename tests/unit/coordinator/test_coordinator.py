@@ -8,7 +8,6 @@ import numpy as np
 import pytest
 
 from scheduler_core import Checkpoint, ConfigError, Coordinator, DDLEvent, DDLKind, TableState
-from scheduler_core.model import ReplicationSetState, Role
 from scheduler_core.coordinator import CoordinatorConfig
 from scheduler_core.messages import (
     DispatchTableRequest,
@@ -18,7 +17,7 @@ from scheduler_core.messages import (
     HeartbeatResponse,
     TableStatusBatch,
 )
-from scheduler_core.model import TableStatus
+from scheduler_core.model import ReplicationSetState, Role, TableStatus
 from scheduler_core.ts import MAX_TS
 
 OWNER = "owner-1"
