@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from scheduler_core.errors import ConfigError, SchedulerError, TableFailedError
 from scheduler_core.messages import AddTableBatch, Dispatch, TableStatusBatch
 from scheduler_core.model import (
     Checkpoint,
@@ -80,7 +81,7 @@ class ReplicationManager:
 
     def __init__(self, *, max_task_concurrency: int = 10) -> None:
         if max_task_concurrency < 1:
-            raise ValueError(f"max_task_concurrency must be >= 1, got {max_task_concurrency}")
+            raise ConfigError(f"max_task_concurrency must be >= 1, got {max_task_concurrency}")
         self.max_task_concurrency = max_task_concurrency
         self._reset()
 
@@ -101,6 +102,9 @@ class ReplicationManager:
         self._cap_index: dict[str, int] = {}
         self._cap_names: list[str] = []
         self._owned_cache: dict[str, np.ndarray] | None = None
+        # Tables whose set raised: frozen (no input, no task), never replicating for the
+        # checkpoint. Survives only until the owner rebuilds (the changefeed is resumed).
+        self.failures: dict[int, TableFailedError] = {}
 
     # ------------------------------------------------------------------ queries
     def __len__(self) -> int:
@@ -281,7 +285,13 @@ class ReplicationManager:
             grouped.setdefault(tid, {})[self._cap_names[cap[i]]] = status
         self._insert_rows(np.asarray(sorted(grouped), np.int64), S.ABSENT)
         for tid, reps in grouped.items():
-            rs = ReplicationSet.rebuild(tid, checkpoint, reps)
+            try:
+                rs = ReplicationSet.rebuild(tid, checkpoint, reps)
+            except SchedulerError as exc:
+                rs = ReplicationSet(tid, checkpoint)  # an empty stand-in: the table is frozen
+                self._active[tid] = rs
+                self._fail(self._slot(tid), rs, exc)  # type: ignore[arg-type]
+                continue
             self._active[tid] = rs
             self._settle(self._slot(tid), rs)  # type: ignore[arg-type]
 
@@ -371,12 +381,25 @@ class ReplicationManager:
         out: list[Dispatch] = []
         for status in statuses:
             s = self._slot(status.table_id)
-            if s is None:
-                continue  # not ours (dropped long ago, or a stale report): ignore
+            if s is None or status.table_id in self.failures:
+                continue  # not ours (dropped long ago, or a stale report), or frozen: ignore
             rs = self._materialize(s)
-            out.extend(rs.poll(status, capture_id))
+            try:
+                out.extend(rs.poll(status, capture_id))
+            except SchedulerError as exc:
+                self._fail(s, rs, exc)
+                continue
             self._settle(s, rs)
         return out
+
+    def _fail(self, s: int, rs: ReplicationSet, exc: SchedulerError) -> None:
+        # One table's error must not stop every table's tick: freeze this one, record why.
+        err = TableFailedError(rs.table_id, exc)
+        log.error("%s", err)
+        self.failures[rs.table_id] = err
+        self._running.pop(rs.table_id, None)
+        self._state[s] = rs.state
+        self._owned_cache = None
 
     def handle_capture_removed(self, capture_id: str) -> list[Dispatch]:
         """A capture left: every table it held is treated as Stopped there."""
@@ -386,7 +409,13 @@ class ReplicationManager:
             for s in np.flatnonzero(self._column_owner() == idx):
                 self._materialize(int(s))
         for tid, rs in list(self._active.items()):
-            msgs, affected = rs.handle_capture_shutdown(capture_id)
+            if tid in self.failures:
+                continue
+            try:
+                msgs, affected = rs.handle_capture_shutdown(capture_id)
+            except SchedulerError as exc:
+                self._fail(self._slot(tid), rs, exc)  # type: ignore[arg-type]
+                continue
             if affected:
                 out.extend(msgs)
                 self._settle(self._slot(tid), rs)  # type: ignore[arg-type]
@@ -442,6 +471,9 @@ class ReplicationManager:
 
     def _apply(self, task: ScheduleTask) -> list[Dispatch]:
         tid = task.table_id
+        if tid in self.failures:
+            log.debug("ignore %s: table %s failed", task, tid)
+            return []
         if tid in self._running:
             log.debug("ignore %s: table %s has a task running", task, tid)
             return []
@@ -505,6 +537,8 @@ class ReplicationManager:
         """
         slots = self._membership(current)[0]
         replicating = self._state[slots] == S.REPLICATING
+        if self.failures:
+            replicating &= ~np.isin(self._ids[slots], np.fromiter(self.failures, np.int64))
         states = np.where(replicating, int(TableState.REPLICATING), int(TableState.ABSENT))
         return self._ids[slots], states, self._ckpt[slots], self._resolved[slots]
 

@@ -318,3 +318,64 @@ def test_rebuilt_move_ddl_not_released_by_a_stopping_capture_ahead_of_the_primar
     )
     assert co.replications.table_checkpoint(1) == 1100
     assert result.ready_ddls == ()
+
+
+def test_one_tables_multiple_primary_error_puts_the_changefeed_in_error_not_the_tick() -> None:
+    # A new owner hears two captures sink table 1 (rebuild raised for every table).
+    co = coordinator(tables=(1, 2))
+    a, b = Capture("a"), Capture("b")
+    alive = {"a": a.reg, "b": b.reg}
+    r1 = st(1, TableState.REPLICATING, 1500, 2000)
+    r2 = st(2, TableState.REPLICATING, 1500, 2000)
+    result = co.tick(alive, [a.report(r1, r2), b.report(r1)])
+    assert result.error is not None and result.error.table_id == 1
+    assert "MultiplePrimaryError" in str(result.error) and "several captures" in str(result.error)
+    assert co.replications.table_checkpoint(2) == 1500  # the other table kept going
+    assert co.checkpoint == Checkpoint.at(1000)  # never past the failed table
+    r2 = st(2, TableState.REPLICATING, 1700, 2000)
+    result = co.tick(alive, [a.report(r1, r2), b.report(r1)])
+    assert result.error is not None and result.scheduler is None and result.dispatches == 0
+    assert co.replications.table_checkpoint(2) == 1700
+    assert co.checkpoint == Checkpoint.at(1000)
+
+
+def test_secondary_sinking_before_commit_fails_its_table_only() -> None:
+    co = coordinator(tables=(1, 2))
+    a, b = Capture("a"), Capture("b")
+    alive = {"a": a.reg, "b": b.reg}
+    r2 = st(2, TableState.REPLICATING, 1500, 2000)
+    co.tick(
+        alive, [a.report(st(1, TableState.REPLICATING), r2), b.report(st(1, TableState.PREPARED))]
+    )
+    result = co.tick(
+        alive,
+        [a.report(st(1, TableState.REPLICATING), r2), b.report(st(1, TableState.REPLICATING))],
+    )
+    assert result.error is not None and result.error.table_id == 1
+    assert co.replications.table_checkpoint(2) == 1500
+
+
+def test_one_tables_error_while_a_capture_leaves_does_not_keep_other_tables_on_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from scheduler_core.replication import ReplicationSet, ReplicationSetInvariantError
+
+    co = coordinator(tables=(1, 2, 3))
+    a, b = Capture("a"), Capture("b")
+    replicate_all(co, [a])
+    co.tick(
+        {"a": a.reg, "b": b.reg},
+        [a.report(*(st(t, TableState.REPLICATING) for t in (1, 2, 3))), b.report()],
+    )
+    real = ReplicationSet.handle_capture_shutdown
+
+    def broken(self, capture_id):
+        if self.table_id == 1:
+            raise ReplicationSetInvariantError("invariant broken: planted")
+        return real(self, capture_id)
+
+    monkeypatch.setattr(ReplicationSet, "handle_capture_shutdown", broken)
+    result = co.tick({"b": b.reg}, [])
+    assert result.error is not None and result.error.table_id == 1
+    for tid in (2, 3):
+        assert co.replications.view(tid).state == ReplicationSetState.ABSENT
