@@ -339,6 +339,16 @@ class Coordinator:
         global_ts = min(global_ts, b.global_barrier_ts)
         for tid, ts in b.table_barriers.items():
             table[tid] = min(ts, table.get(tid, MAX_TS))
+        if not self._rebuilt:
+            # Until every capture reported, the owner cannot tell which held table left the
+            # changefeed (a DROP that ran under the previous owner): nothing sinks further.
+            global_ts = min(global_ts, self.checkpoint.checkpoint_ts)
+        else:
+            # A table that left (dropped, filtered out) is held where it is until its
+            # capture removes it: without this it sank past its DROP until the remove came.
+            ids, ckpts = self.replications.leaving(self.current_tables)
+            for tid, ts in zip(ids.tolist(), ckpts.tolist(), strict=True):
+                table[tid] = min(ts, table.get(tid, MAX_TS))
         return Barrier(global_ts, {t: ts for t, ts in table.items() if ts < global_ts})
 
     def _advance_checkpoint(self, barrier: Barrier) -> None:

@@ -176,6 +176,11 @@ class ReplicationManager:
         extra = self._membership(current)[2] & (self._state != S.REMOVING)
         return self._ids[extra]
 
+    def leaving(self, current: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(ids, checkpoint ts) of tables tracked but not in ``current`` (sorted)."""
+        extra = self._membership(current)[2]
+        return self._ids[extra], self._ckpt[extra]
+
     def untracked(self, current: np.ndarray) -> np.ndarray:
         """Ids in ``current`` (sorted) that no replication set tracks yet."""
         return current[~self._membership(current)[1]]
