@@ -193,7 +193,7 @@ class FakeDownstream:
             versions[key] = max(versions[key], ts)
 
     def _created_at(self, table_id: int) -> int:
-        return self._initial_ts if table_id not in self._created else self._created[table_id]
+        return self._created.get(table_id, self._initial_ts)
 
 
 class _Table:
