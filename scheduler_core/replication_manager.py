@@ -30,7 +30,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from scheduler_core.errors import ConfigError, SchedulerError, TableFailedError
+from scheduler_core.errors import (
+    ConfigError,
+    InvalidMessageError,
+    SchedulerError,
+    TableFailedError,
+)
 from scheduler_core.messages import AddTableBatch, Dispatch, TableStatusBatch
 from scheduler_core.model import (
     Checkpoint,
@@ -453,13 +458,18 @@ class ReplicationManager:
 
     def _apply_burst_add(self, task: BurstAddTask) -> list[Dispatch]:
         """New tables go straight into the adding columns; known ones take the slow way."""
+        if len(np.unique(task.table_ids)) != len(task.table_ids):
+            # Checked before anything changes: a bad task leaves no half-applied burst.
+            ids, counts = np.unique(task.table_ids, return_counts=True)
+            raise InvalidMessageError(
+                f"BurstAddTask lists tables {ids[counts > 1].tolist()} more than once; "
+                "a burst adds each table once"
+            )
         idx = np.asarray([self._capture_index(c) for c in task.captures], np.int32)
         caps = idx[task.capture_index]
         new = ~np.isin(task.table_ids, self._ids)
         ids = task.table_ids[new]
         if len(ids):
-            if len(np.unique(ids)) != len(ids):
-                raise ValueError("BurstAddTask lists a table twice")
             self._insert_rows(ids, S.PREPARE)
             slots = np.searchsorted(self._ids, ids)
             self._fast[slots] = _ADD_PREPARE

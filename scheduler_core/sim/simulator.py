@@ -362,6 +362,9 @@ class Profile:
     permanent_loss: float = 0.0  # of capture crashes, the share that never come back
     ddl_heavy: bool = False  # multi-table DDLs and DROP TABLE DDLs, more often
     moves: float = 0.01  # chance per step of a manual move
+    owner_churn: float = 0.0  # extra chance per step of an owner crash
+    quick_restarts: float = 0.0  # chance per step a capture process restarts at once
+    max_delay: int = 3  # the largest message delay drawn, in ticks
 
 
 def _slow(prepare: int, stop: int, **kw) -> SimConfig:
@@ -371,10 +374,13 @@ def _slow(prepare: int, stop: int, **kw) -> SimConfig:
 PROFILES: dict[str, Profile] = {
     "default": Profile(SimConfig()),
     "slow_phases": Profile(_slow(3, 3)),
-    "slow_stop_owner_churn": Profile(_slow(2, 5, captures=4)),
+    "slow_stop_owner_churn": Profile(_slow(2, 8, captures=4), moves=0.05, owner_churn=0.04),
     "capture_loss": Profile(_slow(3, 3, captures=4), permanent_loss=0.5),
     "ddl_heavy": Profile(_slow(2, 2), ddl_heavy=True),
     "lossless_moves": Profile(_slow(3, 3, exact_handoff=True), lossy=False, moves=0.08),
+    # A process restarts while its last reports are still on the wire: they carry the
+    # previous capture epoch and must not count.
+    "quick_restarts": Profile(SimConfig(), quick_restarts=0.06, max_delay=8, moves=0.04),
 }
 
 
@@ -390,7 +396,7 @@ def run_schedule(
     faults = Faults(
         drop=rng.choice([0.0, 0.05, 0.2]),
         duplicate=rng.choice([0.0, 0.05, 0.2]),
-        max_delay=rng.choice([0, 1, 3]),
+        max_delay=rng.choice([0, 1, prof.max_delay]),
     )
     if not prof.lossy:
         faults = Faults(duplicate=faults.duplicate)
@@ -415,6 +421,13 @@ def _random_fault(sim: Simulator, rng: random.Random, prof: Profile) -> None:
         return
     if not prof.lossy and r < 0.07:
         return  # no crash, partition or owner loss
+    if rng.random() < prof.quick_restarts and not cap.crashed:
+        sim.crash_capture(cid)
+        sim.restart_capture(cid)
+        return
+    if rng.random() < prof.owner_churn:
+        sim.crash_owner(zombie=rng.random() < 0.3)
+        return
     if r < 0.02:
         sim.crash_capture(cid, permanent=rng.random() < prof.permanent_loss)
     elif r < 0.05 and (cap.crashed or cap.partitioned):

@@ -127,3 +127,22 @@ def test_destination_crash_mid_move_after_owner_switch_frees_every_table_it_held
     assert rm.view(1).state == ReplicationSetState.ABSENT
     assert rm.view(1).checkpoint == Checkpoint.at(110)
     assert sorted(rm.absent_tables().tolist()) == [1, 2]
+
+
+def test_burst_add_listing_a_table_twice_raises_before_any_state_changes() -> None:
+    from scheduler_core.errors import InvalidMessageError
+
+    rm = ReplicationManager()
+    rm.rebuild({"a": batch((1, T.REPLICATING, 100))}, Checkpoint.at(90))
+    task = BurstAddTask(
+        np.asarray([5, 1, 5], np.int64),
+        ("a", "zz"),
+        np.asarray([0, 1, 1], np.int64),
+        np.full(3, 100, np.int64),
+    )
+    with pytest.raises(InvalidMessageError, match=r"\[5\]"):
+        rm.handle_tasks([task])
+    assert rm.table_ids.tolist() == [1]
+    assert rm.take_add_batches() == {} and not rm.running_tasks
+    assert "zz" not in rm.table_counts(["zz"]) or rm.table_counts(["zz"]) == {"zz": 0}
+    assert "zz" not in rm._cap_index
