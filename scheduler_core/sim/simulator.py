@@ -365,6 +365,7 @@ class Profile:
     owner_churn: float = 0.0  # extra chance per step of an owner crash
     quick_restarts: float = 0.0  # chance per step a capture process restarts at once
     max_delay: int = 3  # the largest message delay drawn, in ticks
+    faults: Faults | None = None  # fixed network faults instead of drawn ones
 
 
 def _slow(prepare: int, stop: int, **kw) -> SimConfig:
@@ -380,7 +381,9 @@ PROFILES: dict[str, Profile] = {
     "lossless_moves": Profile(_slow(3, 3, exact_handoff=True), lossy=False, moves=0.08),
     # A process restarts while its last reports are still on the wire: they carry the
     # previous capture epoch and must not count.
-    "quick_restarts": Profile(SimConfig(), quick_restarts=0.06, max_delay=8, moves=0.04),
+    "quick_restarts": Profile(
+        SimConfig(), quick_restarts=0.06, moves=0.04, faults=Faults(drop=0.2, max_delay=8)
+    ),
 }
 
 
@@ -400,6 +403,8 @@ def run_schedule(
     )
     if not prof.lossy:
         faults = Faults(duplicate=faults.duplicate)
+    elif prof.faults is not None:
+        faults = prof.faults
     sim = Simulator(seed, config or prof.config, faults)
     for _ in range(steps):
         _random_fault(sim, rng, prof)
