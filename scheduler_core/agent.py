@@ -38,8 +38,10 @@ Prepared / Replicating, a remove when it is Stopped or Absent; in-flight progres
 in heartbeat responses). A STOPPED table is reported once, then forgotten, so the next
 report says ABSENT. Responses carry strictly increasing ``header.seq`` in list order.
 
-Invariants (checked after every ``handle`` and ``tick``): ``owner_id`` is set iff
-``owner_rev > 0``; every task in flight is keyed by its own table id; the epoch is a
+Invariants (checked after every ``handle`` and ``tick``): an ``owner_id`` implies
+``owner_rev > 0`` (a rev without an owner is the registry's floor, see
+:meth:`Agent.observe_owner_rev`); no task is in flight without an owner; every task in
+flight is keyed by its own table id; the epoch is a
 non-empty string.
 """
 

@@ -1,27 +1,56 @@
 """ReplicationSet: the owner's state machine for one table.
 
-Semantics follow TiCDC scheduler v3 (``replication_set.go``), with two tightenings:
-an Undetermined capture (one that reported Stopping right after an owner switch) is
-cleared in *every* state once it reports Absent or Stopped, and a secondary is never
-promoted while an Undetermined capture might still be writing.
+Semantics follow TiCDC scheduler v3 (``replication_set.go``). The transitions are data in
+:mod:`scheduler_core.transitions` (every set state x capture role x reported table state,
+checked against this code by ``tests/unit/replication/test_transitions.py``); in short::
 
-Transitions (``poll`` input is a capture's :class:`TableStatus`)::
+    ABSENT      --add_table-->                          PREPARE (secondary), send prepare
+    PREPARE     --secondary Absent-->                   re-send prepare (lost, or restarted)
+    PREPARE     --secondary Prepared-->                 COMMIT
+    PREPARE     --secondary Stopping/Stopped-->         REPLICATING (if primary) | ABSENT |
+                                                        REMOVING (Undetermined remain)
+    PREPARE     --primary Stopping-->                   primary becomes Undetermined
+    PREPARE     --primary Stopped/Absent-->             no primary: promote once prepared
+    COMMIT      --secondary Prepared, primary-->        send Remove(primary)
+    COMMIT      --secondary Prepared, no primary-->     promote + send commit, unless an
+                                                        Undetermined capture remains
+    COMMIT      --primary Stopped/Absent-->             promote secondary, send commit | ABSENT
+    COMMIT      --primary Replicating, no secondary-->  REPLICATING
+    REPLICATING --move_table-->                         PREPARE (dest as secondary)
+    REPLICATING --primary Stopped/Absent-->             ABSENT | REMOVING (Undetermined remain)
+    REPLICATING --remove_table-->                       REMOVING, send Remove(primary)
+    REMOVING    --every capture Stopped/Absent-->       removed (remove_table) | ABSENT
+    any         --Undetermined Stopped/Absent-->        it leaves; --other report--> Remove(it)
 
-    ABSENT      --add_table-->                      PREPARE (secondary)
-    PREPARE     --secondary Prepared-->             COMMIT
-    PREPARE     --secondary Stopped/Absent-->       REPLICATING (if primary) | ABSENT
-    COMMIT      --secondary Prepared, primary-->    send Remove(primary)
-    COMMIT      --secondary Prepared, no primary--> promote, send Add(primary)
-    COMMIT      --primary Stopped/Absent-->         promote secondary, send Add(primary) | ABSENT
-    COMMIT      --primary Replicating, no second.-> REPLICATING
-    REPLICATING --move_table-->                     PREPARE (dest as secondary)
-    REPLICATING --primary Stopped/Absent-->         ABSENT
-    REPLICATING --remove_table-->                   REMOVING, send Remove(primary)
-    REMOVING    --every capture Stopped/Absent-->   removed
+Where a table's checkpoint comes from: only the primary's reports (Replicating, Stopping,
+Stopped); with no primary, the Stopped report of an Undetermined capture (its final
+checkpoint, where the next primary starts). An Absent report carries no progress; a
+rebuild takes the primary's checkpoint, or with none every holder's.
+
+Deliberate differences from TiCDC scheduler v3, each with the scenario behind it:
+
+1. *A primary that reports Stopping during PREPARE is kept as Undetermined*, not cleared
+   (TiCDC clears it). It may still flush; promoting the secondary then would make two
+   writers (planted bug ``promote_while_undetermined``, soak profile
+   ``slow_stop_owner_churn``).
+2. *An Undetermined capture is cleared in every state once it reports Absent or Stopped,
+   and no secondary is promoted while one remains* (TiCDC only handles it in rebuild).
+   Scenario: owner switch during a move; rebuilt {A Stopping, B Prepared}; promoting B
+   before A stopped gives two writers.
+3. *No primary, no secondary, Undetermined remain -> REMOVING, then ABSENT* (TiCDC goes
+   ABSENT at once). Re-adding while the old holder may still write would double-write; a
+   capture leaves the set exactly once (issue 10: a secondary's Stopped fed twice raised
+   KeyError, aborted ``handle_capture_removed`` and stalled the changefeed).
+4. *Checkpoint only from the primary* (TiCDC takes any capture's). Rebuilt {B Replicating
+   at 100, A Stopping}; A's Stopped at 150 made the table checkpoint 150 while B was at
+   100, and a table DDL at 140 ran early.
+5. *Rebuild keeps the more advanced of two Preparing/Prepared captures as secondary*
+   (Prepared first, then the higher checkpoint); TiCDC keeps whichever came first.
 
 Invariants, checked on every step: at most one primary, and it is in ``captures`` with
 the PRIMARY role; PREPARE/COMMIT/REPLICATING have at least one capture; REPLICATING has
-a primary and no secondary; at most one secondary; checkpoints never regress.
+a primary and no secondary; at most one secondary; ABSENT has no capture; an empty
+REMOVING set is a removed table; checkpoints never regress.
 """
 
 from __future__ import annotations

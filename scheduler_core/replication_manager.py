@@ -1,7 +1,7 @@
 """ReplicationManager: every table's replication set, the running tasks, and the checkpoint.
 
 Scale is the design constraint (1M tables x 100 captures, a tick in a few hundred ms),
-so a table lives in one of two forms, never both:
+so a table lives in exactly one of three forms:
 
 * **steady** -- REPLICATING with exactly one capture (the primary). Kept only as a row
   of numpy columns (id, primary capture index, checkpoint, resolved); per-tick checkpoint

@@ -381,6 +381,12 @@ PROFILES: dict[str, Profile] = {
     "lossless_moves": Profile(_slow(3, 3, exact_handoff=True), lossy=False, moves=0.08),
     # A process restarts while its last reports are still on the wire: they carry the
     # previous capture epoch and must not count.
+    "stale_reports": Profile(
+        SimConfig(captures=2, tables=4),
+        quick_restarts=0.1,
+        moves=0.05,
+        faults=Faults(drop=0.3, max_delay=10),
+    ),
     "quick_restarts": Profile(
         SimConfig(), quick_restarts=0.06, moves=0.04, faults=Faults(drop=0.2, max_delay=8)
     ),
