@@ -146,3 +146,62 @@ def test_burst_add_listing_a_table_twice_raises_before_any_state_changes() -> No
     assert rm.take_add_batches() == {} and not rm.running_tasks
     assert "zz" not in rm.table_counts(["zz"]) or rm.table_counts(["zz"]) == {"zz": 0}
     assert "zz" not in rm._cap_index
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_columnar_paths_match_replication_sets_on_random_mixed_multi_table_batches(
+    seed: int,
+) -> None:
+    """Many tables at once: burst adds, moves, and reports of every state for several tables
+    in one batch; each table's view must equal a ReplicationSet fed the same inputs."""
+    from scheduler_core.errors import SchedulerError
+
+    rng = random.Random(seed)
+    caps = ("a", "b", "c")
+    tids = list(range(1, 13))
+    rm = ReplicationManager(max_task_concurrency=100)
+    ref = {t: ReplicationSet(t, Checkpoint.at(100)) for t in tids}
+    placement = [rng.randrange(3) for _ in tids]
+    task = BurstAddTask(
+        np.asarray(tids, np.int64),
+        caps,
+        np.asarray(placement, np.int64),
+        np.full(12, 100, np.int64),
+    )
+    got = manager_out(rm, rm.handle_tasks([task]))
+    want = [
+        m for t, c in zip(tids, placement, strict=True) for m in ref[t].handle_add_table(caps[c])
+    ]
+    assert sorted(map(repr, got)) == sorted(map(repr, want))
+    failed: set[int] = set()
+    ck = 100
+    for step in range(60):
+        if rng.random() < 0.15:
+            tid, dest = rng.choice(tids), rng.choice(caps)
+            if tid in failed or tid in rm.running_tasks:
+                continue
+            if rm.view(tid).state != ReplicationSetState.REPLICATING:
+                continue
+            got = manager_out(rm, rm.handle_tasks([MoveTableTask(tid, dest)]))
+            assert got == ref[tid].handle_move_table(dest), f"step {step}: move {tid}"
+            continue
+        cid = rng.choice(caps)
+        ck += rng.randrange(3)
+        statuses = [
+            TableStatus(t, rng.choice(list(T)), Checkpoint(ck, ck + 5))
+            for t in rng.sample(tids, rng.randint(1, len(tids)))
+        ]
+        want = []
+        for s in statuses:
+            if s.table_id in failed:
+                continue
+            try:
+                want.extend(ref[s.table_id].poll(s, cid))
+            except SchedulerError:
+                failed.add(s.table_id)
+        got = manager_out(rm, rm.handle_batch(cid, TableStatusBatch.of(statuses)))
+        assert sorted(map(repr, got)) == sorted(map(repr, want)), f"step {step}"
+        assert set(rm.failures) == failed
+        for t in tids:
+            if t not in failed:
+                assert snapshot(rm.view(t)) == snapshot(ref[t]), f"step {step}: table {t}"
