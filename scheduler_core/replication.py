@@ -122,11 +122,15 @@ class ReplicationSet:
             else:
                 log.warning("table %s: capture %s is stopping during rebuild", table_id, capture_id)
                 rs._captures[capture_id] = Role.UNDETERMINED
-        # Progress comes from the primary only; with none, from every holder: the next
-        # primary starts at the old one's final checkpoint, which is at least what a
-        # stopping capture sank and what a secondary was told to prepare from.
-        for capture_id in [rs.primary] if rs.primary is not None else list(held):
-            rs._update_checkpoint(held[capture_id].checkpoint)
+        # Progress comes from the primary only; with none, from every holder and every
+        # Stopped report: the next primary starts at the old one's final checkpoint, which
+        # is at least what a stopping capture sank and what a secondary prepares from.
+        if rs.primary is not None:
+            rs._update_checkpoint(held[rs.primary].checkpoint)
+        else:
+            for status in reports.values():
+                if status.state != T.ABSENT:
+                    rs._update_checkpoint(status.checkpoint)
         committed = secondary is not None and held[secondary].state == T.PREPARED
         rs.state = cls._rebuilt_state(rs, committed)
         rs._check_invariant()

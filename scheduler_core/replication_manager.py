@@ -263,25 +263,28 @@ class ReplicationManager:
         states = np.concatenate([b.states for _, b in parts])
         ckpt = np.concatenate([b.checkpoint_ts for _, b in parts])
         resolved = np.concatenate([b.resolved_ts for _, b in parts])
-        held = states != int(TableState.ABSENT)
-        held &= states != int(TableState.STOPPED)
+        # Absent reports say nothing; a Stopped one only gives a final checkpoint (used when
+        # the table has no primary), so steady rows are found among the others.
+        known = states != int(TableState.ABSENT)
         cap, ids, states, ckpt, resolved = (
-            cap[held],
-            ids[held],
-            states[held],
-            ckpt[held],
-            resolved[held],
+            cap[known],
+            ids[known],
+            states[known],
+            ckpt[known],
+            resolved[known],
         )
-        uniq, first, counts = np.unique(ids, return_index=True, return_counts=True)
-        single = counts == 1
-        steady = single & (states[first] == _REPLICATING)
+        held = states != int(TableState.STOPPED)
+        uniq, first, counts = np.unique(ids[held], return_index=True, return_counts=True)
+        first = np.flatnonzero(held)[first]
+        steady = (counts == 1) & (states[first] == _REPLICATING)
         rows = first[steady]
         self._insert_rows(uniq[steady], S.REPLICATING)
         slots = np.searchsorted(self._ids, uniq[steady])
         self._primary[slots] = cap[rows]
         self._ckpt[slots] = np.maximum(ckpt[rows], checkpoint.checkpoint_ts)
         self._resolved[slots] = np.maximum(resolved[rows], self._ckpt[slots])
-        self._rebuild_others(uniq[~steady], ids, cap, states, ckpt, resolved, checkpoint)
+        others = np.setdiff1d(np.unique(ids), uniq[steady], assume_unique=True)
+        self._rebuild_others(others, ids, cap, states, ckpt, resolved, checkpoint)
 
     def _rebuild_others(self, others, ids, cap, states, ckpt, resolved, checkpoint) -> None:
         if not len(others):

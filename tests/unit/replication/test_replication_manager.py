@@ -205,3 +205,19 @@ def test_columnar_paths_match_replication_sets_on_random_mixed_multi_table_batch
         for t in tids:
             if t not in failed:
                 assert snapshot(rm.view(t)) == snapshot(ref[t]), f"step {step}: table {t}"
+
+
+def test_rebuild_keeps_a_stopped_final_checkpoint_for_the_next_primary() -> None:
+    rm = ReplicationManager()
+    reports = {
+        "a": batch((1, T.STOPPED, 150), (2, T.STOPPED, 160)),
+        "b": batch((1, T.PREPARED, 100), (3, T.REPLICATING, 120)),
+        "c": batch((3, T.STOPPED, 170)),
+    }
+    rm.rebuild(reports, Checkpoint.at(90))
+    assert rm.view(1).checkpoint == Checkpoint.at(150)
+    assert rm.view(1).state == ReplicationSetState.COMMIT
+    assert rm.view(2).state == ReplicationSetState.ABSENT  # re-added from its final checkpoint
+    assert rm.view(2).checkpoint == Checkpoint.at(160)
+    assert rm.view(3).checkpoint == Checkpoint.at(120)  # the primary's, not c's Stopped
+    assert rm.view(3).primary == "b" and 3 not in rm.active()

@@ -449,3 +449,16 @@ def test_rebuild_keeps_the_more_advanced_of_two_secondaries(order: str) -> None:
 def test_rebuild_keeps_the_higher_checkpoint_of_two_preparing_secondaries() -> None:
     rs = ReplicationSet.rebuild(TID, CP, {"a": st(T.PREPARING, 10), "b": st(T.PREPARING, 12)})
     assert dict(rs.captures) == {"a": Role.UNDETERMINED, "b": Role.SECONDARY}
+
+
+def test_rebuild_with_no_primary_starts_the_next_primary_at_a_stopped_final_checkpoint() -> None:
+    # The old primary stopped (its one Stopped report reached the new owner) and the
+    # destination is prepared: the destination must sink from the final checkpoint.
+    rs = ReplicationSet.rebuild(TID, CP, {"a": st(T.STOPPED, 150), "b": st(T.PREPARED, 100)})
+    assert rs.checkpoint == Checkpoint(150, 150)
+    assert rs.poll(st(T.PREPARED, 100), "b") == [add("b", False, 150)]
+
+
+def test_rebuild_with_a_primary_ignores_a_stopped_report() -> None:
+    rs = ReplicationSet.rebuild(TID, CP, {"a": st(T.STOPPED, 150), "b": st(T.REPLICATING, 100)})
+    assert rs.checkpoint == Checkpoint(100, 100)
