@@ -232,3 +232,37 @@ def test_soak_profiles_reach_every_state_and_keep_every_invariant() -> None:
             sim = run_schedule(seed, profile=profile)
             coverage.merge(next(v for v in sim.validators if isinstance(v, Coverage)))
     assert coverage.missing() == []
+
+
+def test_ddl_safe_checkpoint_validator_catches_a_checkpoint_past_a_pending_ddl() -> None:
+    from scheduler_core.model import Checkpoint
+    from scheduler_core.sim.invariants import DDLSafeCheckpoint
+
+    sim = Simulator(1)
+    for _ in range(5):
+        sim.step()
+    ev = sim.alter_table(1)
+    sim.persisted = Checkpoint.at(ev.commit_ts + 1)
+    with pytest.raises(InvariantViolation, match="passed pending"):
+        DDLSafeCheckpoint().check(sim)
+
+
+def test_downstream_content_and_exact_handoff_validators_report_what_the_downstream_saw() -> None:
+    from scheduler_core.sim.invariants import DownstreamContent, ExactHandoff
+    from scheduler_core.sim.simulator import SimConfig
+
+    sim = Simulator(1, SimConfig(exact_handoff=True))
+    sim.downstream.violations.append("c1 wrote table 1 after a DDL dropped it")
+    with pytest.raises(InvariantViolation, match="dropped"):
+        DownstreamContent().check(sim)
+    sim.downstream.handoffs_below_committed.append((1, "c1", 5, 9))
+    with pytest.raises(InvariantViolation, match="below its downstream committed 9"):
+        ExactHandoff().check(sim)
+
+
+def test_coverage_of_a_slow_profile_reaches_undetermined_and_every_state() -> None:
+    coverage = Coverage()
+    for seed in range(12):
+        sim = run_schedule(seed, profile="slow_stop_owner_churn")
+        coverage.merge(next(v for v in sim.validators if isinstance(v, Coverage)))
+    assert coverage.missing() == []
