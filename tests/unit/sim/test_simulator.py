@@ -266,3 +266,12 @@ def test_coverage_of_a_slow_profile_reaches_undetermined_and_every_state() -> No
         sim = run_schedule(seed, profile="slow_stop_owner_churn")
         coverage.merge(next(v for v in sim.validators if isinstance(v, Coverage)))
     assert coverage.missing() == []
+
+
+@pytest.mark.parametrize("seed", [13, 30, 96])
+def test_owner_churn_schedules_that_raised_key_error_before_the_issue_10_fix(seed: int) -> None:
+    """Found by running the old ReplicationSet under this profile (3 of 150 raised KeyError
+    from ``handle_capture_removed``). The seeds follow the simulator's draws: if the
+    simulator changes, find new ones the same way rather than dropping the test."""
+    sim = run_schedule(seed, profile="slow_stop_owner_churn")
+    assert 0 < sim.quiesced_in <= 200
