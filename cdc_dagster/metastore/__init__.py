@@ -30,6 +30,7 @@ from cdc_dagster.metastore.errors import EtcdNotRunningError, InvalidEndpointErr
 from cdc_dagster.metastore.keys import KeyLayout
 from cdc_dagster.metastore.owner_tick import (
     ChangefeedProgress,
+    ConfigCache,
     OwnerSnapshot,
     TickCommit,
     commit_owner_tick,
@@ -56,6 +57,7 @@ __all__ = [
     "ChangefeedState",
     "ChangefeedStatus",
     "ChangefeedStore",
+    "ConfigCache",
     "DdlState",
     "Election",
     "EmbeddedEtcd",
@@ -95,9 +97,12 @@ class Metastore:
         self.changefeeds = ChangefeedStore(client, layout, now_ms=now_ms)
         self.tasks = TaskStatusStore(client, layout)
 
-    def read_owner_snapshot(self) -> OwnerSnapshot:
-        """The owner's tick input, read at one revision in one round trip."""
-        return read_owner_snapshot(self.client, self.layout)
+    def read_owner_snapshot(self, cache: ConfigCache | None = None) -> OwnerSnapshot:
+        """The owner's tick input, read at one revision in one round trip.
+
+        Pass the owner's :class:`ConfigCache` to read only the configs written since.
+        """
+        return read_owner_snapshot(self.client, self.layout, cache=cache)
 
     def commit_owner_tick(
         self,
@@ -106,7 +111,7 @@ class Metastore:
         progress: Mapping[str, ChangefeedProgress],
         ddl: Mapping[str, DdlState] | None = None,
     ) -> TickCommit:
-        """Persist the tick in one owner-guarded write (NotOwnerError if ownership was lost)."""
+        """Persist the tick in owner-guarded writes (NotOwnerError if ownership was lost)."""
         return commit_owner_tick(session, self.client, self.layout, snapshot, progress, ddl)
 
     def gc_safepoint(self) -> int:

@@ -148,6 +148,18 @@ def _decode_record(cls: type[Any], kv: KeyValue) -> tuple[Any, str]:
         raise CorruptValueError(f"{kv.key} holds {kv.value[:120]!r}: {exc}") from exc
 
 
+def decode_info(kv: KeyValue) -> tuple[ChangefeedInfo, str]:
+    """A changefeed config and its write id (CorruptValueError if it does not decode)."""
+    info, write_id = _decode_record(ChangefeedInfo, kv)
+    return info, write_id
+
+
+def decode_status(kv: KeyValue) -> tuple[ChangefeedStatus, str]:
+    """A changefeed status and its write id (CorruptValueError if it does not decode)."""
+    status, write_id = _decode_record(ChangefeedStatus, kv)
+    return status, write_id
+
+
 def decode_changefeed(info_kv: KeyValue, status_kv: KeyValue) -> Changefeed:
     """Build a :class:`Changefeed` from its two keys."""
     info, w_info = _decode_record(ChangefeedInfo, info_kv)

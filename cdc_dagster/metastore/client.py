@@ -189,10 +189,16 @@ class Delete:
 
 @dataclass(frozen=True, slots=True)
 class Get:
-    """Read ``key`` (every key under it when ``prefix``)."""
+    """Read ``key`` (every key under it when ``prefix``).
+
+    ``keys_only``: no values (revisions only); ``min_mod_revision``: only keys written at
+    or after that revision (both let the owner skip configs it already holds).
+    """
 
     key: str
     prefix: bool = False
+    keys_only: bool = False
+    min_mod_revision: int = 0
 
 
 Op = Put | Delete | Get
@@ -282,7 +288,10 @@ def _op_message(op: Op) -> Any:
             req.range_end = prefix_end(op.key).encode()
         return etcdrpc.RequestOp(request_delete_range=req)
     if isinstance(op, Get):
-        return etcdrpc.RequestOp(request_range=_range_request(op.key, op.prefix))
+        req = _range_request(op.key, op.prefix)
+        req.keys_only = op.keys_only
+        req.min_mod_revision = op.min_mod_revision
+        return etcdrpc.RequestOp(request_range=req)
     raise TypeError(f"not a transaction op: {op!r}")
 
 
