@@ -21,7 +21,7 @@ from cdc_dagster.metastore.changefeeds import (
     ChangefeedStore,
     wall_ms,
 )
-from cdc_dagster.metastore.client import EtcdClient, RpcCounts
+from cdc_dagster.metastore.client import EtcdClient, RpcCounts, TlsConfig
 from cdc_dagster.metastore.ddl_state import DdlState
 from cdc_dagster.metastore.election import Election, OwnerInfo, OwnerSession
 from cdc_dagster.metastore.embedded import EmbeddedEtcd, EtcdTuning
@@ -73,6 +73,7 @@ __all__ = [
     "TaskStatus",
     "TaskStatusStore",
     "TickCommit",
+    "TlsConfig",
     "connect",
     "private_etcd_status",
     "start_private_etcd",
@@ -139,12 +140,19 @@ def connect(
     now_ms: Callable[[], int] = wall_ms,
     rpc_timeout_s: float = 5.0,
     retry_timeout_s: float = 15.0,
+    user: str | None = None,
+    password: str | None = None,
+    tls: TlsConfig | None = None,
 ) -> Metastore:
     """Open the metastore on ``endpoints`` (``--etcd host:port,...``), or on a private etcd.
 
     With no endpoints, attaches to the private etcd of ``state_dir``; if none runs, raises
     EtcdNotRunningError, or with ``start_etcd`` starts it (:func:`start_private_etcd`: it
     then keeps running after this process, until :func:`stop_private_etcd`).
+
+    For an external cluster with authentication, pass ``user`` and ``password``; with TLS,
+    ``tls=TlsConfig(ca_cert=..., cert_cert=..., cert_key=...)`` (file paths) and
+    ``https://`` or ``host:port`` endpoints.
     """
     if not endpoints:
         if state_dir is None:
@@ -163,5 +171,12 @@ def connect(
             status = start_private_etcd(state_dir)
         endpoints = status.endpoints
         _log.info("attaching to the private etcd at %s", endpoints)
-    client = EtcdClient(endpoints, rpc_timeout_s=rpc_timeout_s, retry_timeout_s=retry_timeout_s)
+    client = EtcdClient(
+        endpoints,
+        rpc_timeout_s=rpc_timeout_s,
+        retry_timeout_s=retry_timeout_s,
+        user=user,
+        password=password,
+        tls=tls,
+    )
     return Metastore(client, KeyLayout(cluster_id), now_ms=now_ms)

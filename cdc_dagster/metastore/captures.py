@@ -28,7 +28,11 @@ from cdc_dagster.metastore.client import (
     WatchEventType,
     lease_is,
 )
-from cdc_dagster.metastore.errors import CaptureNotRegisteredError, CorruptValueError
+from cdc_dagster.metastore.errors import (
+    CaptureNotRegisteredError,
+    CorruptValueError,
+    InvalidArgumentError,
+)
 from cdc_dagster.metastore.keys import KeyLayout, check_segment
 from cdc_dagster.metastore.lease import LeaseKeeper
 
@@ -46,7 +50,7 @@ class CaptureInfo:
     def __post_init__(self) -> None:
         check_segment("capture_id", self.capture_id)
         if not self.epoch:
-            raise ValueError(f"capture {self.capture_id!r} needs a non-empty epoch")
+            raise InvalidArgumentError(f"capture {self.capture_id!r} needs a non-empty epoch")
 
     def encode(self) -> bytes:
         """The registry value (JSON)."""

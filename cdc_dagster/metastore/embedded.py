@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import socket
+import ssl
 import subprocess
 import time
 import urllib.error
@@ -119,8 +120,10 @@ class EmbeddedEtcd:
         binary: str | os.PathLike[str] | None = None,
         tuning: EtcdTuning | None = None,
         name: str = "cdc-dagster",
+        tls: tuple[Path, Path] | None = None,
     ) -> None:
         self.base_dir = Path(base_dir)
+        self.tls = tls  # (certificate, key) PEM files: serve clients over https
         self.binary = choose_etcd_binary(binary)
         self.tuning = tuning or EtcdTuning()
         self.name = name
@@ -132,8 +135,9 @@ class EmbeddedEtcd:
 
     @property
     def client_url(self) -> str:
-        """``http://127.0.0.1:PORT``."""
-        return f"http://127.0.0.1:{self.client_port}"
+        """``http://127.0.0.1:PORT`` (``https://`` with TLS)."""
+        scheme = "https" if self.tls else "http"
+        return f"{scheme}://127.0.0.1:{self.client_port}"
 
     @property
     def endpoints(self) -> list[str]:
@@ -165,6 +169,15 @@ class EmbeddedEtcd:
             self.tuning,
             self.name,
         )
+        if self.tls is not None:
+            https = f"https://127.0.0.1:{self.client_port}"
+            args = [a for a in args if "client-urls" not in a]
+            args += [
+                f"--listen-client-urls={https}",
+                f"--advertise-client-urls={https}",
+                f"--cert-file={self.tls[0]}",
+                f"--key-file={self.tls[1]}",
+            ]
         self._log_file = open(self.log_path, "ab")  # noqa: SIM115 - lives as long as the server
         self._proc = subprocess.Popen(
             args,
@@ -197,7 +210,7 @@ class EmbeddedEtcd:
                     f"healthy; last log lines:\n{log_tail(self.log_path)}\n"
                     f"check {self.log_path} (another etcd on {self.base_dir / 'data'}?)"
                 )
-            if is_healthy(self.client_url, timeout_s=0.5):
+            if self._healthy():
                 return
             time.sleep(0.05)
         self.stop()
@@ -205,6 +218,18 @@ class EmbeddedEtcd:
             f"etcd at {self.client_url} was not healthy within {timeout_s:.0f}s; "
             f"last log lines:\n{log_tail(self.log_path)}"
         )
+
+    def _healthy(self) -> bool:
+        if self.tls is None:
+            return is_healthy(self.client_url, timeout_s=0.5)
+        context = ssl.create_default_context(cafile=str(self.tls[0]))
+        try:
+            with urllib.request.urlopen(
+                f"{self.client_url}/health", timeout=0.5, context=context
+            ) as r:
+                return json.loads(r.read()).get("health") == "true"
+        except (OSError, ValueError, urllib.error.URLError):
+            return False
 
     def stop(self, timeout_s: float = 10.0) -> None:
         """Stop the server cleanly (SIGTERM, then SIGKILL after ``timeout_s``)."""

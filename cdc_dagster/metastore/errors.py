@@ -40,6 +40,26 @@ class ClientClosedError(MetastoreError):
     """The etcd client was closed; background threads using it stop."""
 
 
+class InvalidArgumentError(MetastoreError, ValueError):
+    """An argument to a metastore call is out of its range (the message says the range)."""
+
+
+class InvalidKeySegmentError(InvalidArgumentError):
+    """An id (cluster, capture, owner, changefeed) cannot be one etcd key segment."""
+
+
+class InvalidLeaseTtlError(InvalidArgumentError):
+    """A lease TTL is not a whole number of seconds >= 1."""
+
+
+class EtcdAuthError(MetastoreError):
+    """etcd refused our credentials, or requires some and none were given."""
+
+
+class InvalidConnectionConfigError(InvalidArgumentError):
+    """The etcd connection settings (TLS files, user/password) are inconsistent or missing."""
+
+
 class InvalidEndpointError(MetastoreError, ValueError):
     """An ``--etcd`` endpoint is not ``host:port``."""
 
