@@ -164,3 +164,11 @@ def test_tls_config_checks_its_files(tmp_path) -> None:  # type: ignore[no-untyp
 def test_an_https_endpoint_without_tls_config_says_what_to_pass() -> None:
     with pytest.raises(e.InvalidEndpointError, match="CA certificate"):
         EtcdClient(["https://10.0.0.1:2379"])
+
+
+def test_a_task_status_with_a_bad_field_raises_in_the_hierarchy() -> None:
+    from cdc_dagster.metastore.status_codec import TaskStatus
+    from scheduler_core.messages import Liveness, TableStatusBatch
+
+    with pytest.raises(e.InvalidArgumentError, match="owner_rev"):
+        TaskStatus(-1, 1, Liveness.ALIVE, TableStatusBatch([], [], [], []))
