@@ -112,6 +112,11 @@ class ConfigCache:
         self.decoded = 0  # configs decoded so far (what the cache saves is visible in tests)
         self._infos: dict[str, tuple[int, ChangefeedInfo, str]] = {}
 
+    def reset(self) -> None:
+        """Forget everything (the next read decodes every config)."""
+        self.revision = 0
+        self._infos = {}
+
     def lookup(self, key: str, mod_revision: int) -> tuple[ChangefeedInfo, str] | None:
         """The cached config of ``key`` if it is the one written at ``mod_revision``."""
         hit = self._infos.get(key)
@@ -150,7 +155,27 @@ def read_owner_snapshot(
     include_tasks: bool = True,
     cache: ConfigCache | None = None,
 ) -> OwnerSnapshot:
-    """One consistent read of the owner's whole tick input (one round trip)."""
+    """One consistent read of the owner's whole tick input (one round trip).
+
+    A ``cache`` that does not match etcd (another etcd, restored data) is reset and the
+    read repeated once in full.
+    """
+    try:
+        return _read_owner_snapshot(client, layout, include_tasks, cache)
+    except _CacheMissError as miss:
+        assert cache is not None
+        _log.warning("config cache out of step with etcd (%s); reading every config", miss)
+        cache.reset()
+        return _read_owner_snapshot(client, layout, include_tasks, cache)
+
+
+class _CacheMissError(Exception):
+    pass
+
+
+def _read_owner_snapshot(
+    client: EtcdClient, layout: KeyLayout, include_tasks: bool, cache: ConfigCache | None
+) -> OwnerSnapshot:
     since = cache.revision if cache is not None else 0
     infos = layout.changefeed_infos
     gets: list[Op] = [
@@ -197,7 +222,7 @@ def _configs(
         if hit is None:
             full = fresh.get(kv.key)
             if full is None:  # not in the cache nor written since: the cache is not ours
-                raise CorruptValueError(f"config cache has no entry for {kv.key}; use a new one")
+                raise _CacheMissError(f"no entry for {kv.key} at revision {kv.mod_revision}")
             try:
                 hit = decode_info(full)
                 decoded += 1

@@ -244,3 +244,14 @@ def test_a_corrupt_changefeed_record_drops_that_changefeed_only(metastore: Metas
 
     assert list(snapshot.changefeeds) == ["good"]
     assert "bad" in snapshot.changefeed_errors
+
+
+def test_a_config_cache_out_of_step_with_etcd_is_reset_not_fatal(metastore: Metastore) -> None:
+    metastore.changefeeds.create("orders", "delta:///lake")
+    cache = ConfigCache()
+    cache.replace(10**12, {}, 0)  # as if filled from another etcd, far ahead
+
+    snapshot = metastore.read_owner_snapshot(cache)
+
+    assert list(snapshot.changefeeds) == ["orders"]
+    assert cache.revision == snapshot.revision
