@@ -121,9 +121,11 @@ class EmbeddedEtcd:
         tuning: EtcdTuning | None = None,
         name: str = "cdc-dagster",
         tls: tuple[Path, Path] | None = None,
+        extra_args: tuple[str, ...] = (),
     ) -> None:
         self.base_dir = Path(base_dir)
         self.tls = tls  # (certificate, key) PEM files: serve clients over https
+        self.extra_args = extra_args  # more server flags (e.g. --auth-token-ttl=1 in tests)
         self.binary = choose_etcd_binary(binary)
         self.tuning = tuning or EtcdTuning()
         self.name = name
@@ -178,6 +180,7 @@ class EmbeddedEtcd:
                 f"--cert-file={self.tls[0]}",
                 f"--key-file={self.tls[1]}",
             ]
+        args += list(self.extra_args)
         self._log_file = open(self.log_path, "ab")  # noqa: SIM115 - lives as long as the server
         self._proc = subprocess.Popen(
             args,

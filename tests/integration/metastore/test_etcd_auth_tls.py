@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -93,5 +94,20 @@ def test_tls_connection_to_an_etcd_with_a_self_signed_certificate(tmp_path: Path
         with connect([url], tls=TlsConfig(ca_cert=str(cert)), retry_timeout_s=5) as ms:
             ms.client.put("/tls", b"yes")
             assert ms.client.get("/tls").value == b"yes"
+    finally:
+        server.stop()
+
+
+def test_an_expired_auth_token_is_renewed_without_the_caller_noticing(tmp_path: Path) -> None:
+    server = EmbeddedEtcd(
+        tmp_path / "etcd", tuning=EtcdTuning.for_tests(), extra_args=("--auth-token-ttl=1",)
+    ).start()
+    try:
+        _enable_auth(server.endpoints[0], "s3cret")
+        with connect(server.endpoints, user="root", password="s3cret", retry_timeout_s=5) as ms:
+            ms.client.put("/a", b"1")
+            time.sleep(2.5)  # the simple token expires after 1 s without use
+            ms.client.put("/b", b"2")
+            assert ms.client.get("/a").value == b"1"
     finally:
         server.stop()
