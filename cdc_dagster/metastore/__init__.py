@@ -27,6 +27,7 @@ from cdc_dagster.metastore.election import Election, OwnerInfo, OwnerSession
 from cdc_dagster.metastore.embedded import EmbeddedEtcd, EtcdTuning
 from cdc_dagster.metastore.errors import *  # noqa: F403 - the error hierarchy is public API
 from cdc_dagster.metastore.errors import EtcdNotRunningError, InvalidEndpointError
+from cdc_dagster.metastore.etcd_binary import EtcdBinary, choose_etcd_binary
 from cdc_dagster.metastore.keys import KeyLayout
 from cdc_dagster.metastore.owner_tick import (
     ChangefeedProgress,
@@ -61,6 +62,7 @@ __all__ = [
     "DdlState",
     "Election",
     "EmbeddedEtcd",
+    "EtcdBinary",
     "EtcdClient",
     "EtcdTuning",
     "KeyLayout",
@@ -74,6 +76,7 @@ __all__ = [
     "TaskStatusStore",
     "TickCommit",
     "TlsConfig",
+    "choose_etcd_binary",
     "connect",
     "private_etcd_status",
     "start_private_etcd",

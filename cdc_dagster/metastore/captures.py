@@ -35,6 +35,7 @@ from cdc_dagster.metastore.errors import (
 )
 from cdc_dagster.metastore.keys import KeyLayout, check_segment
 from cdc_dagster.metastore.lease import LeaseKeeper
+from cdc_dagster.secrets import redact_bytes
 
 _log = logging.getLogger(__name__)
 
@@ -66,7 +67,9 @@ class CaptureInfo:
             raw: Any = json.loads(data)
             return CaptureInfo(str(raw["capture_id"]), str(raw["epoch"]), str(raw["address"]))
         except (ValueError, KeyError, TypeError) as exc:
-            raise CorruptValueError(f"capture registry value {data[:80]!r}: {exc}") from exc
+            raise CorruptValueError(
+                f"capture registry value {redact_bytes(data[:80])}: {exc}"
+            ) from exc
 
 
 class CaptureSession:
