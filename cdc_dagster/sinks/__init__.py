@@ -1,0 +1,1 @@
+"""Downstreams: the sink protocol (base) and its implementations (Delta Lake, PostgreSQL)."""

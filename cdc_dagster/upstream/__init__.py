@@ -1,0 +1,1 @@
+"""Upstream side: the change-log format and its producers (embedded generator, binlog puller)."""
