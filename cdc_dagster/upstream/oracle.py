@@ -22,7 +22,7 @@ import pyarrow as pa
 
 from cdc_dagster.upstream.changelog import OP_DELETE, ChangeLog, ChangeLogError
 from cdc_dagster.upstream.schema import DdlRecord, TableSchema
-from cdc_dagster.upstream.values import column_default
+from cdc_dagster.upstream.values import WIDE, column_default
 
 Key = tuple[Any, ...]
 Row = dict[int, Any]
@@ -111,7 +111,7 @@ def _apply_ddl(replay: _Replay, ddl: DdlRecord, table_id: int) -> None:
         old_ids = {c.id for c in before.columns}
         for column in after.columns:
             if column.id not in old_ids:  # instant ADD COLUMN: existing rows take the default
-                value = column_default(column)
+                value = column_default(column, ddl.commit_ts)
                 for row in replay.rows.values():
                     row[column.id] = value
     replay.schema = after
@@ -161,7 +161,7 @@ def _canonical(value: Any) -> Any:
     if value is None or isinstance(value, bool | int | str):
         return value
     if isinstance(value, Decimal):
-        text = format(value.normalize(), "f")
+        text = format(value.normalize(WIDE), "f")
         return "0" if text in ("-0", "0") else text
     if isinstance(value, float):
         return repr(value + 0.0)  # -0.0 + 0.0 == 0.0

@@ -11,15 +11,19 @@ from __future__ import annotations
 import base64
 import datetime as dt
 import re
-from decimal import Decimal, InvalidOperation
+from decimal import Context, Decimal, InvalidOperation
 from typing import Any
 
 from cdc_dagster.upstream.schema import ColumnSchema, SchemaError
+from scheduler_core.ts import physical_ms
 
 _INTS = frozenset({"int8", "int16", "int32", "int64", "uint8", "uint16", "uint32"})
 _DECIMAL = re.compile(r"decimal\((\d+),(\d+)\)")
 _TIME = re.compile(r"(-?)(\d+):(\d{2}):(\d{2})(?:\.(\d{1,6}))?")
 _UTC = dt.UTC
+# Decimal arithmetic wide enough for decimal(76, s): the default context rounds at 28 digits.
+WIDE = Context(prec=80)
+_NOW = frozenset({"CURRENT_TIMESTAMP", "CURRENT_TIMESTAMP()", "NOW()", "LOCALTIMESTAMP"})
 
 
 def decimal_scale(logical: str) -> int | None:
@@ -41,7 +45,7 @@ def value_from_text(logical: str, text: str) -> Any:
 def _from_text(logical: str, text: str) -> Any:
     scale = decimal_scale(logical)
     if scale is not None:
-        return Decimal(text).quantize(Decimal(1).scaleb(-scale))
+        return Decimal(text).quantize(Decimal(1).scaleb(-scale, WIDE), context=WIDE)
     if logical in _INTS:
         return int(text)
     if logical == "bool":
@@ -98,6 +102,18 @@ def value_to_text(logical: str, value: Any) -> str:
     return str(value)
 
 
-def column_default(column: ColumnSchema) -> Any:
-    """The value existing rows get when ``column`` is added (None when it has no default)."""
-    return None if column.default is None else value_from_text(column.type, column.default)
+def column_default(column: ColumnSchema, commit_ts: int | None = None) -> Any:
+    """The value existing rows get when ``column`` is added at ``commit_ts`` (None: no default).
+
+    ``CURRENT_TIMESTAMP`` (and its synonyms) on a datetime/timestamp column is the DDL's
+    commit time, as MySQL gives existing rows, and as the Delta sink applies it.
+    """
+    text = column.default
+    if text is None:
+        return None
+    if column.type in ("datetime", "timestamp") and text.upper() in _NOW:
+        if commit_ts is None:
+            raise SchemaError(f"column {column.name!r}: default {text} needs the DDL's commit ts")
+        when = dt.datetime.fromtimestamp(physical_ms(commit_ts) / 1000, _UTC)
+        return when if column.type == "timestamp" else when.replace(tzinfo=None)
+    return value_from_text(column.type, text)

@@ -12,7 +12,7 @@ from decimal import Decimal
 from typing import Any
 
 from cdc_dagster.upstream.schema import ColumnSchema, TableSchema
-from cdc_dagster.upstream.values import decimal_scale
+from cdc_dagster.upstream.values import WIDE, decimal_scale
 
 ODD_TABLE = 'wide `t` "q"; ü 表'
 ODD_COLUMN = 'we`ird "c"; DROP TABLE x; -- ü'
@@ -154,7 +154,7 @@ def random_value(rng: random.Random, logical: str) -> Any:
         if logical == "uint64":
             return Decimal(rng.randint(0, 2**64 - 1))
         bound = 10 ** min(digits, 30) - 1
-        return Decimal(rng.randint(-bound, bound)).scaleb(-scale)
+        return Decimal(rng.randint(-bound, bound)).scaleb(-scale, WIDE)
     return _RANDOM[logical](rng)
 
 

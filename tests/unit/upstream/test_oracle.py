@@ -171,6 +171,13 @@ def test_fingerprint_ignores_row_and_column_order() -> None:
     assert fingerprint(shuffled) == fingerprint(WIDE)
 
 
+def test_fingerprint_keeps_every_digit_of_wide_decimals() -> None:
+    def one(text: str) -> str:
+        return fingerprint(pa.table({"d": pa.array([Decimal(text)], pa.decimal128(38, 10))}))
+
+    assert one("1234567890123456789.0123456789") != one("1234567890123456789.0123456788")
+
+
 def test_fingerprint_changes_with_any_value_or_name() -> None:
     changed = WIDE.set_column(3, "s", pa.array(["it's `x`; u", None]))
     renamed = WIDE.rename_columns([*WIDE.column_names[:-1], "tz2"])
