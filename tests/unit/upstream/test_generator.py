@@ -12,6 +12,7 @@ import pytest
 
 from cdc_dagster.upstream.changelog import OP_DELETE, OP_UPDATE, ChangeLog
 from cdc_dagster.upstream.generator import ShardLag, Workload, WorkloadConfig, WorkloadError
+from cdc_dagster.upstream.oracle import Oracle, fingerprint
 from cdc_dagster.upstream.schema import ACTIONS
 from cdc_dagster.upstream.workload_data import WIDE_TYPES
 from scheduler_core.ddl import DDLKind
@@ -176,3 +177,19 @@ def test_workload_refuses_a_log_that_has_ddls(tmp_path: Path) -> None:
     Workload(SMALL, tmp_path)
     with pytest.raises(WorkloadError, match="fresh log"):
         Workload(SMALL, tmp_path)
+
+
+def test_vectorised_transfers_keep_the_total_and_match_the_oracle(tmp_path: Path) -> None:
+    w = Workload(WorkloadConfig(**{**_fields(SMALL), "ddl_every": 5}), tmp_path)
+    w.step()
+    assert w.step_transfers(5_000) == 10_000
+    w.step()
+    w.advance_resolved()
+    assert w.bank_total() == Decimal("40000.00")
+    oracle = Oracle(tmp_path)
+    assert oracle.bank_total_at(w.last_commit_ts, w.bank_table_ids) == Decimal("40000.00")
+    for tid in w.bank_table_ids:
+        s, rows = w.schema(tid), list(w.table_rows(tid).values())
+        arrays = [pa.array([r.get(c.id) for r in rows], c.arrow) for c in s.columns]
+        model = pa.Table.from_arrays(arrays, schema=s.arrow_schema())
+        assert fingerprint(oracle.table_at(tid, w.last_commit_ts)) == fingerprint(model)
