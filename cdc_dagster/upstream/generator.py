@@ -200,6 +200,7 @@ class Workload:
         self._last_ts = 0
         self._next_table_id = config.wide_id + 1
         self._scratch_count = 0
+        self._renames = 0  # suffix of renamed tables and columns: names never collide
         self.rows_written = 0
         self._bootstrap()
 
@@ -543,7 +544,8 @@ def _ddl_drop_column(w: Workload, ts: int) -> None:
 
 def _ddl_rename_column(w: Workload, ts: int) -> None:
     t, c = w.rng.choice(_droppable(w))
-    new = f"{c.name.split('~')[0]}~{split(ts)[0] % 100_000}"
+    w._renames += 1
+    new = f"{c.name.split('~')[0]}~{w._renames}"
     cols = tuple(replace(x, name=new) if x.id == c.id else x for x in t.schema.columns)
     query = (
         f"ALTER TABLE {wd.qualified(t.schema)} RENAME COLUMN "
@@ -598,7 +600,8 @@ def _ddl_drop_table(w: Workload, ts: int) -> None:
 
 def _ddl_rename_table(w: Workload, ts: int) -> None:
     t = w.rng.choice(w._of_role("scratch"))
-    new = f"{t.schema.table.split('~')[0]}~{split(ts)[0] % 100_000}"
+    w._renames += 1
+    new = f"{t.schema.table.split('~')[0]}~{w._renames}"
     schema = replace(t.schema, table=new)
     query = f"RENAME TABLE {wd.qualified(t.schema)} TO {wd.qualified(schema)}"
     w._alter(t, ts, "rename_table", query, schema)
