@@ -55,14 +55,14 @@ class Oracle:
             raise OracleError(
                 f"table {table_id} does not exist at ts {ts} (not created or dropped)"
             )
-        if check_resolved:
-            resolved = self.log.table_resolved_ts(table_id)
-            if ts > resolved:
-                raise OracleError(
-                    f"table {schema.qualified_name} (id {table_id}) is resolved only to "
-                    f"{resolved} < ts {ts}: rows may still arrive; ask at a resolved ts"
-                )
-        replay = self._replay(table_id, ts)
+        resolved = self.log.table_resolved_ts(table_id)
+        if check_resolved and ts > resolved:
+            raise OracleError(
+                f"table {schema.qualified_name} (id {table_id}) is resolved only to "
+                f"{resolved} < ts {ts}: rows may still arrive; ask at a resolved ts"
+            )
+        # Above the resolved ts rows may still arrive: such a replay is not kept.
+        replay = self._replay(table_id, ts, keep=ts <= resolved)
         rows = [replay.rows[k] for k in sorted(replay.rows, key=_sort_key)]
         arrays = [pa.array([r.get(c.id) for r in rows], c.arrow) for c in schema.columns]
         return pa.Table.from_arrays(arrays, schema=schema.arrow_schema())
@@ -76,8 +76,12 @@ class Oracle:
         return total
 
     # ------------------------------------------------------------------ replay
-    def _replay(self, table_id: int, ts: int) -> _Replay:
+    def _replay(self, table_id: int, ts: int, keep: bool) -> _Replay:
         replay = self._replays.get(table_id)
+        if not keep and replay is not None:
+            replay = _Replay(
+                replay.upto_ts, replay.schema, {k: dict(r) for k, r in replay.rows.items()}
+            )
         if replay is None or replay.upto_ts > ts:
             replay = _Replay()  # asked for an earlier ts: start again from the beginning
         ddls = [d for d in self.log.ddl_records(replay.upto_ts, ts) if table_id in d.tables]
@@ -91,7 +95,8 @@ class Oracle:
         for change in changes[i:]:
             _apply_change(replay, change)
         replay.upto_ts = ts
-        self._replays[table_id] = replay
+        if keep:
+            self._replays[table_id] = replay
         return replay
 
     def _changes(self, table_id: int, after_ts: int, upto_ts: int) -> list[dict[str, Any]]:

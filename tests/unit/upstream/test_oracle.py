@@ -201,3 +201,16 @@ def test_fingerprint_survives_parquet_and_duckdb_round_trips(tmp_path: Path) -> 
     query = f"SELECT * FROM read_parquet('{tmp_path / 'w.parquet'}')"
     via_duckdb = con.sql(query).to_arrow_table()
     assert fingerprint(back) == fingerprint(WIDE) == fingerprint(via_duckdb)
+
+
+def test_an_unresolved_answer_is_not_cached(tmp_path: Path) -> None:
+    w = ChangeLogWriter(tmp_path, fsync=False)
+    w.write_ddl(
+        DdlRecord(ts(0), DDLKind.CREATE_TABLE, "create_table", "c", creates=(3,), tables={3: ITEMS})
+    )
+    write(w, ts(0), ITEMS, [(10, 1, {1: 1, 2: "a"}, None)])
+    oracle = Oracle(tmp_path)
+    assert oracle.table_at(3, ts(20), check_resolved=False).num_rows == 1
+    write(w, ts(0), ITEMS, [(15, 1, {1: 2, 2: "b"}, None)])
+    w.advance_resolved(3, 0, ts(20))
+    assert oracle.table_at(3, ts(20))["id"].to_pylist() == [1, 2]
