@@ -9,11 +9,14 @@ malformed or vanished file is a typed ``ChangeLogError`` naming the file and wha
 from __future__ import annotations
 
 import bisect
+import datetime as dt
+import fcntl
 import io
 import itertools
 import json
 import os
 import re
+import socket
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -41,6 +44,7 @@ __all__ = [
     "OP_UPDATE",
     "ChangeLog",
     "ChangeLogError",
+    "ChangeLogLockedError",
     "ChangeLogWriter",
     "ColumnSchema",
     "CorruptChangeLogError",
@@ -64,6 +68,8 @@ _MINUTE_MS = 60_000
 _DDL_NAME = re.compile(r"(\d{20})-(\d{4})\.json")
 _DATA_NAME = re.compile(r"(\d{20})-(\d{20})-s(\d+)-([0-9a-f]{8})\.parquet")
 _MINUTE_DIR = re.compile(r"minute=(\d+)")
+_TEMP_NAME = re.compile(r"\..+\.tmp-[0-9a-f]{32}")
+LOCK_NAME = ".writer.lock"
 _META_COLUMNS: tuple[tuple[str, pa.DataType], ...] = (
     ("_commit_ts", pa.int64()),
     ("_seq", pa.int32()),
@@ -99,6 +105,10 @@ class RowSchemaMismatchError(ChangeLogError):
 
 class DdlOrderError(ChangeLogError):
     """A DDL record arrives at or below what the log already promised for its tables."""
+
+
+class ChangeLogLockedError(ChangeLogError):
+    """Another writer holds the log's writer lock (one writer per change log)."""
 
 
 # ----------------------------------------------------------------------------- records
@@ -440,14 +450,28 @@ def _check_data_file(file: DataFile, table: pa.Table) -> None:
 class ChangeLogWriter:
     """Write side (generator, binlog puller): DDL records, data files, resolved marks.
 
-    One writer per change log at a time. It refuses what would break a reader's
-    assumptions: rows not fitting their schema version, rows at or below a shard's
-    resolved mark, a DDL at or below what was promised, a resolved mark going back.
+    One writer per change log at a time: it holds ``<root>/.writer.lock`` (an exclusive
+    ``flock``, released by ``close()`` or when its process dies, SIGKILL included), and a
+    second writer gets ``ChangeLogLockedError`` naming the holder. Holding the lock, it
+    deletes temp files a killed writer left (``.<name>.tmp-<uuid>``; never data files).
+    It refuses what would break a reader's assumptions: rows not fitting their schema
+    version, rows at or below a shard's resolved mark, a DDL at or below what was
+    promised, a resolved mark going back.
     """
 
     def __init__(self, root: str | os.PathLike[str], *, fsync: bool = True) -> None:
         self.root = Path(root)
         self.fsync = fsync
+        self.root.mkdir(parents=True, exist_ok=True)
+        self._lock = _acquire_lock(self.root)
+        try:
+            self._open()
+        except BaseException:
+            self.close()
+            raise
+
+    def _open(self) -> None:
+        self.temp_files_removed = _remove_temp_files(self.root)
         fmt = self.root / "FORMAT"
         if not fmt.exists():
             _write_json(fmt, {"format": FORMAT_NAME, "version": FORMAT_VERSION})
@@ -457,6 +481,56 @@ class ChangeLogWriter:
         self.log.ddl_records()
         self.log._sole_writer = True
         self._max_row_ts: dict[int, int] = {}
+
+    def close(self) -> None:
+        """Release the writer lock; the writer must not be used after this."""
+        lock, self._lock = getattr(self, "_lock", None), None
+        if lock is not None:
+            lock.close()  # closing the descriptor releases the flock
+
+    def __enter__(self) -> ChangeLogWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ restart
+    def resolved_frontier(self) -> int:
+        """The max over the DDL mark and every shard mark: what a producer promised last."""
+        top = self.log.ddl_resolved_ts()
+        for t in _scandir(self.root / "tables"):
+            for e in _scandir(Path(t.path) / "resolved"):
+                top = max(top, _read_ts_mark(Path(e.path)))
+        return top
+
+    def discard_above(self, ts: int) -> int:
+        """Delete every row with commit_ts > ``ts``; the highest commit ts removed (0: none).
+
+        For a producer restarting after a crash: rows above every resolved mark were never
+        promised to a reader, and may belong to transactions it wrote only in part. A file
+        holding rows on both sides is rewritten with the rows <= ``ts`` first (equal rows,
+        allowed by the format), then removed. DDL records are kept (each is whole).
+        """
+        frontier = self.resolved_frontier()
+        if ts < frontier:
+            raise ResolvedRegressionError(
+                f"{self.root}: cannot discard rows above {ts}: a resolved mark is at "
+                f"{frontier}; rows at or below a mark are promised, pass ts >= {frontier}"
+            )
+        top_minute = physical_ms(MAX_TS) // _MINUTE_MS
+        removed = 0
+        for t in _scandir(self.root / "tables"):
+            if not t.name.isdigit():
+                continue
+            files = self.log._all_files(int(t.name), physical_ms(ts) // _MINUTE_MS, top_minute)
+            for f in [f for f in files if f.last_ts > ts]:
+                if f.first_ts <= ts:
+                    rows = self.log.read_data_file(f)
+                    keep = rows.filter(pc.less_equal(rows["_commit_ts"], ts))
+                    self._write_file(f.table_id, f.shard, keep)
+                Path(f.path).unlink()
+                removed = max(removed, f.last_ts)
+        return removed
 
     # ------------------------------------------------------------------ DDL
     def write_ddl(self, record: DdlRecord) -> Path:
@@ -591,6 +665,39 @@ class ChangeLogWriter:
             )
         if ts > current:
             _write_json(path, {"resolved_ts": ts}, fsync=fsync)
+
+
+def _acquire_lock(root: Path) -> io.BufferedRandom:
+    """Hold ``root``'s writer lock or raise ChangeLogLockedError naming the holder."""
+    path = root / LOCK_NAME
+    f = open(path, "a+b")  # noqa: SIM115 - held open for the writer's life
+    try:
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.seek(0)
+        holder = f.read().decode(errors="replace").strip() or "unknown"
+        f.close()
+        raise ChangeLogLockedError(
+            f"change log {root} already has a writer ({holder}); one writer per log: stop "
+            f"it or close() it first (the lock {path} is released when its process exits)"
+        ) from None
+    f.seek(0)
+    f.truncate()
+    since = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
+    f.write(f"pid={os.getpid()} host={socket.gethostname()} since={since}".encode())
+    f.flush()
+    return f
+
+
+def _remove_temp_files(root: Path) -> int:
+    """Delete temp files (``.<name>.tmp-<uuid32>``) under ``root``; how many went."""
+    removed = 0
+    for directory, _, names in os.walk(root):
+        for name in names:
+            if _TEMP_NAME.fullmatch(name):
+                Path(directory, name).unlink(missing_ok=True)
+                removed += 1
+    return removed
 
 
 def _ddl_name(commit_ts: int, n: int) -> str:

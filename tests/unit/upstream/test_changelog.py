@@ -12,7 +12,9 @@ import pyarrow as pa
 import pytest
 
 from cdc_dagster.upstream.changelog import (
+    LOCK_NAME,
     ChangeLog,
+    ChangeLogLockedError,
     ChangeLogWriter,
     ColumnSchema,
     CorruptChangeLogError,
@@ -140,7 +142,7 @@ def test_no_temporary_file_is_left_visible(log: tuple[ChangeLogWriter, ChangeLog
     w.write_rows(7, 0, ts(0), rows(accounts(), ts(0), [(ts(1), 1, 1, 1)]))
     w.advance_resolved(7, 0, ts(2))
     w.advance_ddl_resolved(ts(2))
-    names = [n for _, _, files in os.walk(w.root) for n in files]
+    names = [n for _, _, files in os.walk(w.root) for n in files if n != LOCK_NAME]
     assert names and not [n for n in names if n.startswith(".") or ".tmp-" in n]
 
 
@@ -340,3 +342,49 @@ def test_concurrent_reader_never_sees_a_partial_file(
         done.set()
         reader.join()
     assert seen and set(seen) == {500}
+
+
+def test_second_writer_is_refused_naming_the_holder(log: tuple[ChangeLogWriter, ChangeLog]) -> None:
+    w, _ = log
+    with pytest.raises(ChangeLogLockedError, match=rf"pid={os.getpid()} host="):
+        ChangeLogWriter(w.root)
+    w.close()
+    with ChangeLogWriter(w.root) as again:  # released by close()
+        assert again.log.ddl_records()
+
+
+def test_opening_a_writer_removes_a_killed_writers_temp_files_only(
+    log: tuple[ChangeLogWriter, ChangeLog],
+) -> None:
+    w, r = log
+    w.write_rows(7, 0, ts(0), rows(accounts(), ts(0), [(ts(1), 1, 1, 1)]))
+    data = Path(r.data_files(7, 0, ts(1))[0].path)
+    temps = [
+        data.parent / f".{data.name}.tmp-{'a' * 32}",
+        w.root / "ddl" / f".resolved.json.tmp-{'b' * 32}",
+    ]
+    for p in temps:
+        p.write_bytes(b"partial")
+    other = data.parent / ".not-ours.tmp-xyz"  # not a writer's temp name: left alone
+    other.write_bytes(b"x")
+    w.close()
+    again = ChangeLogWriter(w.root)
+    assert again.temp_files_removed == 2
+    assert not any(p.exists() for p in temps) and other.exists() and data.exists()
+
+
+def test_discard_above_drops_unresolved_rows_and_trims_a_straddling_file(
+    log: tuple[ChangeLogWriter, ChangeLog],
+) -> None:
+    w, r = log
+    w.write_rows(7, 0, ts(0), rows(accounts(), ts(0), [(ts(1), 1, 1, 1), (ts(5), 1, 2, 2)]))
+    w.write_rows(7, 1, ts(0), rows(accounts(), ts(0), [(ts(3), 1, 3, 3)]))
+    w.write_rows(7, 1, ts(0), rows(accounts(), ts(0), [(ts(8), 1, 4, 4)]))
+    w.advance_resolved(7, 0, ts(2))
+    with pytest.raises(ResolvedRegressionError, match="promised"):
+        w.discard_above(ts(1))
+    assert w.resolved_frontier() == ts(2)
+    assert w.discard_above(ts(3)) == ts(8)
+    kept = [r.read_data_file(f) for f in r.data_files(7, 0, ts(100))]
+    assert sorted(x for t in kept for x in t["_commit_ts"].to_pylist()) == [ts(1), ts(3)]
+    assert w.discard_above(ts(3)) == 0
