@@ -21,8 +21,8 @@ from typing import Any
 import pyarrow as pa
 
 from cdc_dagster.upstream.changelog import OP_DELETE, ChangeLog, ChangeLogError
-from cdc_dagster.upstream.schema import DdlRecord, TableSchema
-from cdc_dagster.upstream.values import WIDE, column_default
+from cdc_dagster.upstream.schema import DdlRecord, SchemaError, TableSchema
+from cdc_dagster.upstream.values import WIDE, column_default, widening
 
 Key = tuple[Any, ...]
 Row = dict[int, Any]
@@ -64,8 +64,19 @@ class Oracle:
         # Above the resolved ts rows may still arrive: such a replay is not kept.
         replay = self._replay(table_id, ts, keep=ts <= resolved)
         rows = [replay.rows[k] for k in sorted(replay.rows, key=_sort_key)]
-        arrays = [pa.array([r.get(c.id) for r in rows], c.arrow) for c in schema.columns]
-        return pa.Table.from_arrays(arrays, schema=schema.arrow_schema())
+        return _to_arrow(schema, rows)
+
+    def rows_at(self, table_id: int, ts: int) -> dict[Key, Row]:
+        """The table's rows at ``ts`` as key -> {column id: value}, resolved or not (a copy).
+
+        The generator's own model form: a resumed ``Workload`` rebuilds itself from it.
+        """
+        if self.log.schema_at(table_id, ts) is None:
+            raise OracleError(
+                f"table {table_id} does not exist at ts {ts} (not created or dropped)"
+            )
+        replay = self._replay(table_id, ts, keep=False)
+        return {k: dict(r) for k, r in sorted(replay.rows.items(), key=lambda i: _sort_key(i[0]))}
 
     def bank_total_at(self, ts: int, table_ids: Iterable[int], column: str = "balance") -> Decimal:
         """Sum of ``column`` over the given tables at ``ts``."""
@@ -108,18 +119,49 @@ class Oracle:
         return out
 
 
+def _to_arrow(schema: TableSchema, rows: list[Row]) -> pa.Table:
+    arrays = [pa.array([r.get(c.id) for r in rows], c.arrow) for c in schema.columns]
+    return pa.Table.from_arrays(arrays, schema=schema.arrow_schema())
+
+
 def _apply_ddl(replay: _Replay, ddl: DdlRecord, table_id: int) -> None:
     before, after = replay.schema, ddl.tables[table_id]
     if ddl.action in ("create_table", "truncate_table", "drop_table") or after is None:
         replay.rows.clear()
     if before is not None and after is not None:
-        old_ids = {c.id for c in before.columns}
+        old = {c.id: c for c in before.columns}
         for column in after.columns:
-            if column.id not in old_ids:  # instant ADD COLUMN: existing rows take the default
+            if column.id not in old:  # instant ADD COLUMN: existing rows take the default
                 value = column_default(column, ddl.commit_ts)
                 for row in replay.rows.values():
                     row[column.id] = value
+            elif old[column.id].type != column.type or column.nullable < old[column.id].nullable:
+                _modify_column(replay, ddl, after, old[column.id].type, column.id)
     replay.schema = after
+
+
+def _modify_column(
+    replay: _Replay, ddl: DdlRecord, after: TableSchema, from_type: str, column_id: int
+) -> None:
+    """Convert the column's values to its new type, or refuse what cannot be modelled."""
+    column = after.column(column_id)
+    where = (
+        f"DDL {ddl.action} at commit_ts {ddl.commit_ts} on {after.qualified_name} "
+        f"(id {after.table_id}) column {column.name!r}"
+    )
+    try:
+        convert = widening(from_type, column.type)
+    except SchemaError as exc:
+        raise OracleError(f"{where}: {exc}; the oracle cannot replay this log past it") from exc
+    for row in replay.rows.values():
+        value = row.get(column_id)
+        if value is None and not column.nullable:
+            raise OracleError(
+                f"{where}: the column becomes NOT NULL but a row (key "
+                f"{tuple(row[i] for i in after.primary_key)}) holds NULL, which MySQL refuses "
+                "in strict mode; the producer logged a DDL MySQL would not have run"
+            )
+        row[column_id] = convert(value)
 
 
 def _apply_change(replay: _Replay, change: dict[str, Any]) -> None:

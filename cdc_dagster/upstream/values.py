@@ -117,3 +117,84 @@ def column_default(column: ColumnSchema, commit_ts: int | None = None) -> Any:
         when = dt.datetime.fromtimestamp(physical_ms(commit_ts) / 1000, _UTC)
         return when if column.type == "timestamp" else when.replace(tzinfo=None)
     return value_from_text(column.type, text)
+
+
+# MODIFY COLUMN type changes the oracle models: each keeps every value exactly, as MySQL
+# converts them (integers widen, DECIMAL gains digits, FLOAT -> DOUBLE, DATE -> DATETIME
+# at midnight). Digits an integer type needs as a decimal or a float mantissa:
+_INT_DIGITS = {
+    "bool": 1,
+    "int8": 3,
+    "uint8": 3,
+    "int16": 5,
+    "uint16": 5,
+    "int32": 10,
+    "uint32": 10,
+    "int64": 19,
+    "uint64": 20,
+}
+_INT_RANGE = {
+    "bool": (0, 1),
+    "int8": (-(2**7), 2**7 - 1),
+    "int16": (-(2**15), 2**15 - 1),
+    "int32": (-(2**31), 2**31 - 1),
+    "int64": (-(2**63), 2**63 - 1),
+    "uint8": (0, 2**8 - 1),
+    "uint16": (0, 2**16 - 1),
+    "uint32": (0, 2**32 - 1),
+    "uint64": (0, 2**64 - 1),
+}
+_FLOAT_EXACT_BITS = {"float32": 24, "float64": 53}
+
+
+def _decimal_ps(logical: str) -> tuple[int, int] | None:
+    m = _DECIMAL.fullmatch(logical)
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+def widening(from_type: str, to_type: str) -> Any:
+    """A converter for a MODIFY COLUMN from ``from_type`` to ``to_type`` that loses nothing.
+
+    Raises SchemaError for any other change (narrowing, text <-> number, time zones...):
+    those depend on the data and the server's SQL mode, which the change log does not hold.
+    """
+    if from_type == to_type:
+        return lambda v: v
+    conv = _widening(from_type, to_type)
+    if conv is None:
+        raise SchemaError(
+            f"MODIFY COLUMN {from_type} -> {to_type} is not a widening change that keeps "
+            "every value; only integer/decimal/float widenings and date -> datetime are modelled"
+        )
+    return lambda v: None if v is None else conv(v)
+
+
+def _widening(src: str, dst: str) -> Any:
+    if src in _INT_RANGE and dst in _INT_RANGE:
+        lo, hi = _INT_RANGE[src]
+        dlo, dhi = _INT_RANGE[dst]
+        if dst == "bool" or not (dlo <= lo and hi <= dhi):
+            return None
+        return (lambda v: Decimal(int(v))) if dst == "uint64" else (lambda v: int(v))
+    dst_dec = _decimal_ps(dst)
+    if src in _INT_RANGE and dst_dec is not None:
+        p, s = dst_dec
+        quantum = Decimal(1).scaleb(-s, WIDE)
+        fits = p - s >= _INT_DIGITS[src]
+        return (lambda v: Decimal(int(v)).quantize(quantum, context=WIDE)) if fits else None
+    src_dec = _decimal_ps(src)
+    if src_dec is not None and dst_dec is not None:
+        (p, s), (p2, s2) = src_dec, dst_dec
+        if s2 < s or p2 - s2 < p - s:
+            return None
+        quantum = Decimal(1).scaleb(-s2, WIDE)
+        return lambda v: Decimal(v).quantize(quantum, context=WIDE)
+    if src in _INT_RANGE and dst in _FLOAT_EXACT_BITS:
+        lo, hi = _INT_RANGE[src]
+        fits = max(abs(lo), hi) <= 2 ** _FLOAT_EXACT_BITS[dst]
+        return (lambda v: float(int(v))) if fits else None
+    if (src, dst) == ("float32", "float64"):
+        return float
+    if (src, dst) == ("date", "datetime"):
+        return lambda v: dt.datetime(v.year, v.month, v.day)
+    return None

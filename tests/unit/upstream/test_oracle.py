@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import re
 from decimal import Decimal
 from pathlib import Path
 
@@ -214,3 +215,74 @@ def test_an_unresolved_answer_is_not_cached(tmp_path: Path) -> None:
     write(w, ts(0), ITEMS, [(15, 1, {1: 2, 2: "b"}, None)])
     w.advance_resolved(3, 0, ts(20))
     assert oracle.table_at(3, ts(20))["id"].to_pylist() == [1, 2]
+
+
+def _modify_log(tmp_path: Path, changes: list[tuple[int, str, str, bool]]) -> Oracle:
+    """A table (id int64, v <type0>) with rows 1..3 @10, then MODIFY v per (ms, from, to,
+    nullable), each followed by one insert of the new type."""
+    w = ChangeLogWriter(tmp_path, fsync=False)
+    first = changes[0][1]
+    schema = TableSchema(3, "shop", "m", (COLS[0], ColumnSchema(2, "v", first)), (1,))
+    create = DdlRecord(
+        ts(0), DDLKind.CREATE_TABLE, "create_table", "c", creates=(3,), tables={3: schema}
+    )
+    w.write_ddl(create)
+    values = {"int8": [-128, None, 127], "date": [dt.date(2020, 2, 29), None, dt.date(1, 1, 1)]}
+    values["decimal(5,2)"] = [Decimal("-999.99"), None, Decimal("1.50")]
+    values["string"] = ["a", None, "b"]
+    vals = values[first]
+    write(w, ts(0), schema, [(10, 1, {1: i + 1, 2: v}, None) for i, v in enumerate(vals)])
+    for ms, _, to, nullable in changes:
+        schema = TableSchema(3, "shop", "m", (COLS[0], ColumnSchema(2, "v", to, nullable)), (1,))
+        w.write_ddl(alter(ts(ms), "modify_column", schema))
+    w.advance_resolved(3, 0, ts(1000))
+    return Oracle(tmp_path)
+
+
+def test_modify_column_widens_integers_to_decimal_exactly(tmp_path: Path) -> None:
+    oracle = _modify_log(
+        tmp_path, [(20, "int8", "int32", True), (30, "int32", "decimal(12,2)", True)]
+    )
+    assert oracle.table_at(3, ts(25))["v"].to_pylist() == [-128, None, 127]
+    assert oracle.table_at(3, ts(25)).schema.field("v").type == pa.int32()
+    at30 = oracle.table_at(3, ts(30))
+    assert at30["v"].to_pylist() == [Decimal("-128.00"), None, Decimal("127.00")]
+    assert at30.schema.field("v").type == pa.decimal128(12, 2)
+
+
+def test_modify_column_widens_decimal_and_date(tmp_path: Path) -> None:
+    dec = _modify_log(tmp_path / "d", [(20, "decimal(5,2)", "decimal(10,4)", True)])
+    assert dec.table_at(3, ts(20))["v"].to_pylist() == [
+        Decimal("-999.9900"),
+        None,
+        Decimal("1.5000"),
+    ]
+    date = _modify_log(tmp_path / "t", [(20, "date", "datetime", True)])
+    assert date.table_at(3, ts(20))["v"].to_pylist()[0] == dt.datetime(2020, 2, 29)
+
+
+@pytest.mark.parametrize(
+    ("src", "dst"),
+    [
+        ("int8", "uint8"),
+        ("decimal(5,2)", "decimal(5,1)"),
+        ("decimal(5,2)", "int64"),
+        ("string", "int32"),
+        ("date", "timestamp"),
+    ],
+)
+def test_modify_column_it_cannot_model_is_a_clear_oracle_error(
+    tmp_path: Path, src: str, dst: str
+) -> None:
+    oracle = _modify_log(tmp_path, [(20, src, dst, True)])
+    assert oracle.table_at(3, ts(19)).num_rows == 3
+    with pytest.raises(
+        OracleError, match=rf"modify_column at commit_ts {ts(20)}.*'v'.*{re.escape(src)}"
+    ):
+        oracle.table_at(3, ts(20))
+
+
+def test_modify_column_to_not_null_over_a_null_is_refused(tmp_path: Path) -> None:
+    oracle = _modify_log(tmp_path, [(20, "string", "string", False)])
+    with pytest.raises(OracleError, match="NOT NULL but a row"):
+        oracle.table_at(3, ts(20))

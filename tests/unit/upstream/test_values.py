@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import datetime as dt
 import random
+import re
 from decimal import Decimal
 
 import pyarrow as pa
 import pytest
 
 from cdc_dagster.upstream.schema import ColumnSchema, SchemaError, arrow_type
-from cdc_dagster.upstream.values import column_default, value_from_text, value_to_text
+from cdc_dagster.upstream.values import column_default, value_from_text, value_to_text, widening
 from cdc_dagster.upstream.workload_data import WIDE_TYPES, random_value
 from scheduler_core.ts import compose
 
@@ -44,3 +45,43 @@ def test_current_timestamp_default_is_the_ddl_commit_time() -> None:
     at = column_default(column, compose(1_600_000_000_123))
     assert at == dt.datetime.fromtimestamp(1_600_000_000.123, dt.UTC)
     assert column_default(ColumnSchema(9, "n", "int32", True, None)) is None
+
+
+@pytest.mark.parametrize(
+    ("src", "dst", "value", "want"),
+    [
+        ("int16", "int64", -5, -5),
+        ("uint32", "int64", 2**32 - 1, 2**32 - 1),
+        ("uint32", "uint64", 7, Decimal(7)),
+        ("bool", "int8", True, 1),
+        ("int64", "decimal(19,0)", -(2**63), Decimal(-(2**63))),
+        ("decimal(4,1)", "decimal(6,3)", Decimal("-123.4"), Decimal("-123.400")),
+        ("int32", "float64", 2**31 - 1, float(2**31 - 1)),
+        ("float32", "float64", 0.125, 0.125),
+        ("date", "datetime", dt.date(2000, 1, 2), dt.datetime(2000, 1, 2)),
+        ("string", "string", "x", "x"),
+    ],
+)
+def test_widening_keeps_every_value(src: str, dst: str, value: object, want: object) -> None:
+    got = widening(src, dst)(value)
+    assert got == want and type(got) is type(want)
+    assert widening(src, dst)(None) is None
+
+
+@pytest.mark.parametrize(
+    ("src", "dst"),
+    [
+        ("int64", "int32"),
+        ("int8", "uint64"),
+        ("int64", "float64"),
+        ("int32", "decimal(9,0)"),
+        ("decimal(6,3)", "decimal(6,2)"),
+        ("float64", "float32"),
+        ("datetime", "timestamp"),
+        ("int8", "bool"),
+        ("string", "json"),
+    ],
+)
+def test_narrowing_or_lossy_changes_are_refused(src: str, dst: str) -> None:
+    with pytest.raises(SchemaError, match=f"{re.escape(src)} -> {re.escape(dst)}"):
+        widening(src, dst)
