@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from cdc_dagster.upstream import bulk
+from cdc_dagster.upstream import bulk, resume
 from cdc_dagster.upstream import workload_data as wd
 from cdc_dagster.upstream.changelog import (
     OP_DELETE,
@@ -37,7 +37,7 @@ from cdc_dagster.upstream.changelog import (
 from cdc_dagster.upstream.schema import ColumnSchema, DdlRecord, IndexSchema, TableSchema
 from cdc_dagster.upstream.values import column_default
 from scheduler_core.ddl import DDLKind
-from scheduler_core.ts import compose, physical_ms, split
+from scheduler_core.ts import LOGICAL_MASK, compose, physical_ms, split
 
 Key = tuple[Any, ...]
 Row = dict[int, Any]  # column id -> value (Python form of the type map)
@@ -182,16 +182,55 @@ class _Txn:
 
 
 class Workload:
-    """The embedded upstream writing a fresh change log at ``root``."""
+    """The embedded upstream writing a change log at ``root``.
+
+    ``Workload(config, root)`` starts a fresh log; ``Workload.open(config, root)`` continues
+    the log a Workload wrote there before (or starts it when the directory is empty): see
+    ``cdc_dagster.upstream.resume`` for what a resumed producer keeps and discards. One
+    Workload per log at a time (the writer's lock); ``close()`` releases it.
+    """
 
     def __init__(self, config: WorkloadConfig, root: str | os.PathLike[str]) -> None:
+        self._init_state(config, root)
+        try:
+            if self.writer.log.ddl_records():
+                raise WorkloadError(
+                    f"change log {root} already has DDL records; a Workload writes a fresh log: "
+                    "give it an empty directory, or continue it with Workload.open(config, root)"
+                )
+            self._start_fresh()
+        except BaseException:
+            self.close()
+            raise
+
+    @classmethod
+    def open(cls, config: WorkloadConfig, root: str | os.PathLike[str]) -> Workload:
+        """Continue the log a Workload wrote at ``root`` (an empty one is started afresh).
+
+        WorkloadError when the log was written with another config that shapes it (seed,
+        table counts, shards, names, balances) or not by a Workload at all.
+        """
+        if not isinstance(config, WorkloadConfig):
+            raise WorkloadError(
+                f"Workload.open(config, root): config must be a WorkloadConfig, got "
+                f"{type(config).__name__} (arguments swapped?)"
+            )
+        w = cls.__new__(cls)
+        w._init_state(config, root)
+        try:
+            has_ddls = bool(w.writer.log.ddl_records())
+            if resume.check_config(w.writer.root, config, has_ddls):
+                resume.resume(w)
+            else:
+                w._start_fresh()
+        except BaseException:
+            w.close()
+            raise
+        return w
+
+    def _init_state(self, config: WorkloadConfig, root: str | os.PathLike[str]) -> None:
         self.config = config
         self.writer = ChangeLogWriter(root, fsync=config.fsync)
-        if self.writer.log.ddl_records():
-            raise WorkloadError(
-                f"change log {root} already has DDL records; a Workload writes a fresh log: "
-                "give it an empty directory"
-            )
         self.rng = random.Random(config.seed)
         self.tables: dict[int, _Table] = {}
         self.dropped: list[int] = []  # tables whose final resolved marks are still due
@@ -202,7 +241,22 @@ class Workload:
         self._scratch_count = 0
         self._renames = 0  # suffix of renamed tables and columns: names never collide
         self.rows_written = 0
+        self.resumed_from: int | None = None  # the last ts of the log when it was opened
+        self.discarded_above: int | None = None  # rows above this ts were cut at open
+
+    def _start_fresh(self) -> None:
+        resume.save_config(self.writer.root, self.config, self.config.fsync)
         self._bootstrap()
+
+    def close(self) -> None:
+        """Release the change log's writer lock (buffered changes are not written)."""
+        self.writer.close()
+
+    def __enter__(self) -> Workload:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     # ------------------------------------------------------------------ public
     @property
@@ -288,7 +342,10 @@ class Workload:
         phys, logical = split(self._last_ts)
         if self.config.wall_clock:
             now = time.time_ns() // 1_000_000
-            ts = compose(now) if now > phys else compose(phys, logical + 1)
+            if now > phys:
+                ts = compose(now)
+            else:  # the clock is behind the last TS issued (e.g. a resumed log): never go back
+                ts = compose(phys, logical + 1) if logical < LOGICAL_MASK else compose(phys + 1)
         elif self._last_ts == 0:
             ts = compose(self.config.start_physical_ms)
         else:
@@ -298,21 +355,43 @@ class Workload:
 
     # ------------------------------------------------------------------ set-up
     def _bootstrap(self) -> None:
+        """Create the base tables (those not created yet) and write their initial rows."""
         cfg = self.config
         n = cfg.shards_per_table
-        for i in range(cfg.bank_tables):
-            self._create(wd.bank_schema(i + 1, i, n), "bank", protected={1, 2})
-        self._create(wd.customers_schema(cfg.customers_id, n), "customers", {1, 2})
-        self._create(wd.orders_schema(cfg.orders_id, n), "orders", {1, 2, 3})
-        self._create(wd.wide_schema(cfg.wide_id, n, cfg.odd_identifiers), "wide", {1})
-        for t in list(self.tables.values()):
+        schemas = [wd.bank_schema(i + 1, i, n) for i in range(cfg.bank_tables)]
+        schemas += [
+            wd.customers_schema(cfg.customers_id, n),
+            wd.orders_schema(cfg.orders_id, n),
+            wd.wide_schema(cfg.wide_id, n, cfg.odd_identifiers),
+        ]
+        for schema in schemas:
+            if schema.table_id not in self.tables:
+                self._create(schema, *self._role(schema.table_id))
+        for t in [self.tables[s.table_id] for s in schemas]:
             txn = _Txn(self, self._next_ts())
             for _ in range(cfg.rows_per_table):
                 txn.insert(t, self._new_row(t))
         self.flush()
 
+    def _role(self, table_id: int) -> tuple[str, frozenset[int]]:
+        """The role of a table id and the column ids DDLs must not drop or rename."""
+        cfg = self.config
+        if table_id <= cfg.bank_tables:
+            return "bank", frozenset({1, 2})
+        roles = {
+            cfg.customers_id: ("customers", frozenset({1, 2})),
+            cfg.orders_id: ("orders", frozenset({1, 2, 3})),
+        }
+        return roles.get(
+            table_id, ("wide" if table_id == cfg.wide_id else "scratch", frozenset({1}))
+        )
+
     def _create(
-        self, schema: TableSchema, role: str, protected: set[int], ts: int | None = None
+        self,
+        schema: TableSchema,
+        role: str,
+        protected: set[int] | frozenset[int],
+        ts: int | None = None,
     ) -> None:
         ts = self._next_ts() if ts is None else ts
         record = DdlRecord(

@@ -1,0 +1,191 @@
+"""Resuming the embedded workload on the change log it wrote before (``Workload.open``).
+
+The log is the only state: a resumed producer rebuilds its model from it and goes on.
+
+* **The cut.** The *frontier* is the max over the DDL mark and every shard mark. The
+  workload writes a mark only in ``advance_resolved``, after flushing every change up to
+  the mark's ts, so every transaction at or below the frontier is whole in data files.
+  Rows above it are the tail of a run that stopped before resolving them: possibly parts
+  of transactions (a transfer's debit without its credit), never promised to a reader.
+  The resumed producer **discards them** (``ChangeLogWriter.discard_above``) instead of
+  rewriting them: it cannot regenerate the same rows, and different rows at the same
+  ``(_commit_ts, _seq)`` would break the readers' rule that equal keys are one change.
+  DDL records above the frontier are kept: each one is whole, a reader may have seen
+  it, and the model replays it like any other.
+* **The model** is the oracle's replay of every kept table at the last ts (schemas,
+  rows, keys in key order); next ids are one past the highest table id, column id
+  (dropped ones too) and primary key the log holds; rename / scratch counters count
+  their DDL records; resolved marks are read back.
+* **The clock** goes on above everything the log ever held, discarded rows included, so
+  TS strictly increase across runs (wall-clock mode: never behind the last TS issued).
+* **Randomness** restarts from ``(seed, last ts)``: a resumed run is deterministic for
+  the log it resumes, but not the run an uninterrupted producer would have written.
+* A log never resolved (frontier 0: the producer died during its set-up or before its
+  first ``advance_resolved``) keeps its DDL records; the set-up's missing tables are
+  created and its initial rows written again, so the bank total is the configured one.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import asdict, fields
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from cdc_dagster.upstream.changelog import ChangeLog, _write_json
+from cdc_dagster.upstream.oracle import Oracle
+from cdc_dagster.upstream.schema import DdlRecord
+from scheduler_core.ts import MAX_TS
+
+if TYPE_CHECKING:
+    from cdc_dagster.upstream.generator import Workload, WorkloadConfig
+
+CONFIG_PATH = Path("producer") / "workload.json"
+PRODUCER = "cdc-dagster-workload"
+# Config fields that shape the log already written (table ids, shards, names, the bank
+# total): a resumed producer must use the same values. The others (rate, DDL mix, clock,
+# lagging shards, fsync) may change from run to run.
+IDENTITY_FIELDS = (
+    "seed",
+    "bank_tables",
+    "rows_per_table",
+    "shards_per_table",
+    "odd_identifiers",
+    "initial_balance",
+)
+
+
+def config_to_json(config: WorkloadConfig) -> dict[str, Any]:
+    """The config as JSON values (Decimal as text, lagging shards as objects)."""
+    out = {f.name: getattr(config, f.name) for f in fields(config)}
+    out["initial_balance"] = str(config.initial_balance)
+    out["lagging"] = [asdict(g) for g in config.lagging]
+    return out
+
+
+def save_config(root: Path, config: WorkloadConfig, fsync: bool) -> None:
+    """Record the config a fresh log is written with (before its first DDL)."""
+    _write_json(
+        root / CONFIG_PATH, {"producer": PRODUCER, "config": config_to_json(config)}, fsync=fsync
+    )
+
+
+def check_config(root: Path, config: WorkloadConfig, has_ddls: bool) -> bool:
+    """True: resume the log at ``root``; False: it is empty, start afresh. Else WorkloadError."""
+    from cdc_dagster.upstream.generator import WorkloadError
+
+    path = root / CONFIG_PATH
+    try:
+        saved = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        if not has_ddls:
+            return False
+        raise WorkloadError(
+            f"change log {root} has DDL records but no {path}: it was not written by a "
+            "Workload (or by one older than resume support); a Workload continues only its "
+            "own logs: give it an empty directory"
+        ) from None
+    except ValueError as exc:
+        raise WorkloadError(f"{path} is not valid JSON ({exc}); restore or remove it") from exc
+    old = saved.get("config") if isinstance(saved, dict) else None
+    if saved.get("producer") != PRODUCER or not isinstance(old, dict):
+        raise WorkloadError(f"{path} holds {str(saved)[:200]}, not a {PRODUCER} config")
+    new = config_to_json(config)
+    diff = [
+        f"{k}: log {old.get(k)!r}, given {new[k]!r}"
+        for k in IDENTITY_FIELDS
+        if old.get(k) != new[k]
+    ]
+    if diff:
+        raise WorkloadError(
+            f"change log {root} was written with another workload config ({'; '.join(diff)}); "
+            f"these fields shape the tables already written, so it cannot be continued: pass "
+            f"the same values for {', '.join(IDENTITY_FIELDS)}, or use an empty directory"
+        )
+    return True
+
+
+def resume(w: Workload) -> None:
+    """Rebuild ``w``'s model from its change log and cut the unresolved tail (module doc)."""
+    writer, log = w.writer, w.writer.log
+    frontier = writer.resolved_frontier()
+    discarded_top = writer.discard_above(frontier)
+    records = log.ddl_records()
+    last = max([frontier, discarded_top, *(r.commit_ts for r in records[-1:])])
+    w._last_ts = last
+    w.rng = random.Random(f"{w.config.seed}/resumed-at/{last}")
+    _rebuild_tables(w, log, last)
+    ids = {t for r in records for t in r.tables}
+    w._next_table_id = max([w.config.wide_id, *ids]) + 1
+    w._scratch_count = sum(1 for r in records for t in r.creates if t > w.config.wide_id)
+    w._renames = sum(1 for r in records if r.action in ("rename_table", "rename_column"))
+    _rebuild_marks(w, log, records, ids)
+    w.resumed_from = last
+    w.discarded_above = frontier if discarded_top else None
+    if frontier == 0:  # never resolved: the set-up's rows were all discarded (module doc)
+        w._bootstrap()
+
+
+def _rebuild_tables(w: Workload, log: ChangeLog, last: int) -> None:
+    from cdc_dagster.upstream.generator import _Table
+
+    oracle = Oracle(log.root)
+    for table_id, schema in sorted(log.tables_at(last).items()):
+        role, protected = w._role(table_id)
+        version = log.schema_version_at(table_id, last)
+        assert version is not None
+        history = [s for r in log.ddl_records() if (s := r.tables.get(table_id)) is not None]
+        t = _Table(
+            schema,
+            version,
+            role,
+            next_column=max(c.id for s in history for c in s.columns) + 1,
+            protected=protected,
+        )
+        for key, row in oracle.rows_at(table_id, last).items():
+            t.put(key, row)
+        t.next_key = (
+            max(
+                [_max_key(log, table_id, schema.primary_key[0]), *(k[0] for k in t.keys)], default=0
+            )
+            + 1
+        )
+        w.tables[table_id] = t
+
+
+def _max_key(log: ChangeLog, table_id: int, key_column: int) -> int:
+    """The highest primary key any row of the table ever had (after or before image)."""
+    top = 0
+    for f in log.data_files(table_id, 0, MAX_TS):
+        cols = pq.read_table(f.path, columns=[f"c{key_column}", f"b{key_column}"])
+        for name in cols.column_names:
+            value = pc.max(cols[name]).as_py()
+            if value is not None:
+                top = max(top, int(value))
+    return top
+
+
+def _rebuild_marks(w: Workload, log: ChangeLog, records: list[DdlRecord], ids: set[int]) -> None:
+    drop_ts = {t: r.commit_ts for r in records for t in r.drops}
+    for table_id in sorted(ids):
+        shards = log.shards(table_id)
+        marks = [log.shard_resolved_ts(table_id, s) for s in range(shards)]
+        for shard, mark in enumerate(marks):
+            if mark:
+                w._marks[(table_id, shard)] = mark
+        if table_id not in w.tables and min(marks) < drop_ts.get(table_id, 0):
+            w.dropped.append(table_id)  # its final marks are still due
+
+
+__all__ = [
+    "CONFIG_PATH",
+    "IDENTITY_FIELDS",
+    "check_config",
+    "config_to_json",
+    "resume",
+    "save_config",
+]
