@@ -11,6 +11,7 @@ from __future__ import annotations
 import bisect
 import datetime as dt
 import fcntl
+import gc
 import io
 import itertools
 import json
@@ -671,22 +672,34 @@ def _acquire_lock(root: Path) -> io.BufferedRandom:
     """Hold ``root``'s writer lock or raise ChangeLogLockedError naming the holder."""
     path = root / LOCK_NAME
     f = open(path, "a+b")  # noqa: SIM115 - held open for the writer's life
-    try:
-        fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        f.seek(0)
-        holder = f.read().decode(errors="replace").strip() or "unknown"
+    holder = _try_flock(f)
+    if holder.startswith(f"pid={os.getpid()} "):
+        # A writer of this process that is unreachable but not yet collected (a reference
+        # cycle) may hold it: collect once before calling the log taken.
+        gc.collect()
+        holder = _try_flock(f)
+    if holder:
         f.close()
         raise ChangeLogLockedError(
             f"change log {root} already has a writer ({holder}); one writer per log: stop "
             f"it or close() it first (the lock {path} is released when its process exits)"
-        ) from None
+        )
     f.seek(0)
     f.truncate()
     since = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
     f.write(f"pid={os.getpid()} host={socket.gethostname()} since={since}".encode())
     f.flush()
     return f
+
+
+def _try_flock(f: io.BufferedRandom) -> str:
+    """Take the exclusive lock on ``f``: "" when taken, else the holder's line."""
+    try:
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return ""
+    except BlockingIOError:
+        f.seek(0)
+        return f.read().decode(errors="replace").strip() or "holder unknown"
 
 
 def _remove_temp_files(root: Path) -> int:

@@ -388,3 +388,10 @@ def test_discard_above_drops_unresolved_rows_and_trims_a_straddling_file(
     kept = [r.read_data_file(f) for f in r.data_files(7, 0, ts(100))]
     assert sorted(x for t in kept for x in t["_commit_ts"].to_pylist()) == [ts(1), ts(3)]
     assert w.discard_above(ts(3)) == 0
+
+
+def test_an_unreachable_writer_in_a_reference_cycle_does_not_keep_the_log(tmp_path: Path) -> None:
+    w = ChangeLogWriter(tmp_path)
+    w.cycle = w  # type: ignore[attr-defined]  # only the cycle collector frees it
+    del w
+    ChangeLogWriter(tmp_path).close()
