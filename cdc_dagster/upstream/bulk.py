@@ -90,8 +90,9 @@ def _write_table(w: Workload, t: _Table, ev: _Events, mine: np.ndarray, offset: 
                 _rows(t, snapshot, local[pick], balance[pick], ts[pick], seq[pick]),
             )
     # The model: each touched account ends at its last balance.
-    last = {int(a): int(b) for a, b in zip(local, balance, strict=True)}
-    for idx, cents in last.items():
+    accounts, first_from_end = np.unique(local[::-1], return_index=True)
+    last = balance[::-1][first_from_end]  # events are in commit order: the last one counts
+    for idx, cents in zip(accounts.tolist(), last.tolist(), strict=True):
         key = t.keys[idx]
         t.rows[key] = {**t.rows[key], 2: Decimal(cents).scaleb(-2)}
     return int(mine.sum())
