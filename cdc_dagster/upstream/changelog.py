@@ -410,9 +410,21 @@ class ChangeLog:
         return table
 
     # ------------------------------------------------------------------ GC
+    def gc_safepoint(self) -> int:
+        """The highest safepoint ``gc`` was called with (0: never): history below it may be gone."""
+        obj = _read_json(self.root / "gc.json", missing_ok=True)
+        ts = obj.get("safepoint_ts") if isinstance(obj, dict) else 0 if obj is None else None
+        if type(ts) is not int or ts < 0:
+            raise CorruptChangeLogError(
+                f"{self.root / 'gc.json'} holds {obj!r}, expected {{'safepoint_ts': <int TS>}}"
+            )
+        return ts
+
     def gc(self, safepoint_ts: int) -> int:
         """Delete data files with last_ts <= ``safepoint_ts`` (nothing else); how many went."""
         _check_ts_arg("safepoint_ts", safepoint_ts)
+        if safepoint_ts > self.gc_safepoint():  # recorded first: a crash mid-GC still says so
+            _write_json(self.root / "gc.json", {"safepoint_ts": safepoint_ts})
         hi = physical_ms(safepoint_ts) // _MINUTE_MS
         deleted = 0
         for t in _scandir(self.root / "tables"):

@@ -88,6 +88,13 @@ class Oracle:
 
     # ------------------------------------------------------------------ replay
     def _replay(self, table_id: int, ts: int, keep: bool) -> _Replay:
+        safepoint = self.log.gc_safepoint()
+        if safepoint:
+            raise OracleError(
+                f"change log {self.log.root} was garbage-collected up to {safepoint}: data "
+                "files below it are gone, so a replay from the start would miss rows; the "
+                "oracle needs a log that was never GC'd"
+            )
         replay = self._replays.get(table_id)
         if not keep and replay is not None:
             replay = _Replay(

@@ -111,7 +111,15 @@ def check_config(root: Path, config: WorkloadConfig, has_ddls: bool) -> bool:
 
 def resume(w: Workload) -> None:
     """Rebuild ``w``'s model from its change log and cut the unresolved tail (module doc)."""
+    from cdc_dagster.upstream.generator import WorkloadError
+
     writer, log = w.writer, w.writer.log
+    if log.gc_safepoint():
+        raise WorkloadError(
+            f"change log {log.root} was garbage-collected up to {log.gc_safepoint()}: the "
+            "workload rebuilds its model by replaying the whole log, so it cannot continue "
+            "a GC'd log; start a fresh one in an empty directory"
+        )
     frontier = writer.resolved_frontier()
     discarded_top = writer.discard_above(frontier)
     records = log.ddl_records()

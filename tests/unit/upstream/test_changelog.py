@@ -282,6 +282,7 @@ def test_gc_deletes_only_files_ending_at_or_below_safepoint(
     assert r.data_files(7, 0, ts(300_000)) == straddle + late
     assert not Path(old[0].path).exists()
     assert r.shard_resolved_ts(7, 0) == ts(30) and len(r.ddl_records()) == 1
+    assert r.gc_safepoint() == ts(20) and r.gc(ts(5)) == 0 and r.gc_safepoint() == ts(20)
 
 
 def test_corrupt_data_file_names_the_file(log: tuple[ChangeLogWriter, ChangeLog]) -> None:

@@ -12,7 +12,7 @@ import pytest
 
 from cdc_dagster.upstream.changelog import ChangeLog, ChangeLogLockedError, ChangeLogWriter
 from cdc_dagster.upstream.generator import Workload, WorkloadConfig, WorkloadError
-from cdc_dagster.upstream.oracle import Oracle, fingerprint
+from cdc_dagster.upstream.oracle import Oracle, OracleError, fingerprint
 from cdc_dagster.upstream.resume import CONFIG_PATH
 from scheduler_core.ts import MAX_TS, compose, physical_ms
 
@@ -194,3 +194,13 @@ def test_wall_clock_resume_never_goes_behind_the_last_ts(tmp_path: Path) -> None
     assert again.last_commit_ts > last
     assert physical_ms(again.last_commit_ts) == physical_ms(last)  # logical steps only
     assert_log_invariants(tmp_path, again)
+
+
+def test_a_garbage_collected_log_is_refused_by_resume_and_the_oracle(tmp_path: Path) -> None:
+    w = run(Workload(CFG, tmp_path), 2)
+    w.close()
+    assert ChangeLog(tmp_path).gc(w.last_commit_ts) > 0
+    with pytest.raises(WorkloadError, match=r"garbage-collected up to .*cannot continue"):
+        Workload.open(CFG, tmp_path)
+    with pytest.raises(OracleError, match="garbage-collected"):
+        Oracle(tmp_path).table_at(1, w.last_commit_ts)
