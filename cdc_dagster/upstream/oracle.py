@@ -39,6 +39,7 @@ class _Replay:
     upto_ts: int = 0
     schema: TableSchema | None = None
     rows: dict[Key, Row] = field(default_factory=dict)
+    top_key: int = 0  # the highest integer first key column any change had (after or before)
 
 
 class Oracle:
@@ -66,8 +67,9 @@ class Oracle:
         rows = [replay.rows[k] for k in sorted(replay.rows, key=_sort_key)]
         return _to_arrow(schema, rows)
 
-    def rows_at(self, table_id: int, ts: int) -> dict[Key, Row]:
-        """The table's rows at ``ts`` as key -> {column id: value}, resolved or not (a copy).
+    def rows_at(self, table_id: int, ts: int) -> tuple[dict[Key, Row], int]:
+        """The table's rows at ``ts`` as key -> {column id: value}, resolved or not (a copy),
+        and the highest integer value its first key column ever had up to ``ts`` (0: none).
 
         The generator's own model form: a resumed ``Workload`` rebuilds itself from it.
         """
@@ -76,7 +78,8 @@ class Oracle:
                 f"table {table_id} does not exist at ts {ts} (not created or dropped)"
             )
         replay = self._replay(table_id, ts, keep=False)
-        return {k: dict(r) for k, r in sorted(replay.rows.items(), key=lambda i: _sort_key(i[0]))}
+        rows = {k: dict(r) for k, r in sorted(replay.rows.items(), key=lambda i: _sort_key(i[0]))}
+        return rows, replay.top_key
 
     def bank_total_at(self, ts: int, table_ids: Iterable[int], column: str = "balance") -> Decimal:
         """Sum of ``column`` over the given tables at ``ts``."""
@@ -98,7 +101,10 @@ class Oracle:
         replay = self._replays.get(table_id)
         if not keep and replay is not None:
             replay = _Replay(
-                replay.upto_ts, replay.schema, {k: dict(r) for k, r in replay.rows.items()}
+                replay.upto_ts,
+                replay.schema,
+                {k: dict(r) for k, r in replay.rows.items()},
+                replay.top_key,
             )
         if replay is None or replay.upto_ts > ts:
             replay = _Replay()  # asked for an earlier ts: start again from the beginning
@@ -179,6 +185,9 @@ def _apply_change(replay: _Replay, change: dict[str, Any]) -> None:
             "the change log lacks the table's create_table record"
         )
     before = tuple(change.get(f"b{i}") for i in schema.primary_key)
+    for v in (before[0], change.get(f"c{schema.primary_key[0]}")):
+        if type(v) is int and v > replay.top_key:
+            replay.top_key = v
     if change["_op"] == OP_DELETE:
         replay.rows.pop(before, None)
         return

@@ -33,13 +33,9 @@ from dataclasses import asdict, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import pyarrow.compute as pc
-import pyarrow.parquet as pq
-
 from cdc_dagster.upstream.changelog import ChangeLog, _write_json
 from cdc_dagster.upstream.oracle import Oracle
 from cdc_dagster.upstream.schema import DdlRecord
-from scheduler_core.ts import MAX_TS
 
 if TYPE_CHECKING:
     from cdc_dagster.upstream.generator import Workload, WorkloadConfig
@@ -154,27 +150,12 @@ def _rebuild_tables(w: Workload, log: ChangeLog, last: int) -> None:
             next_column=max(c.id for s in history for c in s.columns) + 1,
             protected=protected,
         )
-        for key, row in oracle.rows_at(table_id, last).items():
+        rows, top_key = oracle.rows_at(table_id, last)
+        for key, row in rows.items():
             t.put(key, row)
-        t.next_key = (
-            max(
-                [_max_key(log, table_id, schema.primary_key[0]), *(k[0] for k in t.keys)], default=0
-            )
-            + 1
-        )
+        # Keys are never reused, not even those of deleted or truncated rows.
+        t.next_key = top_key + 1
         w.tables[table_id] = t
-
-
-def _max_key(log: ChangeLog, table_id: int, key_column: int) -> int:
-    """The highest primary key any row of the table ever had (after or before image)."""
-    top = 0
-    for f in log.data_files(table_id, 0, MAX_TS):
-        cols = pq.read_table(f.path, columns=[f"c{key_column}", f"b{key_column}"])
-        for name in cols.column_names:
-            value = pc.max(cols[name]).as_py()
-            if value is not None:
-                top = max(top, int(value))
-    return top
 
 
 def _rebuild_marks(w: Workload, log: ChangeLog, records: list[DdlRecord], ids: set[int]) -> None:
