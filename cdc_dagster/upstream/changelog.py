@@ -394,7 +394,9 @@ class ChangeLog:
     def read_data_file(self, file: DataFile) -> pa.Table:
         """The rows of ``file``, validated against its name and the format's meta columns."""
         try:
-            table = pq.read_table(file.path)
+            # ParquetFile, not read_table: no dataset discovery, ~4x faster on small files.
+            with pq.ParquetFile(file.path) as f:
+                table = f.read(use_threads=False)
         except FileNotFoundError:
             raise MissingChangeLogFileError(
                 f"data file {file.path} of table {file.table_id} is missing (deleted or GC'd "
