@@ -16,7 +16,7 @@ from cdc_dagster.upstream.oracle import Oracle, fingerprint
 from cdc_dagster.upstream.schema import ACTIONS
 from cdc_dagster.upstream.workload_data import WIDE_TYPES
 from scheduler_core.ddl import DDLKind
-from scheduler_core.ts import MAX_TS, compose, physical_ms
+from scheduler_core.ts import LOGICAL_MASK, MAX_TS, compose, physical_ms
 
 SMALL = WorkloadConfig(seed=7, bank_tables=2, rows_per_table=20, txns_per_step=150, fsync=False)
 
@@ -193,3 +193,15 @@ def test_vectorised_transfers_keep_the_total_and_match_the_oracle(tmp_path: Path
         arrays = [pa.array([r.get(c.id) for r in rows], c.arrow) for c in s.columns]
         model = pa.Table.from_arrays(arrays, schema=s.arrow_schema())
         assert fingerprint(oracle.table_at(tid, w.last_commit_ts)) == fingerprint(model)
+
+
+def test_wall_clock_behind_the_last_ts_steps_the_logical_part_then_the_ms(
+    tmp_path: Path,
+) -> None:
+    w = Workload(WorkloadConfig(**{**_fields(SMALL), "wall_clock": True}), tmp_path)
+    ahead = physical_ms(w.last_commit_ts) + 3_600_000  # an hour ahead of the clock
+    w._last_ts = compose(ahead, LOGICAL_MASK - 1)
+    assert [w._next_ts() for _ in range(2)] == [
+        compose(ahead, LOGICAL_MASK),
+        compose(ahead + 1),
+    ]
