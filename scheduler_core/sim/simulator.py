@@ -449,15 +449,16 @@ def _random_fault(sim: Simulator, rng: random.Random, prof: Profile) -> None:
         sim.crash_owner(zombie=rng.random() < 0.5)
     elif r < 0.09:
         sim.add_table()
-    elif r < 0.10 and len(sim.tables) > 1:
-        sim.drop_table(rng.choice(sorted(sim.tables)))
+    elif r < 0.10 and len(sim.ddl_tables()) > 1:
+        # Never the last table not already on its way out (DROP DDLs pending count too).
+        sim.drop_table(rng.choice(sim.ddl_tables()))
     elif r < 0.105 and sim.ddl_tables():
         sim.alter_table(rng.choice(sim.ddl_tables()))
     elif r < 0.108:
         sim.create_table_ddl()
     elif r < 0.11 and sim.owner is not None:
         sim.owner.request_rebalance()
-    elif r < 0.12 and sim.owner is not None:
+    elif r < 0.12 and sim.owner is not None and sim.tables:
         tid = rng.choice(sorted(sim.tables))
         sim.owner.move_table(tid, rng.choice(cids))
 

@@ -211,7 +211,7 @@ def test_move_in_flight_then_owner_crash_then_destination_crash_does_not_stall()
     assert sim.persisted.checkpoint_ts > before
 
 
-PROFILE_SEEDS = 4
+PROFILE_SEEDS = 2
 
 
 @pytest.mark.parametrize("profile", sorted(PROFILES))
@@ -262,7 +262,7 @@ def test_downstream_content_and_exact_handoff_validators_report_what_the_downstr
 
 def test_coverage_of_a_slow_profile_reaches_undetermined_and_every_state() -> None:
     coverage = Coverage()
-    for seed in range(12):
+    for seed in range(4):
         sim = run_schedule(seed, profile="slow_stop_owner_churn")
         coverage.merge(next(v for v in sim.validators if isinstance(v, Coverage)))
     assert coverage.missing() == []
