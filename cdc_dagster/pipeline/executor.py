@@ -160,7 +160,8 @@ class SparkTableExecutor:
                 "has no schema for it (not created yet or dropped); the owner must not commit it"
             )
         committed = self.sink.committed(self.changefeed_id, schema)
-        if committed.committed_ts < start:
+        # committed_ts 0: no batch was ever written, so no earlier primary's writes to miss.
+        if 0 < committed.committed_ts < start:
             raise ExecutorContractError(
                 f"table {schema.qualified_name} (id {table_id}) on {self.capture_id}: downstream "
                 f"committed {committed.committed_ts} < commit checkpoint {start}: the previous "

@@ -6,7 +6,12 @@ import importlib
 
 from cdc_dagster.sinks.base import Sink
 
-_MODULES = ("cdc_dagster.sinks.base", "cdc_dagster.sinks", "cdc_dagster.sinks.delta")
+_MODULES = (
+    "cdc_dagster.sinks.base",
+    "cdc_dagster.sinks",
+    "cdc_dagster.sinks.uri",
+    "cdc_dagster.sinks.delta",
+)
 
 
 def sink_for_uri(uri: str) -> Sink:

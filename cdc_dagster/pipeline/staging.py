@@ -9,6 +9,7 @@ files it names are durable, and a staged file it does not name is an orphan of a
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -146,10 +147,8 @@ class Staging:
 
     def delete(self, table_id: int, files: list[StagedFile]) -> None:
         for f in files:
-            try:
+            with contextlib.suppress(FileNotFoundError):
                 os.remove(self.path(table_id, f))
-            except FileNotFoundError:
-                pass
 
 
 def _fsync_dir(path: str) -> None:

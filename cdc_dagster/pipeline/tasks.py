@@ -218,7 +218,7 @@ def collapse(schema: TableSchema, staged: pa.Table, start_ts: int, end_ts: int) 
         .aggregate([("_cdc_i", "max")])
         .column("_cdc_i_max")
     )
-    batch = staged.take(pc.sort_indices(last)).drop_columns([SEQ_COLUMN])
+    batch = staged.take(last.take(pc.sort_indices(last))).drop_columns([SEQ_COLUMN])
     names = [c.name for c in schema.columns]
     return batch.select([*names, OP_COLUMN, COMMIT_TS_COLUMN]).cast(
         pa.schema(

@@ -12,6 +12,7 @@ import os
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -123,3 +124,12 @@ class Reader:
                 if f.last_ts > after_ts and f.first_ts <= upto_ts:
                     out.append(f)
         return sorted(out, key=lambda f: (f.first_ts, f.shard, f.path))
+
+
+def changelog_reader(root: str | os.PathLike[str]) -> Any:
+    """The upstream's ChangeLog when it exists, else this module's plain reader of format v1."""
+    try:
+        from cdc_dagster.upstream.changelog import ChangeLog
+    except ImportError:
+        return Reader(root)
+    return ChangeLog(str(root))
