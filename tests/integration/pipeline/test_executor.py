@@ -43,7 +43,7 @@ def start(ex: SparkTableExecutor, tables: list[int], at: int) -> None:
 def assert_replicated(tmp_path: Path, w: Workload, upto: int) -> None:
     for t, schema in w.schemas.items():
         want = w.expected(t, upto)
-        assert len(want) > 5  # the comparison means something
+        assert want  # the comparison means something
         assert delta_content(tmp_path / "delta", schema) == want, t
 
 
