@@ -39,15 +39,14 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from cdc_dagster.upstream.schema import ColumnSchema, DdlRecord, TableSchema  # noqa: E402
-from scheduler_core.ddl import DDLKind  # noqa: E402
-from scheduler_core.messages import Barrier  # noqa: E402
-from scheduler_core.model import Checkpoint  # noqa: E402
-from scheduler_core.ts import compose  # noqa: E402
+from cdc_dagster.upstream.schema import ColumnSchema, DdlRecord, TableSchema
+from scheduler_core.ddl import DDLKind
+from scheduler_core.messages import Barrier
+from scheduler_core.model import Checkpoint
+from scheduler_core.ts import compose
 
 DEFAULT_ROWS = {"narrow": 600_000, "wide": 150_000}
 FILES_PER_TABLE = 4
