@@ -265,8 +265,8 @@ class SparkTableExecutor:
                     "the schema history says the table does not exist"
                 )
             if files:
-                paths = [f.path for f in files]
-                weight += sum(_size(p) for p in paths)
+                paths = [(f.path, f.first_ts, f.last_ts) for f in files]
+                weight += sum(_size(p[0]) for p in paths)
                 segments.append({"lo": lo, "hi": hi, "schema": schema.to_json(), "files": paths})
             lo = hi
         return {

@@ -69,12 +69,13 @@ def _read_segment(table_id: int, seg: dict[str, Any]) -> pa.Table | None:
     schema = TableSchema.from_json(seg["schema"])
     where = f"table {schema.qualified_name} (id {table_id})"
     parts = []
-    for path in seg["files"]:
+    for path, first_ts, last_ts in seg["files"]:
         try:
-            data = pq.read_table(
-                path, filters=[("_commit_ts", ">", seg["lo"]), ("_commit_ts", "<=", seg["hi"])]
-            )
-        except (OSError, pa.ArrowException) as exc:
+            data = pq.read_table(path)
+            if first_ts <= seg["lo"] or last_ts > seg["hi"]:  # a file across the slice's edge
+                ts = data.column("_commit_ts")
+                data = data.filter(pc.and_(pc.greater(ts, seg["lo"]), pc.less_equal(ts, seg["hi"])))
+        except (OSError, pa.ArrowException, KeyError) as exc:
             raise BadInputError(
                 f"{where}: change-log file {path} cannot be read ({type(exc).__name__}: "
                 f"{str(exc)[:200]}); restore or rewrite the file from the upstream, then the "
@@ -194,7 +195,7 @@ def _write_atomic(table: pa.Table, path: str) -> None:
     directory = os.path.dirname(path)
     os.makedirs(directory, exist_ok=True)
     tmp = os.path.join(directory, f".{os.path.basename(path)}.tmp-{uuid.uuid4().hex[:8]}")
-    pq.write_table(table, tmp, compression="zstd")
+    pq.write_table(table, tmp, compression="lz4")  # local and short-lived: speed over size
     fd = os.open(tmp, os.O_RDONLY)
     try:
         os.fsync(fd)
