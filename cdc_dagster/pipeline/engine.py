@@ -17,6 +17,7 @@ if TYPE_CHECKING:
 # Small by default: a capture tick is many small tables, not one big shuffle.
 DEFAULT_CONF: Mapping[str, str] = {
     "spark.ui.enabled": "false",
+    "spark.ui.showConsoleProgress": "false",
     "spark.sql.shuffle.partitions": "4",
     "spark.sql.execution.arrow.pyspark.enabled": "true",
     "spark.sql.session.timeZone": "UTC",
