@@ -214,11 +214,11 @@ class SparkTableExecutor:
         for table_id, rec in sorted(self._tables.items()):
             if not (rec.state in _PULLING or (rec.state == T.STOPPING and rec.token)):
                 continue
-            resolved = self.changelog.table_resolved_ts(table_id)
-            if resolved <= rec.staged_upto:
-                self._caught_up(rec)
-                continue
             try:
+                resolved = self.changelog.table_resolved_ts(table_id)
+                if resolved <= rec.staged_upto:
+                    self._caught_up(rec)
+                    continue
                 spec = self._pull_spec(table_id, rec, resolved)
             except (SchemaError, OSError, ValueError) as exc:
                 self._fail(table_id, rec, self._history_error(table_id, exc))

@@ -258,8 +258,8 @@ def sink_table(spec: dict[str, Any]) -> dict[str, Any]:
             "capture's staging was damaged: remove the table from this capture so another "
             "prepares it again",
         )
-    sink = sink_for_uri(spec["sink_uri"])
     try:
+        sink = sink_for_uri(spec["sink_uri"])
         committed = sink.write(
             spec["changefeed"], schema, batch, spec["start"], spec["end"], spec["token"]
         )
@@ -267,6 +267,14 @@ def sink_table(spec: dict[str, Any]) -> dict[str, Any]:
         return _result(table_id, "fenced", str(exc))
     except SinkError as exc:
         return _result(table_id, "error", f"{where}: {type(exc).__name__}: {exc}")
+    except Exception as exc:  # e.g. a bare DeltaError: this table's error, not the whole job's
+        return _result(
+            table_id,
+            "error",
+            f"{where}: the sink {spec['sink_uri']!r} failed writing ({spec['start']}, "
+            f"{spec['end']}] with an unexpected {type(exc).__name__}: {str(exc)[:300]}; "
+            "the batch is retried every tick, fix the downstream",
+        )
     return _result(table_id, "ok", "", json.dumps(committed), batch.num_rows)
 
 
