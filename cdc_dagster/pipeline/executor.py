@@ -44,6 +44,7 @@ from cdc_dagster.pipeline import job
 from cdc_dagster.pipeline.sinkref import sink_for_uri
 from cdc_dagster.pipeline.staging import StagedFile, Staging, TableRecord
 from cdc_dagster.sinks.base import Sink
+from cdc_dagster.upstream.changelog import ChangeLog, ChangeLogError
 from cdc_dagster.upstream.schema import SchemaError, TableSchema
 from scheduler_core.errors import ExecutorContractError
 from scheduler_core.messages import Barrier, TableStatusBatch
@@ -62,7 +63,7 @@ class SparkTableExecutor:
         self,
         capture_id: str,
         changefeed_id: str,
-        changelog: Any,
+        changelog: ChangeLog,
         sink_uri: str,
         staging_dir: str | os.PathLike[str],
         spark: Any,
@@ -82,7 +83,7 @@ class SparkTableExecutor:
         cls,
         capture_id: str,
         changefeed_id: str,
-        changelog: Any,
+        changelog: ChangeLog,
         sink_uri: str,
         staging_dir: str | os.PathLike[str],
         spark: Any,
@@ -220,7 +221,7 @@ class SparkTableExecutor:
                     self._caught_up(rec)
                     continue
                 spec = self._pull_spec(table_id, rec, resolved)
-            except (SchemaError, OSError, ValueError) as exc:
+            except (ChangeLogError, SchemaError, OSError, ValueError) as exc:
                 self._fail(table_id, rec, self._history_error(table_id, exc))
                 continue
             specs.append(spec)
@@ -265,12 +266,13 @@ class SparkTableExecutor:
                     "the schema history says the table does not exist"
                 )
             if files:
-                paths = [(f.path, f.first_ts, f.last_ts) for f in files]
+                paths = [(f.path, f.shard, f.first_ts, f.last_ts) for f in files]
                 weight += sum(_size(p[0]) for p in paths)
                 segments.append({"lo": lo, "hi": hi, "schema": schema.to_json(), "files": paths})
             lo = hi
         return {
             "table_id": table_id,
+            "changelog_root": str(self.changelog.root),
             "upto": upto,
             "out_dir": self.staging.table_dir(table_id),
             "segments": segments,
@@ -287,7 +289,7 @@ class SparkTableExecutor:
                 continue
             try:
                 spec = self._sink_spec(table_id, rec)
-            except (SchemaError, OSError, ValueError) as exc:
+            except (ChangeLogError, SchemaError, OSError, ValueError) as exc:
                 self._fail(table_id, rec, self._history_error(table_id, exc))
                 continue
             if spec is not None:
@@ -361,7 +363,7 @@ class SparkTableExecutor:
         rec.error = message
 
     def _history_error(self, table_id: int, exc: Exception) -> str:
-        root = getattr(self.changelog, "root", "the change log")
+        root = self.changelog.root
         return (
             f"table {table_id}: the change log at {root} cannot be read for it "
             f"({type(exc).__name__}: {str(exc)[:300]}); fix the named file or DDL record "

@@ -19,6 +19,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from cdc_dagster.upstream.changelog import ChangeLog, ChangeLogError, DataFile
 from cdc_dagster.upstream.schema import TableSchema
 
 OP_COLUMN = "_cdc_op"
@@ -51,7 +52,7 @@ def pull_table(spec: dict[str, Any]) -> dict[str, Any]:
     staged, rows = [], 0
     try:
         for seg in spec["segments"]:
-            mounted = _read_segment(table_id, seg)
+            mounted = _read_segment(spec["changelog_root"], table_id, seg)
             if mounted is None or mounted.num_rows == 0:
                 continue
             name = f"{seg['lo']:020d}-{seg['hi']:020d}.parquet"
@@ -63,24 +64,25 @@ def pull_table(spec: dict[str, Any]) -> dict[str, Any]:
     return _result(table_id, "ok", "", json.dumps(staged), rows)
 
 
-def _read_segment(table_id: int, seg: dict[str, Any]) -> pa.Table | None:
+def _read_segment(root: str, table_id: int, seg: dict[str, Any]) -> pa.Table | None:
     if not seg["files"]:
         return None
     schema = TableSchema.from_json(seg["schema"])
     where = f"table {schema.qualified_name} (id {table_id})"
     parts = []
-    for path, first_ts, last_ts in seg["files"]:
+    log = ChangeLog(root)
+    for path, shard, first_ts, last_ts in seg["files"]:
         try:
-            data = pq.read_table(path)
-            if first_ts <= seg["lo"] or last_ts > seg["hi"]:  # a file across the slice's edge
-                ts = data.column("_commit_ts")
-                data = data.filter(pc.and_(pc.greater(ts, seg["lo"]), pc.less_equal(ts, seg["hi"])))
-        except (OSError, pa.ArrowException, KeyError) as exc:
+            # The change log's own reader: a missing or corrupt file is its typed error.
+            data = log.read_data_file(DataFile(path, table_id, shard, first_ts, last_ts))
+        except ChangeLogError as exc:
             raise BadInputError(
                 f"{where}: change-log file {path} cannot be read ({type(exc).__name__}: "
-                f"{str(exc)[:200]}); restore or rewrite the file from the upstream, then the "
-                "table resumes from its checkpoint"
+                f"{str(exc)[:300]}); then the table resumes from its checkpoint"
             ) from exc
+        if first_ts <= seg["lo"] or last_ts > seg["hi"]:  # a file across the slice's edge
+            ts = data.column("_commit_ts")
+            data = data.filter(pc.and_(pc.greater(ts, seg["lo"]), pc.less_equal(ts, seg["hi"])))
         parts.append(_fit(schema, data, path, where))
     data = pa.concat_tables(parts)
     data = data.sort_by([("_commit_ts", "ascending"), ("_seq", "ascending")])

@@ -1,8 +1,8 @@
-"""A plain writer and reader of change-log format v1 (docs/dataplane.md section 1) for tests.
+"""A plain writer of change-log format v1 (docs/dataplane.md section 1) for tests.
 
-Written from the format's documentation with pyarrow only, so the pipeline's tests do not
-depend on the producer's code path; ``ChangeLog`` from ``cdc_dagster.upstream.changelog`` is
-used instead when it is present (see ``conftest.changelog_reader``).
+Written from the format's documentation with pyarrow only: the pipeline's tests do not go
+through the producer's writer (which refuses the damaged files the bad-input tests need),
+and the upstream's ``ChangeLog`` reading what it wrote cross-checks the format.
 """
 
 from __future__ import annotations
@@ -10,24 +10,13 @@ from __future__ import annotations
 import json
 import os
 import uuid
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from cdc_dagster.upstream.schema import DdlRecord, TableSchema
-from scheduler_core.ts import MAX_TS
-
-
-@dataclass(frozen=True, slots=True)
-class DataFile:
-    path: str
-    table_id: int
-    shard: int
-    first_ts: int
-    last_ts: int
+from cdc_dagster.upstream.changelog import ChangeLog
+from cdc_dagster.upstream.schema import DdlRecord
 
 
 def _atomic_write(path: Path, data: bytes) -> None:
@@ -78,58 +67,6 @@ class Writer:
         _atomic_write(self.root / "ddl" / "resolved.json", json.dumps({"resolved_ts": ts}).encode())
 
 
-class Reader:
-    """The read side the pipeline uses (the documented subset of ``ChangeLog``)."""
-
-    def __init__(self, root: str | os.PathLike[str]) -> None:
-        self.root = Path(root)
-
-    def ddl_records(self, after_ts: int = 0, upto_ts: int = MAX_TS) -> list[DdlRecord]:
-        out = []
-        d = self.root / "ddl"
-        for name in sorted(os.listdir(d)) if d.is_dir() else []:
-            if name.startswith(".") or name == "resolved.json":
-                continue
-            ts = int(name.split("-")[0])
-            if after_ts < ts <= upto_ts:
-                out.append(DdlRecord.from_json(json.loads((d / name).read_text())))
-        return out
-
-    def schema_at(self, table_id: int, ts: int) -> TableSchema | None:
-        schema = None
-        for r in self.ddl_records(0, ts):
-            if table_id in r.tables:
-                schema = r.tables[table_id]
-        return schema
-
-    def table_resolved_ts(self, table_id: int) -> int:
-        meta = json.loads((self.root / "tables" / str(table_id) / "meta.json").read_text())
-        marks = []
-        for shard in range(meta["shards"]):
-            p = self.root / "tables" / str(table_id) / "resolved" / f"{shard}.json"
-            marks.append(json.loads(p.read_text())["resolved_ts"] if p.exists() else 0)
-        return min(marks)
-
-    def data_files(self, table_id: int, after_ts: int, upto_ts: int) -> list[DataFile]:
-        out = []
-        base = self.root / "tables" / str(table_id) / "data"
-        for dirpath, _dirs, names in os.walk(base):
-            for name in names:
-                if name.startswith(".") or not name.endswith(".parquet"):
-                    continue
-                first, last, shard = name.split("-")[:3]
-                f = DataFile(
-                    os.path.join(dirpath, name), table_id, int(shard[1:]), int(first), int(last)
-                )
-                if f.last_ts > after_ts and f.first_ts <= upto_ts:
-                    out.append(f)
-        return sorted(out, key=lambda f: (f.first_ts, f.shard, f.path))
-
-
-def changelog_reader(root: str | os.PathLike[str]) -> Any:
-    """The upstream's ChangeLog when it exists, else this module's plain reader of format v1."""
-    try:
-        from cdc_dagster.upstream.changelog import ChangeLog
-    except ImportError:
-        return Reader(root)
-    return ChangeLog(str(root))
+def changelog_reader(root: str | os.PathLike[str]) -> ChangeLog:
+    """The upstream's reader over what this writer wrote (a cross-check of the format)."""
+    return ChangeLog(root)

@@ -77,7 +77,7 @@ def test_a_missing_change_log_file_stops_only_its_table_until_restored(
         path.unlink()
         os.symlink(path.with_name("gone.parquet"), path)
 
-    _run_broken_then_fixed(tmp_path, spark, w, lose, ["cannot be read", "restore"])
+    _run_broken_then_fixed(tmp_path, spark, w, lose, ["Missing", "restore"])
 
 
 def test_a_row_that_does_not_fit_its_schema_stops_its_table_until_rewritten(
