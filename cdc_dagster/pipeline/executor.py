@@ -41,9 +41,9 @@ from typing import Any
 import numpy as np
 
 from cdc_dagster.pipeline import job
-from cdc_dagster.pipeline.sinkref import sink_for_uri
 from cdc_dagster.pipeline.staging import StagedFile, Staging, TableRecord
 from cdc_dagster.sinks.base import Sink
+from cdc_dagster.sinks.uri import sink_for_uri
 from cdc_dagster.upstream.changelog import ChangeLog, ChangeLogError
 from cdc_dagster.upstream.schema import SchemaError, TableSchema
 from scheduler_core.errors import ExecutorContractError

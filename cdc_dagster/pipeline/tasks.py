@@ -241,8 +241,8 @@ def read_staged(paths: Sequence[str]) -> pa.Table:
 
 def sink_table(spec: dict[str, Any]) -> dict[str, Any]:
     """Collapse one table's staged changes in (start, end] and write them with the sink."""
-    from cdc_dagster.pipeline.sinkref import sink_for_uri
     from cdc_dagster.sinks.base import FencedError, SinkError
+    from cdc_dagster.sinks.uri import sink_for_uri
 
     table_id = spec["table_id"]
     schema = TableSchema.from_json(spec["schema"])

@@ -194,3 +194,45 @@ def test_save_and_load_continue_in_a_fresh_executor(
     again.commit(2, Checkpoint(ts(1), ts(1)))
     make(tmp_path, spark).advance()
     assert_replicated(tmp_path, w, top)
+
+
+def test_a_batch_never_spans_a_ddl_of_its_table_and_rows_after_it_carry_the_new_schema(
+    tmp_path: Path, spark: Any, writer: Any
+) -> None:
+    from decimal import Decimal
+
+    from helpers import INSERT, alter, rows
+
+    from cdc_dagster.sinks.delta import read_table_at
+    from cdc_dagster.sinks.uri import sink_for_uri
+    from cdc_dagster.upstream.schema import ColumnSchema
+
+    w = Workload(writer, [1])
+    before_ddl = w.write(steps=2)
+    old = w.schemas[1]
+    new = type(old)(
+        old.table_id,
+        old.database,
+        old.table,
+        (*old.columns, ColumnSchema(4, "note", "string", True, "x")),
+        old.primary_key,
+    )
+    ddl_ts = before_ddl + 1
+    record = alter(ddl_ts, new)
+    writer.write_ddl(record)
+    after = [
+        (ddl_ts + 1, 0, INSERT, {"id": 5, "owner": "n", "balance": Decimal(2), "note": "y"}, None)
+    ]
+    writer.write_rows(1, 0, ddl_ts, rows(new, after))
+    w.resolve(ddl_ts + 2)
+    ex = make(tmp_path, spark)
+    ex.set_barrier(OPEN)  # no barrier from an owner: the executor still cuts at the DDL
+    start(ex, [1], ts(1))
+    ex.sink_phase()
+    assert ex.status(1).checkpoint.checkpoint_ts == ddl_ts
+    assert delta_content(tmp_path / "delta", old) == w.expected(1, ddl_ts)
+    sink_for_uri(f"delta://{tmp_path / 'delta'}").apply_ddl("cf", record, {1: old})
+    ex.sink_phase()
+    assert ex.status(1).checkpoint.checkpoint_ts == ddl_ts + 2
+    notes = {r["id"]: r["note"] for r in read_table_at(str(tmp_path / "delta"), new).to_pylist()}
+    assert notes[5] == "y" and set(notes.values()) == {"x", "y"}
