@@ -13,8 +13,9 @@ A capture tick is two calls, run by Dagster as separate ops (possibly in fresh p
   and write the batch with the sink from a Spark task (one table per task); advance the
   checkpoint; stop tables being removed; prune staged files at or below the checkpoint.
 
-Nothing lives in memory between calls that is not in the manifest
-(:class:`~cdc_dagster.pipeline.staging.Staging`): every mutating call saves it, and
+Nothing lives in memory between ticks that is not in the manifest
+(:class:`~cdc_dagster.pipeline.staging.Staging`): the phases save it, :meth:`save` does
+(the runtime calls it after the Agent's commands), and
 :meth:`SparkTableExecutor.load` restores it in a fresh process, raising a replicating
 table's checkpoint to the sink's committed ts when the sink holds our token (a crash
 between a sink write and the save).
@@ -77,6 +78,8 @@ class SparkTableExecutor:
         self.barrier = Barrier(0)  # sink nothing until the owner says how far
         self._tables: dict[int, TableRecord] = {}
         self._sink: Sink | None = None
+        self._doomed_files: list[tuple[int, list[StagedFile]]] = []
+        self._doomed_tables: list[int] = []
 
     @classmethod
     def load(
@@ -136,7 +139,6 @@ class SparkTableExecutor:
         start = checkpoint.checkpoint_ts
         self.staging.drop_table(table_id)  # leftovers of an earlier holding
         self._tables[table_id] = TableRecord(T.PREPARING, start, start, start, start)
-        self.save()
 
     def commit(self, table_id: int, checkpoint: Checkpoint) -> None:
         """Phase 2: check the data is readable, take the fencing token, sink from the checkpoint."""
@@ -173,7 +175,6 @@ class SparkTableExecutor:
         rec.checkpoint_ts = max(start, committed.committed_ts)
         rec.resolved_ts = max(rec.resolved_ts, rec.checkpoint_ts)
         rec.state = T.REPLICATING
-        self.save()
 
     def remove(self, table_id: int) -> None:
         """Begin stopping (idempotent): a sinking table flushes once in the next sink phase."""
@@ -181,7 +182,6 @@ class SparkTableExecutor:
         if rec is None or rec.state in (T.STOPPING, T.STOPPED):
             return
         rec.state = T.STOPPING if rec.token else T.STOPPED
-        self.save()
 
     def forget(self, table_id: int) -> None:
         """Drop a STOPPED table and its staged files (no-op for an ABSENT one)."""
@@ -194,14 +194,11 @@ class SparkTableExecutor:
                 "only a STOPPED table may be forgotten (remove it first)"
             )
         del self._tables[table_id]
-        self.save()
-        self.staging.drop_table(table_id)
+        self._doomed_tables.append(table_id)  # deleted once a saved manifest no longer names it
 
     def set_barrier(self, barrier: Barrier) -> None:
         """Sinks will not pass ``barrier.barrier_ts(table_id)``."""
-        if barrier != self.barrier:
-            self.barrier = barrier
-            self.save()
+        self.barrier = barrier
 
     # ------------------------------------------------------------------ progress
     def advance(self) -> None:
@@ -347,15 +344,12 @@ class SparkTableExecutor:
         }
 
     def _prune(self) -> None:
-        doomed = {}
         for table_id, rec in self._tables.items():
             old = [f for f in rec.files if f.hi <= rec.checkpoint_ts]
             if old:
-                doomed[table_id] = old
+                self._doomed_files.append((table_id, old))
                 rec.files = [f for f in rec.files if f.hi > rec.checkpoint_ts]
-        self.save()  # first: the manifest must never name a deleted file
-        for table_id, files in doomed.items():
-            self.staging.delete(table_id, files)
+        self.save()
 
     def _fail(self, table_id: int, rec: TableRecord, message: str) -> None:
         if rec.error != message:
@@ -375,8 +369,21 @@ class SparkTableExecutor:
 
     # ------------------------------------------------------------------ state
     def save(self) -> None:
-        """Write the manifest atomically (after the staged files it names are durable)."""
+        """Write the manifest atomically (after the staged files it names are durable).
+
+        The phases save on their own; the commands (prepare, commit, remove, forget,
+        set_barrier) only change memory, so a tick that adds many tables saves once. A
+        command lost to a crash is harmless: the Agent's task drives it again. Staged files
+        the manifest stopped naming are deleted only after it is saved.
+        """
         self.staging.save(self._tables, self.barrier)
+        for table_id, files in self._doomed_files:
+            self.staging.delete(table_id, files)
+        for table_id in self._doomed_tables:
+            if table_id not in self._tables:
+                self.staging.drop_table(table_id)
+        self._doomed_files.clear()
+        self._doomed_tables.clear()
 
     def errors(self) -> dict[int, str]:
         """Tables in the error state and why (the message names the table, file and fix)."""

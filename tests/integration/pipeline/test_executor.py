@@ -186,12 +186,14 @@ def test_save_and_load_continue_in_a_fresh_executor(
     ex.set_barrier(OPEN)
     start(ex, [1], ts(1))
     ex.prepare(2, Checkpoint(ts(1), ts(1)))
+    ex.save()  # the runtime saves after the Agent's commands
     del ex
     again = make(tmp_path, spark)
     assert again.status(1).state == T.REPLICATING and again.status(2).state == T.PREPARING
     top = w.write(steps=1)
     again.advance()
     again.commit(2, Checkpoint(ts(1), ts(1)))
+    again.save()
     make(tmp_path, spark).advance()
     assert_replicated(tmp_path, w, top)
 
