@@ -20,7 +20,9 @@ from cdc_dagster.pipeline.executor import SparkTableExecutor
 
 def main() -> None:
     tmp = Path(sys.argv[1])
-    spark = spark_session("local[1]", conf={"spark.sql.shuffle.partitions": "1"})
+    # The parent's mode: a local session, or its Spark Connect server (CDC_SPARK_MASTER).
+    master = os.environ.get("CDC_SPARK_MASTER", "local[1]")
+    spark = spark_session(master, conf={"spark.sql.shuffle.partitions": "1"})
     ex = SparkTableExecutor.load(
         "c1",
         "cf",
