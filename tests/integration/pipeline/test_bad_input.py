@@ -12,12 +12,16 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 from helpers import INSERT, alter, rows
 from scenario import Workload, delta_content, ts
 from test_executor import OPEN, assert_replicated, make, start
 
 from cdc_dagster.upstream.schema import ColumnSchema
 from scheduler_core.messages import Barrier
+
+# Spark-heavy (a job or more per tick): CI runs slow tests too.
+pytestmark = pytest.mark.slow
 
 
 def _files(log_dir: Path, table_id: int) -> list[Path]:

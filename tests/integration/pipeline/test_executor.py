@@ -67,6 +67,7 @@ def test_prepare_commit_replicate_several_tables_equals_the_expected_content(
     assert all(not rec.files for rec in ex.tables().values())
 
 
+@pytest.mark.slow
 def test_sinks_stop_at_the_barrier_and_a_table_barrier_holds_only_its_table(
     tmp_path: Path, spark: Any, writer: Any
 ) -> None:
@@ -86,6 +87,7 @@ def test_sinks_stop_at_the_barrier_and_a_table_barrier_holds_only_its_table(
     assert_replicated(tmp_path, w, top)
 
 
+@pytest.mark.slow
 def test_move_second_capture_commits_at_the_first_ones_final_checkpoint_without_gap_or_duplicate(
     tmp_path: Path, spark: Any, writer: Any
 ) -> None:
@@ -118,6 +120,7 @@ def test_move_second_capture_commits_at_the_first_ones_final_checkpoint_without_
     assert_replicated(tmp_path, w, top)
 
 
+@pytest.mark.slow
 def test_commit_refuses_when_prepared_above_the_checkpoint_or_the_downstream_is_behind(
     tmp_path: Path, spark: Any, writer: Any
 ) -> None:
@@ -138,6 +141,7 @@ def test_commit_refuses_when_prepared_above_the_checkpoint_or_the_downstream_is_
         other.commit(9, Checkpoint(ts(3), ts(3)))
 
 
+@pytest.mark.slow
 def test_a_new_primary_starts_at_the_downstream_committed_ts_not_below(
     tmp_path: Path, spark: Any, writer: Any
 ) -> None:
@@ -155,6 +159,7 @@ def test_a_new_primary_starts_at_the_downstream_committed_ts_not_below(
     assert_replicated(tmp_path, w, top)
 
 
+@pytest.mark.slow
 def test_a_stale_token_writer_is_refused_and_stops_at_its_last_accepted_checkpoint(
     tmp_path: Path, spark: Any, writer: Any
 ) -> None:
@@ -177,6 +182,7 @@ def test_a_stale_token_writer_is_refused_and_stops_at_its_last_accepted_checkpoi
     assert_replicated(tmp_path, w, top)
 
 
+@pytest.mark.slow
 def test_save_and_load_continue_in_a_fresh_executor(
     tmp_path: Path, spark: Any, writer: Any
 ) -> None:
@@ -198,6 +204,7 @@ def test_save_and_load_continue_in_a_fresh_executor(
     assert_replicated(tmp_path, w, top)
 
 
+@pytest.mark.slow
 def test_a_batch_never_spans_a_ddl_of_its_table_and_rows_after_it_carry_the_new_schema(
     tmp_path: Path, spark: Any, writer: Any
 ) -> None:
