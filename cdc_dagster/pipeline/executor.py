@@ -16,9 +16,10 @@ A capture tick is two calls, run by Dagster as separate ops (possibly in fresh p
 Nothing lives in memory between ticks that is not in the manifest
 (:class:`~cdc_dagster.pipeline.staging.Staging`): the phases save it, :meth:`save` does
 (the runtime calls it after the Agent's commands), and
-:meth:`SparkTableExecutor.load` restores it in a fresh process, raising a replicating
-table's checkpoint to the sink's committed ts when the sink holds our token (a crash
-between a sink write and the save).
+:meth:`SparkTableExecutor.load` restores it in a fresh process. The sink phase saves each
+table's write intent before its Spark job; a load that finds one (a crash between a sink
+write and the save) raises the table's checkpoint to the sink's committed ts when the sink
+still holds our token -- and asks the sink about no other table.
 
 Invariants (checked after every call): ``checkpoint_ts <= resolved_ts``;
 ``prepared_from <= checkpoint_ts`` once REPLICATING; a token only while sinking
@@ -99,8 +100,10 @@ class SparkTableExecutor:
         ex._tables, ex.barrier = loaded
         ex.staging.remove_orphans(ex._tables)
         for table_id, rec in ex._tables.items():
-            if rec.token and rec.state in (T.REPLICATING, T.STOPPING):
+            # Only tables with a write in flight at the crash: no sink call per table per load.
+            if rec.sink_intent and rec.token and rec.state in (T.REPLICATING, T.STOPPING):
                 ex._catch_up_with_sink(table_id, rec)
+            rec.sink_intent = 0
         ex._check()
         return ex
 
@@ -291,6 +294,10 @@ class SparkTableExecutor:
                 continue
             if spec is not None:
                 specs.append(spec)
+        for spec in specs:
+            self._tables[spec["table_id"]].sink_intent = spec["end"]
+        if specs:
+            self.save()  # the intents: a crash from here on is reconciled with the sink on load
         written: dict[int, int] = {}
         for res in job.run(self.spark, "sink", specs):
             table_id, rec = res["table_id"], self._tables[res["table_id"]]
@@ -309,6 +316,8 @@ class SparkTableExecutor:
                 rec.checkpoint_ts = max(rec.checkpoint_ts, json.loads(res["detail"]))
                 rec.error = None
                 written[table_id] = res["rows"]
+        for spec in specs:
+            self._tables[spec["table_id"]].sink_intent = 0
         for table_id in stopping:  # flushed once (or could not): final checkpoint
             rec = self._tables[table_id]
             rec.state, rec.token = T.STOPPED, 0

@@ -47,6 +47,9 @@ class TableRecord:
     token: int = 0  # 0: holds no fencing token (not sinking)
     error: str | None = None
     files: list[StagedFile] = field(default_factory=list)
+    # The end ts of a sink write in flight: set and saved before the sink job, cleared
+    # after it. A load that finds it asks the sink where the table really is.
+    sink_intent: int = 0
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -58,6 +61,7 @@ class TableRecord:
             "token": self.token,
             "error": self.error,
             "files": [f.to_json() for f in self.files],
+            "sink_intent": self.sink_intent,
         }
 
     @staticmethod
@@ -71,6 +75,7 @@ class TableRecord:
             token=obj["token"],
             error=obj["error"],
             files=[StagedFile(f["name"], f["lo"], f["hi"]) for f in obj["files"]],
+            sink_intent=obj.get("sink_intent", 0),
         )
 
 
