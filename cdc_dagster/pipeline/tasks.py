@@ -61,6 +61,21 @@ def pull_table(spec: dict[str, Any]) -> dict[str, Any]:
             rows += mounted.num_rows
     except BadInputError as exc:
         return _result(table_id, "error", str(exc))
+    except (pa.ArrowException, ValueError) as exc:  # rows Arrow cannot mount as declared
+        return _result(
+            table_id,
+            "error",
+            f"table {table_id}: the change-log rows in ({spec['segments'][0]['lo']}, "
+            f"{spec['upto']}] cannot be mounted ({type(exc).__name__}: {str(exc)[:300]}); "
+            "rewrite the files of that range, then the table resumes from its checkpoint",
+        )
+    except OSError as exc:
+        return _result(
+            table_id,
+            "error",
+            f"table {table_id}: the staging under {spec['out_dir']} cannot be written "
+            f"({exc}); free or fix that file system, then the table resumes",
+        )
     return _result(table_id, "ok", "", json.dumps(staged), rows)
 
 
