@@ -1,0 +1,441 @@
+"""SparkTableExecutor: the TableExecutor of one capture and changefeed, on Spark.
+
+A capture tick is two calls, run by Dagster as separate ops (possibly in fresh processes):
+
+- :meth:`SparkTableExecutor.pull_phase` (phase 1): for every table that is PREPARING,
+  PREPARED, REPLICATING (or STOPPING with a token), read its change-log slice
+  ``(staged_upto, resolved]``, sort by (commit ts, seq), mount, and append it to the
+  capture's staging -- **one Spark job for all tables**; a PREPARING table is PREPARED once
+  caught up with the resolved ts read at the start of the call.
+- :meth:`SparkTableExecutor.sink_phase` (phase 2): for every REPLICATING table (and a
+  STOPPING one, its last flush), collapse the staged changes in
+  ``(checkpoint, min(staged, barrier, next DDL of the table)]`` to the last change per key
+  and write the batch with the sink from a Spark task (one table per task); advance the
+  checkpoint; stop tables being removed; prune staged files at or below the checkpoint.
+
+Nothing lives in memory between ticks that is not in the manifest
+(:class:`~cdc_dagster.pipeline.staging.Staging`): the phases save it, :meth:`save` does
+(the runtime calls it after the Agent's commands), and
+:meth:`SparkTableExecutor.load` restores it in a fresh process. The sink phase saves each
+table's write intent before its Spark job; a load that finds one (a crash between a sink
+write and the save) raises the table's checkpoint to the sink's committed ts when the sink
+still holds our token -- and asks the sink about no other table.
+
+Invariants (checked after every call): ``checkpoint_ts <= resolved_ts``;
+``prepared_from <= checkpoint_ts`` once REPLICATING; a token only while sinking
+(REPLICATING or STOPPING); checkpoints never go back.
+
+Bad input (a change-log file that cannot be read or does not fit its schema, a schema
+history that cannot be parsed, a batch the sink refuses): the table keeps its state and
+last good checkpoint, :meth:`errors` names the table, the file and the fix, nothing is
+written past it, the other tables go on, and every later tick retries it (once fixed,
+it resumes from where it stopped).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from cdc_dagster.pipeline import job
+from cdc_dagster.pipeline.staging import StagedFile, Staging, TableRecord
+from cdc_dagster.sinks.base import Sink
+from cdc_dagster.sinks.uri import sink_for_uri
+from cdc_dagster.upstream.changelog import ChangeLog, ChangeLogError
+from cdc_dagster.upstream.schema import SchemaError, TableSchema
+from scheduler_core.errors import ExecutorContractError
+from scheduler_core.messages import Barrier, TableStatusBatch
+from scheduler_core.model import Checkpoint, TableState, TableStatus
+
+log = logging.getLogger(__name__)
+
+T = TableState
+_PULLING = (T.PREPARING, T.PREPARED, T.REPLICATING)
+
+
+class SparkTableExecutor:
+    """The data plane of one capture for one changefeed (see the module docstring)."""
+
+    def __init__(
+        self,
+        capture_id: str,
+        changefeed_id: str,
+        changelog: ChangeLog,
+        sink_uri: str,
+        staging_dir: str | os.PathLike[str],
+        spark: Any,
+    ) -> None:
+        self.capture_id = capture_id
+        self.changefeed_id = changefeed_id
+        self.changelog = changelog
+        self.sink_uri = sink_uri
+        self.spark = spark
+        self.staging = Staging(staging_dir, changefeed_id, capture_id)
+        self.barrier = Barrier(0)  # sink nothing until the owner says how far
+        self._tables: dict[int, TableRecord] = {}
+        self._sink: Sink | None = None
+        self._doomed_files: list[tuple[int, list[StagedFile]]] = []
+        self._doomed_tables: list[int] = []
+
+    @classmethod
+    def load(
+        cls,
+        capture_id: str,
+        changefeed_id: str,
+        changelog: ChangeLog,
+        sink_uri: str,
+        staging_dir: str | os.PathLike[str],
+        spark: Any,
+    ) -> SparkTableExecutor:
+        """The executor as the last :meth:`save` left it (empty if none), reconciled with the sink."""
+        ex = cls(capture_id, changefeed_id, changelog, sink_uri, staging_dir, spark)
+        loaded = ex.staging.load()
+        if loaded is None:
+            return ex
+        ex._tables, ex.barrier = loaded
+        ex.staging.remove_orphans(ex._tables)
+        for table_id, rec in ex._tables.items():
+            # Only tables with a write in flight at the crash: no sink call per table per load.
+            if rec.sink_intent and rec.token and rec.state in (T.REPLICATING, T.STOPPING):
+                ex._catch_up_with_sink(table_id, rec)
+            rec.sink_intent = 0
+        ex._check()
+        return ex
+
+    def _catch_up_with_sink(self, table_id: int, rec: TableRecord) -> None:
+        """A crash between a sink write and the save: the sink's committed ts is the truth."""
+        schema = self._schema(table_id, rec.checkpoint_ts)
+        if schema is None:
+            return
+        committed = self.sink.committed(self.changefeed_id, schema)
+        if committed.token == rec.token and committed.committed_ts > rec.checkpoint_ts:
+            log.info(
+                "capture %s: table %s checkpoint %s -> %s (the sink committed before a crash)",
+                self.capture_id,
+                table_id,
+                rec.checkpoint_ts,
+                committed.committed_ts,
+            )
+            rec.checkpoint_ts = committed.committed_ts
+            rec.resolved_ts = max(rec.resolved_ts, rec.checkpoint_ts)
+
+    @property
+    def sink(self) -> Sink:
+        """The driver's sink (commit and load talk to it; writes happen in Spark tasks)."""
+        if self._sink is None:
+            self._sink = sink_for_uri(self.sink_uri)
+        return self._sink
+
+    # ------------------------------------------------------------------ commands
+    def prepare(self, table_id: int, checkpoint: Checkpoint) -> None:
+        """Phase 1: pull from ``checkpoint.checkpoint_ts`` (PREPARED after a pull catches up)."""
+        if table_id in self._tables:
+            raise ExecutorContractError(
+                f"prepare of table {table_id} on {self.capture_id}, which holds it in "
+                f"{self._tables[table_id].state.name}: prepare only an ABSENT table"
+            )
+        start = checkpoint.checkpoint_ts
+        self.staging.drop_table(table_id)  # leftovers of an earlier holding
+        self._tables[table_id] = TableRecord(T.PREPARING, start, start, start, start)
+
+    def commit(self, table_id: int, checkpoint: Checkpoint) -> None:
+        """Phase 2: check the data is readable, take the fencing token, sink from the checkpoint."""
+        rec = self._tables.get(table_id)
+        if rec is None or rec.state != T.PREPARED:
+            state = "ABSENT" if rec is None else rec.state.name
+            raise ExecutorContractError(
+                f"commit of table {table_id} on {self.capture_id} in {state}: "
+                "commit only a PREPARED table"
+            )
+        start = checkpoint.checkpoint_ts
+        if rec.prepared_from > start:
+            raise ExecutorContractError(
+                f"table {table_id} on {self.capture_id} was prepared from {rec.prepared_from} "
+                f"> commit checkpoint {start}: sinking would skip the changes in between; "
+                "prepare it again from the checkpoint"
+            )
+        schema = self._schema(table_id, start) or self._schema(table_id, rec.staged_upto)
+        if schema is None:
+            raise ExecutorContractError(
+                f"commit of table {table_id} on {self.capture_id} at {start}: the change log "
+                "has no schema for it (not created yet or dropped); the owner must not commit it"
+            )
+        committed = self.sink.committed(self.changefeed_id, schema)
+        # committed_ts 0: no batch was ever written, so no earlier primary's writes to miss.
+        if 0 < committed.committed_ts < start:
+            raise ExecutorContractError(
+                f"table {schema.qualified_name} (id {table_id}) on {self.capture_id}: downstream "
+                f"committed {committed.committed_ts} < commit checkpoint {start}: the previous "
+                "primary's writes are not readable yet"
+            )
+        rec.token = self.sink.acquire(self.changefeed_id, schema)
+        # Never below the downstream: a replay must not rewrite a newer row version.
+        rec.checkpoint_ts = max(start, committed.committed_ts)
+        rec.resolved_ts = max(rec.resolved_ts, rec.checkpoint_ts)
+        rec.state = T.REPLICATING
+
+    def remove(self, table_id: int) -> None:
+        """Begin stopping (idempotent): a sinking table flushes once in the next sink phase."""
+        rec = self._tables.get(table_id)
+        if rec is None or rec.state in (T.STOPPING, T.STOPPED):
+            return
+        rec.state = T.STOPPING if rec.token else T.STOPPED
+
+    def forget(self, table_id: int) -> None:
+        """Drop a STOPPED table and its staged files (no-op for an ABSENT one)."""
+        rec = self._tables.get(table_id)
+        if rec is None:
+            return
+        if rec.state != T.STOPPED:
+            raise ExecutorContractError(
+                f"forget of table {table_id} on {self.capture_id} in {rec.state.name}: "
+                "only a STOPPED table may be forgotten (remove it first)"
+            )
+        del self._tables[table_id]
+        self._doomed_tables.append(table_id)  # deleted once a saved manifest no longer names it
+
+    def set_barrier(self, barrier: Barrier) -> None:
+        """Sinks will not pass ``barrier.barrier_ts(table_id)``."""
+        self.barrier = barrier
+
+    # ------------------------------------------------------------------ progress
+    def advance(self) -> None:
+        """One processor tick: :meth:`pull_phase` then :meth:`sink_phase`."""
+        self.pull_phase()
+        self.sink_phase()
+
+    def pull_phase(self) -> dict[int, int]:
+        """Phase 1 for every pulling table, in one Spark job; returns rows staged per table."""
+        specs = []
+        for table_id, rec in sorted(self._tables.items()):
+            if not (rec.state in _PULLING or (rec.state == T.STOPPING and rec.token)):
+                continue
+            try:
+                resolved = self.changelog.table_resolved_ts(table_id)
+                if resolved <= rec.staged_upto:
+                    self._caught_up(rec)
+                    continue
+                spec = self._pull_spec(table_id, rec, resolved)
+            except (ChangeLogError, SchemaError, OSError, ValueError) as exc:
+                self._fail(table_id, rec, self._history_error(table_id, exc))
+                continue
+            specs.append(spec)
+        staged: dict[int, int] = {}
+        for res in job.run(self.spark, "pull", specs):
+            table_id = res["table_id"]
+            rec = self._tables[table_id]
+            if res["status"] != "ok":
+                self._fail(table_id, rec, res["message"])
+                continue
+            rec.files += [StagedFile(**f) for f in json.loads(res["detail"])]
+            rec.staged_upto = next(s["upto"] for s in specs if s["table_id"] == table_id)
+            rec.resolved_ts = max(rec.resolved_ts, rec.staged_upto)
+            rec.error = None
+            self._caught_up(rec)
+            staged[table_id] = res["rows"]
+        self.save()
+        self._check()
+        return staged
+
+    @staticmethod
+    def _caught_up(rec: TableRecord) -> None:
+        if rec.state == T.PREPARING:
+            rec.state = T.PREPARED
+
+    def _pull_spec(self, table_id: int, rec: TableRecord, upto: int) -> dict[str, Any]:
+        after = rec.staged_upto
+        ddls = [
+            r.commit_ts
+            for r in self.changelog.ddl_records(after, upto)
+            if table_id in r.tables or table_id in r.table_ids
+        ]
+        segments, lo, weight = [], after, 0
+        for hi in [*sorted(set(ddls)), upto]:
+            if hi <= lo:
+                continue
+            files = self.changelog.data_files(table_id, lo, hi)
+            schema = self.changelog.schema_at(table_id, lo)
+            if schema is None and files:
+                raise ValueError(
+                    f"data files {[f.path for f in files][:3]} hold rows in ({lo}, {hi}], where "
+                    "the schema history says the table does not exist"
+                )
+            if files:
+                paths = [(f.path, f.shard, f.first_ts, f.last_ts) for f in files]
+                weight += sum(_size(p[0]) for p in paths)
+                segments.append({"lo": lo, "hi": hi, "schema": schema.to_json(), "files": paths})
+            lo = hi
+        return {
+            "table_id": table_id,
+            "changelog_root": str(self.changelog.root),
+            "upto": upto,
+            "out_dir": self.staging.table_dir(table_id),
+            "segments": segments,
+            "weight": weight,
+        }
+
+    def sink_phase(self) -> dict[int, int]:
+        """Phase 2 for every sinking table, one table per Spark task; returns rows written."""
+        specs, stopping = [], []
+        for table_id, rec in sorted(self._tables.items()):
+            if rec.state == T.STOPPING:
+                stopping.append(table_id)
+            if rec.state not in (T.REPLICATING, T.STOPPING) or not rec.token:
+                continue
+            try:
+                spec = self._sink_spec(table_id, rec)
+            except (ChangeLogError, SchemaError, OSError, ValueError) as exc:
+                self._fail(table_id, rec, self._history_error(table_id, exc))
+                continue
+            if spec is not None:
+                specs.append(spec)
+        for spec in specs:
+            self._tables[spec["table_id"]].sink_intent = spec["end"]
+        if specs:
+            self.save()  # the intents: a crash from here on is reconciled with the sink on load
+        written: dict[int, int] = {}
+        for res in job.run(self.spark, "sink", specs):
+            table_id, rec = res["table_id"], self._tables[res["table_id"]]
+            if res["status"] == "fenced":
+                log.warning(
+                    "capture %s: table %s fenced at checkpoint %s: %s",
+                    self.capture_id,
+                    table_id,
+                    rec.checkpoint_ts,
+                    res["message"],
+                )
+                rec.state, rec.token = T.STOPPED, 0
+            elif res["status"] != "ok":
+                self._fail(table_id, rec, res["message"])
+            else:
+                rec.checkpoint_ts = max(rec.checkpoint_ts, json.loads(res["detail"]))
+                rec.error = None
+                written[table_id] = res["rows"]
+        for spec in specs:
+            self._tables[spec["table_id"]].sink_intent = 0
+        for table_id in stopping:  # flushed once (or could not): final checkpoint
+            rec = self._tables[table_id]
+            rec.state, rec.token = T.STOPPED, 0
+        self._prune()
+        self._check()
+        return written
+
+    def _sink_spec(self, table_id: int, rec: TableRecord) -> dict[str, Any] | None:
+        start = rec.checkpoint_ts
+        end = min(rec.staged_upto, self.barrier.barrier_ts(table_id))
+        if end <= start:
+            return None
+        # A batch never spans a DDL of its table (the barrier cuts there too; this is a guard).
+        for r in self.changelog.ddl_records(start, end - 1):
+            if table_id in r.tables or table_id in r.table_ids:
+                end = r.commit_ts
+                break
+        # The rows' schema: the one valid above ``start`` (at ``end`` itself a DDL may apply).
+        schema = self._schema(table_id, start) or self._schema(table_id, end)
+        if schema is None:
+            return None
+        files = [self.staging.path(table_id, f) for f in rec.files if f.hi > start and f.lo < end]
+        return {
+            "table_id": table_id,
+            "start": start,
+            "end": end,
+            "token": rec.token,
+            "changefeed": self.changefeed_id,
+            "sink_uri": self.sink_uri,
+            "schema": schema.to_json(),
+            "files": files,
+            "weight": sum(_size(p) for p in files),
+        }
+
+    def _prune(self) -> None:
+        for table_id, rec in self._tables.items():
+            old = [f for f in rec.files if f.hi <= rec.checkpoint_ts]
+            if old:
+                self._doomed_files.append((table_id, old))
+                rec.files = [f for f in rec.files if f.hi > rec.checkpoint_ts]
+        self.save()
+
+    def _fail(self, table_id: int, rec: TableRecord, message: str) -> None:
+        if rec.error != message:
+            log.error("capture %s: table %s: %s", self.capture_id, table_id, message)
+        rec.error = message
+
+    def _history_error(self, table_id: int, exc: Exception) -> str:
+        root = self.changelog.root
+        return (
+            f"table {table_id}: the change log at {root} cannot be read for it "
+            f"({type(exc).__name__}: {str(exc)[:300]}); fix the named file or DDL record "
+            "under ddl/, then the table resumes from its checkpoint"
+        )
+
+    def _schema(self, table_id: int, ts: int) -> TableSchema | None:
+        return self.changelog.schema_at(table_id, ts)
+
+    # ------------------------------------------------------------------ state
+    def save(self) -> None:
+        """Write the manifest atomically (after the staged files it names are durable).
+
+        The phases save on their own; the commands (prepare, commit, remove, forget,
+        set_barrier) only change memory, so a tick that adds many tables saves once. A
+        command lost to a crash is harmless: the Agent's task drives it again. Staged files
+        the manifest stopped naming are deleted only after it is saved.
+        """
+        self.staging.save(self._tables, self.barrier)
+        for table_id, files in self._doomed_files:
+            self.staging.delete(table_id, files)
+        for table_id in self._doomed_tables:
+            if table_id not in self._tables:
+                self.staging.drop_table(table_id)
+        self._doomed_files.clear()
+        self._doomed_tables.clear()
+
+    def errors(self) -> dict[int, str]:
+        """Tables in the error state and why (the message names the table, file and fix)."""
+        return {t: rec.error for t, rec in self._tables.items() if rec.error}
+
+    def _check(self) -> None:
+        for table_id, rec in self._tables.items():
+            ok = rec.checkpoint_ts <= rec.resolved_ts and (
+                rec.token == 0 or rec.state in (T.REPLICATING, T.STOPPING)
+            )
+            if rec.state == T.REPLICATING:
+                ok = ok and rec.prepared_from <= rec.checkpoint_ts
+            if not ok:
+                raise ExecutorContractError(
+                    f"capture {self.capture_id}: table {table_id} broke an invariant: {rec}"
+                )
+
+    # ------------------------------------------------------------------ reports
+    def status(self, table_id: int) -> TableStatus:
+        """The table's status (ABSENT at checkpoint 0 if not held)."""
+        rec = self._tables.get(table_id)
+        if rec is None:
+            return TableStatus(table_id, T.ABSENT, Checkpoint(0, 0))
+        return TableStatus(table_id, rec.state, Checkpoint(rec.checkpoint_ts, rec.resolved_ts))
+
+    def statuses(self) -> TableStatusBatch:
+        """Every held table's status, in columns (by table id)."""
+        items = sorted(self._tables.items())
+        n = len(items)
+        return TableStatusBatch(
+            np.fromiter((t for t, _ in items), np.int64, n),
+            np.fromiter((int(r.state) for _, r in items), np.int64, n),
+            np.fromiter((r.checkpoint_ts for _, r in items), np.int64, n),
+            np.fromiter((r.resolved_ts for _, r in items), np.int64, n),
+        )
+
+    def tables(self) -> Mapping[int, TableRecord]:
+        """The held tables' records (read them, do not change them)."""
+        return self._tables
+
+
+def _size(path: str) -> int:
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        return 0

@@ -1,0 +1,101 @@
+"""The same pipeline over Spark Connect: a private Connect server from the pyspark wheel.
+
+The executor tests run in a subprocess against the server (``CDC_SPARK_MASTER=sc://...``),
+so this process's local session and the Connect client never share one interpreter.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def connect_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    import pyspark
+
+    home = Path(pyspark.__file__).parent
+    logs = tmp_path_factory.mktemp("connect")
+    port = _free_port()
+    env = {
+        **os.environ,
+        "SPARK_HOME": str(home),
+        "SPARK_LOG_DIR": str(logs),
+        "SPARK_PID_DIR": str(logs),
+        "SPARK_IDENT_STRING": f"cdc-test-{port}",
+        "PYSPARK_PYTHON": sys.executable,
+        "PYTHONPATH": str(REPO),  # the server's Python workers import cdc_dagster
+    }
+    sbin = home / "sbin"
+    subprocess.run(
+        [
+            "bash",
+            str(sbin / "start-connect-server.sh"),
+            "--master",
+            "local[2]",
+            "--conf",
+            f"spark.connect.grpc.binding.port={port}",
+            "--conf",
+            "spark.ui.enabled=false",
+            "--conf",
+            "spark.sql.shuffle.partitions=2",
+        ],
+        env=env,
+        check=True,
+        capture_output=True,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            out = "".join(p.read_text() for p in logs.glob("*.out"))
+            if "Spark Connect server started" in out:
+                break
+            time.sleep(1)
+        else:
+            pytest.fail(f"the Spark Connect server did not start: {out[-2000:]}")
+        yield f"sc://localhost:{port}"
+    finally:
+        subprocess.run(["bash", str(sbin / "stop-connect-server.sh")], env=env, capture_output=True)
+
+
+@pytest.mark.slow
+def test_executor_scenarios_pass_over_spark_connect(connect_url: str, tmp_path: Path) -> None:
+    here = Path(__file__).parent
+    env = {**os.environ, "CDC_SPARK_MASTER": connect_url, "PYTHONPATH": str(REPO)}
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            f"--basetemp={tmp_path / 'pt'}",
+            str(here / "test_executor.py"),
+            str(here / "test_bad_input.py"),
+            "-k",
+            "several_tables or move or stale_token or corrupt",
+        ],
+        env=env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    assert "4 passed" in proc.stdout
