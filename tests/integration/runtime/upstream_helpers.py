@@ -1,0 +1,61 @@
+"""A tiny change log for runtime tests: tables created by DDL records, resolved marks moved."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from cdc_dagster.upstream.changelog import ChangeLogWriter
+from cdc_dagster.upstream.schema import ColumnSchema, DdlRecord, TableSchema
+from scheduler_core.ddl import DDLKind
+from scheduler_core.ts import compose
+
+
+def table(table_id: int, shards: int = 1) -> TableSchema:
+    """A two-column table ``db.t<id>``."""
+    cols = (ColumnSchema(1, "id", "int64", False), ColumnSchema(2, "v", "string", True))
+    return TableSchema(table_id, "db", f"t{table_id}", cols, (1,), shards=shards)
+
+
+class Upstream:
+    """Writes create-table DDLs at ``t0`` and moves every table's resolved mark on demand."""
+
+    def __init__(self, root: Path, tables: int, t0_ms: int | None = None) -> None:
+        self.root = root
+        self.writer = ChangeLogWriter(root)
+        self.t0_ms = t0_ms if t0_ms is not None else int(time.time() * 1000) - 120_000
+        self.table_ids = list(range(1, tables + 1))
+        for tid in self.table_ids:
+            self.create(tid, compose(self.t0_ms) + tid)
+        self.resolved = compose(self.t0_ms) + 1000
+        self.advance(self.resolved)
+
+    @property
+    def start_ts(self) -> int:
+        """A changefeed start ts after every initial create."""
+        return compose(self.t0_ms + 1)
+
+    def create(self, table_id: int, commit_ts: int) -> DdlRecord:
+        """A CREATE TABLE record for ``db.t<table_id>``."""
+        schema = table(table_id)
+        rec = DdlRecord(
+            commit_ts,
+            DDLKind.CREATE_TABLE,
+            "create_table",
+            f"CREATE TABLE db.t{table_id}",
+            creates=(table_id,),
+            tables={table_id: schema},
+        )
+        self.writer.write_ddl(rec)
+        return rec
+
+    def ts(self, ms: int) -> int:
+        """The TS ``ms`` after t0."""
+        return compose(self.t0_ms + ms)
+
+    def advance(self, ts: int) -> None:
+        """Every table (and the DDL stream) resolved up to ``ts``."""
+        self.resolved = ts
+        for tid in self.table_ids:
+            self.writer.advance_resolved(tid, 0, ts)
+        self.writer.advance_ddl_resolved(ts)
