@@ -35,6 +35,8 @@ from scheduler_core.coordinator import CoordinatorConfig
 
 log = logging.getLogger(__name__)
 
+CaptureRunner = Callable[[CaptureContext, dict], None]
+
 
 def add_capture(ms: Metastore, capture_id: str, lease_ttl_s: int = 10) -> CaptureSession:
     """Register a capture (scale out); its runs then keep the lease alive."""
@@ -124,8 +126,14 @@ class Driver:
         )
 
     # -------------------------------------------------------------- the step
-    def tick(self, *, skip: Sequence[str] = ()) -> DriverTick:
-        """One owner tick, its DDLs and syncpoints, then every capture's two halves."""
+    def tick(
+        self, *, skip: Sequence[str] = (), runner: dict[str, CaptureRunner] | None = None
+    ) -> DriverTick:
+        """One owner tick, its DDLs and syncpoints, then every capture's two halves.
+
+        ``runner`` may run some captures elsewhere (a test runs one in a subprocess it
+        kills); it gets the capture's context and its run config, as a Dagster run would.
+        """
         owner = self.owner.tick()
         for ddl in owner.ready_ddls:
             apply_ready_ddl(self.ms, ddl, sink=self.sink)
@@ -136,6 +144,9 @@ class Driver:
             if cid in skip:
                 continue
             config = owner.run_config(cid)  # what the capture run receives (JSON)
+            if runner and cid in runner:
+                runner[cid](self.context(cid), config)
+                continue
             for cf_id in sorted(set(config) | {self.changefeed_id}):
                 ctx = self.context(cid, cf_id)
                 step.prepares.append(capture_prepare(ctx, decode(config.get(cf_id, []))))
@@ -160,8 +171,9 @@ class Driver:
 
     # -------------------------------------------------------------- admin hooks
     def add_capture(self, capture_id: str) -> None:
-        """Scale out: register a capture; it gets tables once the owner hears from it."""
-        add_capture(self.ms, capture_id, self.lease_ttl_s)
+        """Scale out: register a capture (unless registered: a second driver carries on)."""
+        if self.ms.captures.get(capture_id) is None:
+            add_capture(self.ms, capture_id, self.lease_ttl_s)
         self.capture_ids.append(capture_id)
 
     def move_table(self, table_id: int, capture_id: str) -> str:

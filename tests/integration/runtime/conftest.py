@@ -7,12 +7,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from upstream_helpers import Upstream
 
 from cdc_dagster.metastore import Metastore
 from cdc_dagster.runtime.driver import Driver
 from cdc_dagster.runtime.fake import FileDownstream
-
-from upstream_helpers import Upstream
 
 
 @pytest.fixture
