@@ -79,6 +79,7 @@ class Driver:
         target_ts: int = 0,
         owner_id: str = "owner-0",
         lease_ttl_s: int = 10,
+        owner_lease_ttl_s: int | None = None,
         config: CoordinatorConfig | None = None,
     ) -> None:
         self.state_dir = Path(state_dir)
@@ -93,7 +94,8 @@ class Driver:
         self.changefeed_id = changefeed_id
         self._ensure_changefeed(start_ts, table_filter, sync_point_interval_s, target_ts)
         self.sink = open_sink(sink_uri)
-        self.owner = OwnerLoop(self.ms, owner_id, lease_ttl_s=lease_ttl_s, config=config)
+        owner_ttl = owner_lease_ttl_s or lease_ttl_s
+        self.owner = OwnerLoop(self.ms, owner_id, lease_ttl_s=owner_ttl, config=config)
         self.capture_ids: list[str] = []
         for i in range(captures):
             self.add_capture(f"capture-{i}")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -47,7 +48,7 @@ def check_downstream(sink_uri: str) -> dict[int, list[dict[str, Any]]]:
     for w in ds.writes():
         by_table.setdefault(w["table_id"], []).append(w)
     for tid, writes in by_table.items():
-        for a, b in zip(writes, writes[1:], strict=False):
+        for a, b in itertools.pairwise(writes):
             assert b["start_ts"] == a["end_ts"], (tid, a, b)
             assert b["end_ts"] > a["end_ts"], (tid, a, b)
             assert b["token"] >= a["token"], (tid, a, b)
