@@ -198,12 +198,12 @@ class _Tick:
             ctx.capture_id,
             ctx.changefeed_id,
             ctx.staging_dir,
+            Path(ctx.staging_root),
             cf.upstream_uri,
             cf.sink_uri,
             cf.start_ts,
         )
-        self.executor: RuntimeExecutor = ctx.executor_factory(spec)
-        self.executor.load()
+        self.executor: RuntimeExecutor = ctx.executor_factory(spec)  # loaded from its manifest
         self.agent = Agent(
             ctx.capture_id,
             self.executor,

@@ -361,5 +361,7 @@ def _file_path(uri: str) -> str:
 
 
 def fake_executor_factory(spec: ExecutorSpec) -> DurableFakeExecutor:
-    """The default factory for tests: a DurableFakeExecutor (prepare and stop in one tick)."""
-    return DurableFakeExecutor(spec)
+    """The default factory for tests: a loaded DurableFakeExecutor (prepare, stop in one tick)."""
+    ex = DurableFakeExecutor(spec)
+    ex.load()
+    return ex

@@ -101,6 +101,21 @@ class ReadyDdl:
         """Inverse of :meth:`to_config`."""
         return ReadyDdl(str(obj["changefeed_id"]), DdlRecord.from_json(obj["record"]))
 
+    @property
+    def commit_ts(self) -> int:
+        """The DDL's commit ts."""
+        return self.record.commit_ts
+
+    @property
+    def table_ids(self) -> tuple[int, ...]:
+        """The existing tables it touches (its gate: their checkpoints reach commit_ts)."""
+        return tuple(self.record.table_ids)
+
+    @property
+    def query(self) -> str:
+        """The statement."""
+        return self.record.query
+
 
 @dataclass(frozen=True, slots=True)
 class ReadySyncpoint:
@@ -125,6 +140,22 @@ class OwnerTick:
     ready_ddls: tuple[ReadyDdl, ...] = ()
     syncpoints: tuple[ReadySyncpoint, ...] = ()
     admin_errors: tuple[str, ...] = ()
+    captures: tuple[str, ...] = ()  # alive captures (dynamic partitions)
+
+    @property
+    def owner(self) -> str | None:
+        """Alias of ``owner_id``."""
+        return self.owner_id
+
+    @property
+    def ddls(self) -> tuple[ReadyDdl, ...]:
+        """Alias of ``ready_ddls``."""
+        return self.ready_ddls
+
+    @property
+    def progress(self) -> Mapping[str, ChangefeedTick]:
+        """Alias of ``changefeeds`` (each has ``checkpoint_ts`` and ``resolved_ts``)."""
+        return self.changefeeds
 
     def run_config(self, capture_id: str) -> dict[str, list[dict[str, Any]]]:
         """The capture run's messages per changefeed, JSON-able (decode with wire.decode)."""
@@ -342,6 +373,7 @@ class OwnerLoop:
             tuple(ddls),
             tuple(syncs),
             tuple(errors),
+            tuple(sorted(alive)),
         )
 
     def _feed(self, cf: Changefeed, owner_rev: int) -> _Feed:
@@ -447,6 +479,21 @@ def apply_ready_ddl(ms: Metastore, ready: ReadyDdl, *, sink: Sink | None = None)
     ms.client.put(ddl_marker(ms, ready.changefeed_id, rec.to_event()), rec.query.encode())
 
 
+def apply_ddl_at(
+    ms: Metastore, changefeed_id: str, commit_ts: int, *, sink: Sink | None = None
+) -> list[str]:
+    """Apply the change log's DDLs at ``commit_ts`` (a DDL run configured by ts); their queries.
+
+    Call it only for a DDL the owner returned as ready (the DDL run's gate op checks that).
+    """
+    cf = ms.changefeeds.get(changefeed_id).info
+    changelog = ChangeLog(changelog_path(cf.upstream_uri))
+    records = changelog.ddl_records(after_ts=commit_ts - 1, upto_ts=commit_ts)
+    for rec in records:
+        apply_ready_ddl(ms, ReadyDdl(changefeed_id, rec), sink=sink)
+    return [r.query for r in records]
+
+
 def apply_syncpoint(ms: Metastore, ready: ReadySyncpoint, *, sink: Sink | None = None) -> None:
     """Record a syncpoint downstream, then mark it so the owner's next tick moves on."""
     cf = ms.changefeeds.get(ready.changefeed_id).info
@@ -470,6 +517,7 @@ __all__ = [
     "ReadyDdl",
     "ReadySyncpoint",
     "TableProgress",
+    "apply_ddl_at",
     "apply_ready_ddl",
     "apply_syncpoint",
     "clear_markers",

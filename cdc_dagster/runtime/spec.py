@@ -28,7 +28,8 @@ class ExecutorSpec:
 
     capture_id: str
     changefeed_id: str
-    staging_dir: Path  # <staging>/<changefeed>/<capture>; the manifest lives here
+    staging_dir: Path  # <staging_root>/<changefeed>/<capture>; the manifest lives here
+    staging_root: Path  # the staging of every capture (SparkTableExecutor takes this one)
     upstream_uri: str  # changelog:///abs/path
     sink_uri: str
     start_ts: int  # the changefeed's start ts (a fake downstream's initial committed ts)
@@ -36,22 +37,22 @@ class ExecutorSpec:
 
 @runtime_checkable
 class RuntimeExecutor(TableExecutor, Protocol):
-    """A TableExecutor whose tick is two phases and whose state is its own manifest."""
+    """A TableExecutor whose tick is two phases and whose state is its own manifest.
 
-    def pull_phase(self) -> None:
+    The factory returns it loaded from its manifest (empty if none) and reconciled with
+    the sink (a crash between a sink write and the save).
+    """
+
+    def pull_phase(self) -> object:
         """Phase 1: pull, sort and mount into staging up to each table's resolved ts."""
         ...
 
-    def sink_phase(self) -> None:
+    def sink_phase(self) -> object:
         """Phase 2: sink staged changes up to min(resolved, barrier); stop removed tables."""
         ...
 
     def save(self) -> None:
         """Persist the manifest (after the staged files it names)."""
-        ...
-
-    def load(self) -> None:
-        """Restore from the manifest, if any."""
         ...
 
     def errors(self) -> Mapping[int, str]:

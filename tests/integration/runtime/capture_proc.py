@@ -38,7 +38,9 @@ class KillingExecutor(DurableFakeExecutor):
 
 
 def factory(spec: ExecutorSpec) -> KillingExecutor:
-    return KillingExecutor(spec)
+    ex = KillingExecutor(spec)
+    ex.load()
+    return ex
 
 
 ms = connect(endpoints.split(","), cluster_id=cluster_id, retry_timeout_s=10.0)
