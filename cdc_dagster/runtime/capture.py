@@ -15,10 +15,11 @@ registry and the task key, and an old owner's dispatches never match it.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import shutil
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -138,7 +139,11 @@ class CommitOutcome:
 # ------------------------------------------------------------------------------ halves
 def capture_prepare(ctx: CaptureContext, messages: Sequence[OwnerMessage]) -> PrepareOutcome:
     """Fence and receive ``messages``, drive tasks, run phase 1 (pull into staging), persist."""
-    tick = _Tick.open(ctx)
+    with _Tick.open(ctx) as tick:
+        return _prepare(ctx, tick, messages)
+
+
+def _prepare(ctx: CaptureContext, tick: _Tick, messages: Sequence[OwnerMessage]) -> PrepareOutcome:
     before = _counts(tick.agent.stats)
     for msg in messages:
         # The epoch the Agent rotates to when it adopts this message's owner.
@@ -164,7 +169,11 @@ def capture_prepare(ctx: CaptureContext, messages: Sequence[OwnerMessage]) -> Pr
 
 def capture_commit(ctx: CaptureContext) -> CommitOutcome:
     """Phase 2 (sink), finish the tick, write the task status key (the report), persist."""
-    tick = _Tick.open(ctx)
+    with _Tick.open(ctx) as tick:
+        return _commit(ctx, tick)
+
+
+def _commit(ctx: CaptureContext, tick: _Tick) -> CommitOutcome:
     tick.executor.sink_phase()
     held_before = tick.executor.statuses()
     responses = tick.agent.end_tick()
@@ -219,9 +228,15 @@ class _Tick:
         self.agent.observe_owner_rev(owner.owner_rev if owner is not None else 0)
 
     @classmethod
-    def open(cls, ctx: CaptureContext) -> _Tick:
+    @contextlib.contextmanager
+    def open(cls, ctx: CaptureContext) -> Iterator[_Tick]:
+        """The half's view; the lease is kept alive while the half runs (a long Spark job)."""
         session, anew = attach_or_register(ctx)
-        return cls(ctx, session, anew)
+        session.keeper.start()
+        try:
+            yield cls(ctx, session, anew)
+        finally:
+            session.keeper.stop()
 
     def persist(self, report: TaskStatus | None) -> None:
         self.executor.save()

@@ -5,6 +5,8 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import pyarrow as pa
+
 from cdc_dagster.upstream.changelog import ChangeLogWriter
 from cdc_dagster.upstream.schema import ColumnSchema, DdlRecord, TableSchema
 from scheduler_core.ddl import DDLKind
@@ -59,3 +61,48 @@ class Upstream:
         for tid in self.table_ids:
             self.writer.advance_resolved(tid, 0, ts)
         self.writer.advance_ddl_resolved(ts)
+
+
+def change_rows(schema_version: int, changes: list[tuple[int, int, int, str | None]]) -> pa.Table:
+    """Change-log rows of ``table()`` from ``(commit_ts, op, id, v)`` (op 1 insert, 2 update, 3 delete)."""
+    n = len(changes)
+    return pa.table(
+        {
+            "_commit_ts": pa.array([c[0] for c in changes], pa.int64()),
+            "_seq": pa.array(range(n), pa.int32()),
+            "_op": pa.array([c[1] for c in changes], pa.int8()),
+            "_schema_version": pa.array([schema_version] * n, pa.int64()),
+            "c1": pa.array([None if c[1] == 3 else c[2] for c in changes], pa.int64()),
+            "c2": pa.array([None if c[1] == 3 else c[3] for c in changes], pa.string()),
+            "b1": pa.array([c[2] if c[1] == 3 else None for c in changes], pa.int64()),
+        }
+    )
+
+
+class RowUpstream(Upstream):
+    """An Upstream that also writes rows each step, and an oracle of every table's content."""
+
+    def __init__(self, root: Path, tables: int) -> None:
+        super().__init__(root, tables)
+        self.content: dict[int, dict[int, str]] = {t: {} for t in self.table_ids}
+        self.step = 0
+
+    def write_step(self) -> int:
+        """One transaction per table: insert k, update k-1, delete k-3; resolved to it. Its ts."""
+        self.step += 1
+        k = self.step
+        ts = self.ts(1000 + 500 * k)
+        for tid in self.table_ids:
+            rows = self.content[tid]
+            changes: list[tuple[int, int, int, str | None]] = [(ts, 1, k, f"i{k}")]
+            rows[k] = f"i{k}"
+            if k - 1 in rows:
+                changes.append((ts, 2, k - 1, f"u{k}"))
+                rows[k - 1] = f"u{k}"
+            if k - 3 in rows:
+                changes.append((ts, 3, k - 3, None))
+                del rows[k - 3]
+            version = compose(self.t0_ms) + tid
+            self.writer.write_rows(tid, 0, version, change_rows(version, changes))
+        self.advance(ts)
+        return ts
