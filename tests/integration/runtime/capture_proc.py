@@ -20,6 +20,7 @@ from cdc_dagster.runtime.spec import ExecutorSpec
 from cdc_dagster.runtime.wire import decode
 
 endpoints, cluster_id, cf_id, capture_id, staging, config_json, kill = sys.argv[1:8]
+executor_kind = sys.argv[8] if len(sys.argv) > 8 else "fake"
 phase = {"now": ""}
 
 
@@ -43,8 +44,37 @@ def factory(spec: ExecutorSpec) -> KillingExecutor:
     return ex
 
 
+def spark_factory() -> object:
+    from cdc_dagster.pipeline.engine import spark_session
+    from cdc_dagster.pipeline.executor import SparkTableExecutor
+
+    from cdc_dagster.runtime.spec import changelog_path
+    from cdc_dagster.upstream.changelog import ChangeLog
+
+    class KillingSpark(SparkTableExecutor):
+        def save(self) -> None:
+            if kill == f"{phase['now']}-before-save":
+                die()  # in commit: after the Delta write, before the manifest and report
+            super().save()
+
+    spark = spark_session("local[1]", conf={"spark.sql.shuffle.partitions": "1"})
+
+    def make(spec: ExecutorSpec) -> object:
+        return KillingSpark.load(
+            spec.capture_id,
+            spec.changefeed_id,
+            ChangeLog(changelog_path(spec.upstream_uri)),
+            spec.sink_uri,
+            spec.staging_root,
+            spark,
+        )
+
+    return make
+
+
 ms = connect(endpoints.split(","), cluster_id=cluster_id, retry_timeout_s=10.0)
-ctx = CaptureContext(ms, capture_id, cf_id, Path(staging), factory)
+chosen = factory if executor_kind == "fake" else spark_factory()
+ctx = CaptureContext(ms, capture_id, cf_id, Path(staging), chosen, lease_ttl_s=60)  # type: ignore[arg-type]
 phase["now"] = "prepare"
 prepared = capture_prepare(ctx, decode(json.loads(config_json).get(cf_id, [])))
 if kill == "between":

@@ -68,3 +68,50 @@ def test_spark_executor_replicates_to_delta_with_a_move_mid_load(
     assert final[moved] == "capture-1"
     for tid in up.table_ids:
         assert delta_content(lake, tid) == up.content[tid], tid
+
+
+def test_spark_capture_killed_after_its_delta_write_carries_on_in_a_new_process(
+    spark: Any, metastore: Metastore, tmp_path: Path, etcd_endpoints: list[str], cluster_id: str
+) -> None:
+    import json
+    import signal
+    import subprocess
+    import sys
+
+    proc_py = Path(__file__).with_name("capture_proc.py")
+    codes: list[int] = []
+
+    def in_subprocess(kill: str):  # type: ignore[no-untyped-def]
+        def run(ctx: Any, config: dict) -> None:
+            argv = [sys.executable, str(proc_py), ",".join(etcd_endpoints), cluster_id]
+            argv += [ctx.changefeed_id, ctx.capture_id, str(ctx.staging_root)]
+            argv += [json.dumps(config), kill, "spark"]
+            p = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+            codes.append(p.returncode)
+            assert p.returncode in (0, -signal.SIGKILL), p.stderr[-3000:]
+
+        return run
+
+    up = RowUpstream(tmp_path / "changelog", tables=2)
+    lake = tmp_path / "lake"
+    driver = Driver(
+        tmp_path / "state",
+        up.root,
+        f"delta://{lake}",
+        2,
+        spark_executor_factory(spark),
+        metastore=metastore,
+        start_ts=up.start_ts,
+        lease_ttl_s=60,
+    )
+    for _ in range(2):
+        up.write_step()
+    driver.run_until(lambda t: driver.caught_up(t, up.resolved), max_ticks=30)
+    up.write_step()
+    up.write_step()
+    driver.tick(runner={"capture-1": in_subprocess("commit-before-save")})
+    driver.tick(runner={"capture-1": in_subprocess("none")})
+    assert codes == [-signal.SIGKILL, 0]
+    driver.run_until(lambda t: driver.caught_up(t, up.resolved), max_ticks=30)
+    for tid in up.table_ids:
+        assert delta_content(lake, tid) == up.content[tid], tid
