@@ -86,3 +86,15 @@ def test_owner_killed_new_owner_in_new_process_continues_and_old_rev_is_fenced(
     out = capture_prepare(driver.context("capture-0"), decode(stale_config["cf"]))
     assert out.rejected.get("rejected_stale_owner", 0) == len(stale_config["cf"])
     assert out.owner_rev == lines[0]["owner_rev"]
+
+
+def test_a_second_candidate_is_not_owner_and_names_the_owner(
+    make_driver: Callable[..., Driver],
+) -> None:
+    driver = make_driver(captures=1)
+    first = driver.tick().owner
+    assert first.is_owner
+    other = OwnerLoop(driver.ms, "owner-9").tick()
+    assert not other.is_owner and other.owner_id == "owner-0"
+    assert other.owner_rev == first.owner_rev and "owner-0" in other.reason
+    assert not other.messages and not other.ready_ddls
