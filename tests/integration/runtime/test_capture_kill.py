@@ -36,11 +36,11 @@ def _runner(endpoints: list[str], cluster_id: str, kill: str, codes: list[int]):
 @pytest.mark.parametrize(
     "kill",
     [
-        "between",
-        "prepare-before-save",
-        "prepare-after-save",
-        "commit-before-save",
-        "commit-after-save",
+        pytest.param("between", marks=pytest.mark.slow),
+        pytest.param("prepare-before-save", marks=pytest.mark.slow),
+        pytest.param("prepare-after-save", marks=pytest.mark.slow),
+        "commit-before-save",  # the sink wrote; no manifest, no report
+        pytest.param("commit-after-save", marks=pytest.mark.slow),
     ],
 )
 def test_capture_killed_mid_tick_carries_on_in_a_new_process(
