@@ -11,8 +11,8 @@ import pytest
 from upstream_helpers import RowUpstream
 
 pytest.importorskip("cdc_dagster.pipeline.executor")
-from cdc_dagster.metastore import Metastore  # noqa: E402
-from cdc_dagster.runtime import Driver, spark_executor_factory  # noqa: E402
+from cdc_dagster.metastore import Metastore
+from cdc_dagster.runtime import Driver, spark_executor_factory
 
 pytestmark = pytest.mark.slow  # a Spark session and a Spark job per capture half
 
