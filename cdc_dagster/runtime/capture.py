@@ -62,7 +62,7 @@ class CaptureContext:
     changefeed_id: str
     staging_root: Path  # staging of every capture: <staging_root>/<changefeed>/<capture>
     executor_factory: ExecutorFactory = fake_executor_factory
-    lease_ttl_s: int = 10  # spans a few ticks: a capture whose runs keep failing loses it
+    lease_ttl_s: int = 60  # spans a few Dagster runs (~10-20 s apart): failing runs lose it
     address: str = ""
 
     @property

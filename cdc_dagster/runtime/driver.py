@@ -38,7 +38,7 @@ log = logging.getLogger(__name__)
 CaptureRunner = Callable[[CaptureContext, dict], None]
 
 
-def add_capture(ms: Metastore, capture_id: str, lease_ttl_s: int = 10) -> CaptureSession:
+def add_capture(ms: Metastore, capture_id: str, lease_ttl_s: int = 60) -> CaptureSession:
     """Register a capture (scale out); its runs then keep the lease alive."""
     return ms.captures.register(capture_id, lease_ttl_s, keepalive=False)
 
