@@ -268,7 +268,7 @@ class OwnerLoop:
         metastore: Metastore,
         owner_id: str,
         *,
-        lease_ttl_s: int = 10,
+        lease_ttl_s: int = 30,  # sensor ticks come every 5-8 s at best: span a few
         config: CoordinatorConfig | None = None,
         now_ms: Any = wall_ms,
         table_progress: bool = True,
