@@ -389,8 +389,12 @@ class OwnerLoop:
             if self.metastore.client.get(ddl_marker(self.metastore, feed.changefeed_id, event)):
                 feed.coordinator.ddl_done(event)
                 feed.finished_ddl_ts = max(feed.finished_ddl_ts, event.commit_ts)
-                for t in event.drops:
-                    feed.schemas.pop(t, None)
+                rec = feed.records[(event.commit_ts, event.query)]
+                for t, schema in rec.tables.items():  # names after renames, for progress
+                    if schema is None or t in event.drops:
+                        feed.schemas.pop(t, None)
+                    elif t in feed.schemas:
+                        feed.schemas[t] = schema
             else:
                 out.append(
                     ReadyDdl(feed.changefeed_id, feed.records[(event.commit_ts, event.query)])
