@@ -25,6 +25,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from cdc_dagster.metastore import (
     Changefeed,
     ChangefeedProgress,
@@ -48,7 +50,7 @@ from scheduler_core.coordinator import Coordinator, CoordinatorConfig, TickResul
 from scheduler_core.ddl import DDLEvent, DDLManager
 from scheduler_core.errors import InvalidMessageError
 from scheduler_core.messages import Barrier, Header, HeartbeatResponse, OwnerMessage
-from scheduler_core.model import Checkpoint
+from scheduler_core.model import Checkpoint, TableState
 from scheduler_core.ts import physical_ms
 
 log = logging.getLogger(__name__)
@@ -236,6 +238,15 @@ class _Feed:
         except InvalidMessageError:
             return rec.to_event()
 
+    def stop_tables(self) -> None:
+        """The changefeed is paused (or failed, or finished): every capture drops its tables."""
+        coord = self.coordinator
+        if len(coord.current_tables):
+            empty = np.empty(0, np.int64)
+            coord.apply_table_set_change(
+                empty, coord.current_tables, coord.checkpoint.checkpoint_ts
+            )
+
     def reports_from(
         self, snapshot: OwnerSnapshot, alive: Mapping[str, str], owner_id: str
     ) -> list[HeartbeatResponse]:
@@ -340,17 +351,23 @@ class OwnerLoop:
         progress: dict[str, ChangefeedProgress] = {}
         ddl_states: dict[str, DdlState] = {}
         for cf_id, cf in sorted(snapshot.changefeeds.items()):
-            if cf.status.state is not ChangefeedState.NORMAL:
-                self._feeds.pop(cf_id, None)
+            stopped = cf.status.state is not ChangefeedState.NORMAL
+            if stopped and not _held_anywhere(snapshot, cf_id):
+                self._feeds.pop(cf_id, None)  # paused, failed or finished, and nothing held
                 continue
             feed = self._feed(cf, session.owner_rev)
             rebuilt, feed.fresh = feed.fresh, False
-            feed.feed_ddls()
+            if stopped:
+                feed.stop_tables()
+            else:
+                feed.feed_ddls()
             reports = feed.reports_from(snapshot, alive, self.owner_id)
             result = feed.coordinator.tick(alive, reports)
-            errors += admin.apply_requests(session, feed.coordinator, requests.get(cf_id, []))
             for m in result.messages:
                 messages.setdefault(m.to, {}).setdefault(cf_id, []).append(m)
+            if stopped:
+                continue  # only the removes travel; no progress, DDL or syncpoint
+            errors += admin.apply_requests(session, feed.coordinator, requests.get(cf_id, []))
             ddls += self._ddls(feed, result)
             syncs += self._syncpoint(feed, result)
             cp = result.checkpoint
@@ -452,6 +469,15 @@ class OwnerLoop:
 
         self.metastore.changefeeds.update_status(cf_id, change, runner=session.txn)
         self._feeds.pop(cf_id, None)
+
+
+def _held_anywhere(snapshot: OwnerSnapshot, changefeed_id: str) -> bool:
+    """Whether any capture still reports a table of the changefeed."""
+    absent = int(TableState.ABSENT)
+    return any(
+        bool((st.tables.states != absent).any())
+        for st in snapshot.tasks.get(changefeed_id, {}).values()
+    )
 
 
 # ------------------------------------------------------------------------------ DDL, syncpoint

@@ -123,3 +123,21 @@ def test_capture_whose_lease_expired_registers_anew_and_its_tables_move(
     assert anew and anew[0].registered_anew and anew[0].registration != old_epoch
     driver.run_until(lambda t: driver.caught_up(t, upstream.resolved), max_ticks=30)
     check_downstream(sink_uri)
+
+
+def test_paused_changefeed_stops_its_tables_and_resumes_where_it_left(
+    make_driver: Callable[..., Driver], upstream: Upstream, sink_uri: str
+) -> None:
+    driver = make_driver(captures=2)
+    upstream.advance(upstream.ts(3000))
+    driver.run_until(lambda t: driver.caught_up(t, upstream.resolved), max_ticks=30)
+    driver.ms.changefeeds.pause("cf")
+    upstream.advance(upstream.ts(5000))
+    driver.run_until(lambda t: all(not c.tables for c in t.commits), max_ticks=20)
+    paused_at = {t: FileDownstream(sink_uri[7:]).committed(t) for t in upstream.table_ids}
+    for _ in range(3):  # nothing is sunk while paused
+        assert all(not c.tables for c in driver.tick().commits)
+    assert {t: FileDownstream(sink_uri[7:]).committed(t) for t in upstream.table_ids} == paused_at
+    driver.ms.changefeeds.resume("cf")
+    driver.run_until(lambda t: driver.caught_up(t, upstream.resolved), max_ticks=30)
+    check_downstream(sink_uri)
