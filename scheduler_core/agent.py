@@ -449,3 +449,94 @@ class Agent:
                 f"capture {self._capture_id}: owner {self._owner_id!r} rev {self._owner_rev}, "
                 f"epoch {self._epoch!r}, tasks {list(self._tasks)}"
             )
+
+    # ----------------------------------------------------------------- durable state, split tick
+    # For a capture whose ticks run in fresh processes (a Dagster run per tick): the state
+    # to persist between runs, and ``tick`` as two halves around the executor's two phases
+    # (``begin_tick``; pull; persist | restore; sink; ``end_tick``). ``tick`` is unchanged.
+    def snapshot(self) -> AgentState:
+        """Everything this agent knows that must survive the process (not the stats)."""
+        half = getattr(self, "_half", None)
+        return AgentState(
+            owner_rev=self._owner_rev,
+            owner_id=self._owner_id,
+            epoch=self._epoch,
+            changefeed_epoch=self._changefeed_epoch,
+            stopping=self._stopping,
+            seq=self._seq,
+            tasks=tuple((t.request, t.commit_sent) for t in self._tasks.values()),
+            heartbeat=self._heartbeat,
+            half_heartbeat=half[0] if half else None,
+            half_finished=tuple(half[1]) if half else (),
+            in_tick=half is not None,
+        )
+
+    def restore(self, state: AgentState) -> None:
+        """Continue from ``state`` (a :meth:`snapshot` of an earlier process of this capture)."""
+        self._owner_rev = state.owner_rev
+        self._owner_id = state.owner_id
+        self._epoch = state.epoch
+        self._changefeed_epoch = state.changefeed_epoch
+        self._stopping = state.stopping
+        self._seq = state.seq
+        self._tasks = {}
+        for request, commit_sent in state.tasks:
+            task = _Task(request)
+            task.commit_sent = commit_sent
+            self._tasks[request.table_id] = task
+        self._heartbeat = state.heartbeat
+        self._half = (state.half_heartbeat, list(state.half_finished)) if state.in_tick else None
+        self._check_invariant()
+
+    def begin_tick(self) -> None:
+        """First half of :meth:`tick`: set the barrier, drive tasks (the executor pulls next)."""
+        prev = getattr(self, "_half", None)  # a first half whose second never ran (crash)
+        heartbeat, self._heartbeat = self._heartbeat, None
+        if heartbeat is None and prev is not None:
+            heartbeat = prev[0]
+        if heartbeat is not None:
+            self._executor.set_barrier(heartbeat.barrier)
+        finished = (prev[1] if prev else []) + self._drive_tasks()
+        self._half: tuple[Heartbeat | None, list[int]] | None = (heartbeat, finished)
+
+    def end_tick(self) -> list[CaptureMessage]:
+        """Second half of :meth:`tick` (after the executor sank): drive tasks, build responses."""
+        half = getattr(self, "_half", None)
+        heartbeat, finished = half if half is not None else (None, [])
+        self._half = None
+        finished = finished + self._drive_tasks()
+        out: list[CaptureMessage] = []
+        if self._owner_id is None:
+            return out
+        stopped: list[int] = []
+        if heartbeat is not None:
+            response, stopped = self._heartbeat_response(heartbeat)
+            out.append(response)
+            reported = set(response.tables.table_ids.tolist())
+            finished = [t for t in finished if t not in reported]
+        if finished:
+            statuses = tuple(self._executor.status(t) for t in sorted(set(finished)))
+            stopped += [s.table_id for s in statuses if s.state == T.STOPPED]
+            header = self._header()
+            out.append(DispatchTableResponse(header, self._capture_id, self._owner_id, statuses))
+        for table_id in sorted(set(stopped)):
+            self._executor.forget(table_id)
+        self._check_invariant()
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class AgentState:
+    """An :class:`Agent`'s durable state (see :meth:`Agent.snapshot`)."""
+
+    owner_rev: int
+    owner_id: str | None
+    epoch: str
+    changefeed_epoch: int
+    stopping: bool
+    seq: int
+    tasks: tuple[tuple[Dispatch, bool], ...]  # (request in flight, its commit was sent)
+    heartbeat: Heartbeat | None  # received, not yet answered
+    half_heartbeat: Heartbeat | None = None  # taken by begin_tick, answered by end_tick
+    half_finished: tuple[int, ...] = ()
+    in_tick: bool = False  # begin_tick ran, end_tick not yet

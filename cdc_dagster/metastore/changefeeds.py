@@ -80,9 +80,14 @@ class ChangefeedInfo:
     start_ts: int
     target_ts: int = 0  # 0: no end
     sync_point_interval_s: int = 0  # 0: no syncpoints
+    # Where the change log lives: changelog:///abs/path (embedded upstream); "" when unset
+    # (records written before the field existed read as "").
+    upstream_uri: str = ""
 
     def __post_init__(self) -> None:
         validate_changefeed_id(self.changefeed_id)
+        if not isinstance(self.upstream_uri, str):
+            raise ValueError(f"upstream_uri must be a str, got {self.upstream_uri!r}")
         validate_sink_uri(self.sink_uri)
         object.__setattr__(self, "table_filter", tuple(self.table_filter))
         TableFilter.parse(self.table_filter)
@@ -213,6 +218,7 @@ class ChangefeedStore:
         start_ts: int | None = None,
         target_ts: int = 0,
         sync_point_interval_s: int = 0,
+        upstream_uri: str = "",
     ) -> Changefeed:
         """Create a changefeed starting at ``start_ts`` (default: now); nothing is written on error."""
         validate_changefeed_id(changefeed_id)
@@ -233,6 +239,7 @@ class ChangefeedStore:
                 start,
                 target_ts,
                 sync_point_interval_s,
+                upstream_uri,
             )
             status = ChangefeedStatus(start, start, ChangefeedState.NORMAL, epoch=compose(now))
             created = self._try_create(info, status, gc_kv.mod_revision if gc_kv else 0)

@@ -1,8 +1,7 @@
 """A real etcd for every test: one private server per session, plus per-test clusters.
 
-The ``etcd_server`` / ``etcd_endpoints`` fixtures are generic (they only yield a running
-server and its endpoints) so they can move to ``tests/conftest.py`` when other suites
-need etcd. Each test gets its own cluster prefix, so tests never see each other's keys.
+The generic etcd fixtures (``etcd_server``, ``etcd_endpoints``, ``cluster_id``, ``layout``,
+``metastore``) live in ``tests/conftest.py``, shared with the runtime suite.
 """
 
 from __future__ import annotations
@@ -13,7 +12,6 @@ import signal
 import subprocess
 import sys
 import threading
-import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -21,51 +19,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-from cdc_dagster.metastore import KeyLayout, Metastore, TaskStatus, connect
-from cdc_dagster.metastore.embedded import EmbeddedEtcd, EtcdTuning
+from cdc_dagster.metastore import TaskStatus
 from scheduler_core.messages import Liveness, TableStatusBatch
 from scheduler_core.model import TableState
 
 OWNER_PROC = Path(__file__).with_name("owner_proc.py")
-
-
-@pytest.fixture(scope="session")
-def etcd_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedEtcd]:
-    """A private etcd for the whole session (short election timeout: 1 s leases work)."""
-    server = EmbeddedEtcd(tmp_path_factory.mktemp("etcd"), tuning=EtcdTuning.for_tests())
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
-@pytest.fixture(scope="session")
-def etcd_endpoints(etcd_server: EmbeddedEtcd) -> list[str]:
-    """``host:port`` endpoints of the session's etcd."""
-    return etcd_server.endpoints
-
-
-@pytest.fixture
-def cluster_id() -> str:
-    """A cluster id of this test's own, so its keys do not meet other tests' keys."""
-    return f"t{uuid.uuid4().hex[:12]}"
-
-
-@pytest.fixture
-def layout(cluster_id: str) -> KeyLayout:
-    """The key layout of this test's cluster."""
-    return KeyLayout(cluster_id)
-
-
-@pytest.fixture
-def metastore(etcd_endpoints: list[str], cluster_id: str) -> Iterator[Metastore]:
-    """A metastore on the session etcd, for this test's cluster."""
-    ms = connect(etcd_endpoints, cluster_id=cluster_id, retry_timeout_s=10.0)
-    try:
-        yield ms
-    finally:
-        ms.close()
 
 
 class Candidate:

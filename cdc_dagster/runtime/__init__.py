@@ -1,0 +1,59 @@
+"""Runtime glue: the capture tick halves, the owner tick, the wire codec, the in-process driver.
+
+See docs/dataplane.md section 4. The Dagster plane calls ``capture_prepare`` /
+``capture_commit`` from a capture run's ops, ``OwnerLoop.tick`` from the owner sensor and
+``apply_ready_ddl`` / ``apply_syncpoint`` from gated runs; the driver calls the same.
+"""
+
+from cdc_dagster.runtime import admin, wire
+from cdc_dagster.runtime.capture import (
+    CaptureContext,
+    CommitOutcome,
+    PrepareOutcome,
+    TableLine,
+    capture_commit,
+    capture_prepare,
+)
+from cdc_dagster.runtime.driver import Driver, add_capture, remove_capture
+from cdc_dagster.runtime.fake import fake_executor_factory
+from cdc_dagster.runtime.owner import (
+    ChangefeedTick,
+    OwnerLoop,
+    OwnerTick,
+    ReadyDdl,
+    ReadySyncpoint,
+    TableProgress,
+    apply_ddl_at,
+    apply_ready_ddl,
+    apply_syncpoint,
+)
+from cdc_dagster.runtime.spark import spark_executor_factory
+from cdc_dagster.runtime.spec import ExecutorFactory, ExecutorSpec, RuntimeExecutor
+
+__all__ = [
+    "CaptureContext",
+    "ChangefeedTick",
+    "CommitOutcome",
+    "Driver",
+    "ExecutorFactory",
+    "ExecutorSpec",
+    "OwnerLoop",
+    "OwnerTick",
+    "PrepareOutcome",
+    "ReadyDdl",
+    "ReadySyncpoint",
+    "RuntimeExecutor",
+    "TableLine",
+    "TableProgress",
+    "add_capture",
+    "admin",
+    "apply_ddl_at",
+    "apply_ready_ddl",
+    "apply_syncpoint",
+    "capture_commit",
+    "capture_prepare",
+    "fake_executor_factory",
+    "remove_capture",
+    "spark_executor_factory",
+    "wire",
+]

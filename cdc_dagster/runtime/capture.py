@@ -1,0 +1,391 @@
+"""A capture tick as two durable halves: ``capture_prepare`` and ``capture_commit``.
+
+Nothing of a capture lives in memory between calls (DESIGN.md, "Mapping onto Dagster"):
+each half attaches to the capture's registration (renewing its lease; a new registration,
+and so a new epoch, when it expired), rebuilds the Agent from its state key
+(``agent/<changefeed>/<capture>``, under the capture's lease, next to the task key) and
+the executor from its own manifest, does its half, and persists both (executor first, so
+the Agent's state is never ahead of the data plane's). The commit half also writes the
+task status key: the report the owner reads.
+
+Epochs: the Agent's epoch under owner ``R`` is ``<registration>.<R>``
+(:func:`~cdc_dagster.runtime.spec.capture_epoch`), so the owner derives it from the
+registry and the task key, and an old owner's dispatches never match it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import shutil
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from cdc_dagster.metastore import CaptureSession, Metastore, TaskStatus
+from cdc_dagster.metastore.client import Put
+from cdc_dagster.metastore.errors import CaptureNotRegisteredError, LeaseExpiredError
+from cdc_dagster.metastore.status_codec import encode as encode_status
+from cdc_dagster.runtime.fake import fake_executor_factory
+from cdc_dagster.runtime.spec import ExecutorFactory, ExecutorSpec, RuntimeExecutor, capture_epoch
+from cdc_dagster.runtime.wire import (
+    decode_dispatch,
+    decode_message,
+    encode_dispatch,
+    encode_message,
+)
+from scheduler_core.agent import Agent, AgentState, AgentStats
+from scheduler_core.messages import (
+    CaptureMessage,
+    DispatchTableResponse,
+    HeartbeatResponse,
+    OwnerMessage,
+    TableStatusBatch,
+)
+from scheduler_core.model import TableState
+
+log = logging.getLogger(__name__)
+
+AGENT_STATE_VERSION = 1
+
+
+@dataclass(slots=True)
+class CaptureContext:
+    """What one capture's tick halves need; cheap to build in every Dagster op."""
+
+    metastore: Metastore
+    capture_id: str
+    changefeed_id: str
+    staging_root: Path  # staging of every capture: <staging_root>/<changefeed>/<capture>
+    executor_factory: ExecutorFactory = fake_executor_factory
+    lease_ttl_s: int = 60  # spans a few Dagster runs (~10-20 s apart): failing runs lose it
+    address: str = ""
+
+    @property
+    def staging_dir(self) -> Path:
+        """This capture's staging area for this changefeed."""
+        return Path(self.staging_root) / self.changefeed_id / self.capture_id
+
+
+@dataclass(frozen=True, slots=True)
+class TableLine:
+    """What one table is and what this half did to it (a Dagster op logs these)."""
+
+    table_id: int
+    state: str
+    checkpoint_ts: int
+    resolved_ts: int
+    note: str = ""
+
+    def __str__(self) -> str:
+        note = f": {self.note}" if self.note else ""
+        return (
+            f"table {self.table_id} {self.state} checkpoint {self.checkpoint_ts} "
+            f"resolved {self.resolved_ts}{note}"
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class PrepareOutcome:
+    """What ``capture_prepare`` did."""
+
+    capture_id: str
+    changefeed_id: str
+    epoch: str  # the Agent's epoch after receiving
+    registration: str  # the registration (lease) epoch
+    registered_anew: bool  # the lease had expired: a new registration, staging reset
+    owner_rev: int
+    received: int
+    rejected: dict[str, int]  # fencing drops by reason (stale owner, wrong epoch, ...)
+    tables: tuple[TableLine, ...]
+    errors: dict[int, str] = field(default_factory=dict)
+
+    def lines(self) -> list[str]:
+        """Human-readable lines for a run log."""
+        head = (
+            f"capture {self.capture_id} changefeed {self.changefeed_id} epoch {self.epoch} "
+            f"owner_rev {self.owner_rev}: received {self.received}, rejected {self.rejected}"
+            + (" (registered anew)" if self.registered_anew else "")
+        )
+        return [head, *(str(t) for t in self.tables)]
+
+
+@dataclass(frozen=True, slots=True)
+class CommitOutcome:
+    """What ``capture_commit`` did, and the report it wrote."""
+
+    capture_id: str
+    changefeed_id: str
+    epoch: str
+    owner_rev: int
+    reported: bool  # a task status key was written (an owner was adopted)
+    responses: tuple[CaptureMessage, ...]
+    tables: tuple[TableLine, ...]
+    errors: dict[int, str] = field(default_factory=dict)
+
+    def lines(self) -> list[str]:
+        """Human-readable lines for a run log."""
+        head = (
+            f"capture {self.capture_id} changefeed {self.changefeed_id} epoch {self.epoch} "
+            f"owner_rev {self.owner_rev}: {'reported' if self.reported else 'no owner yet'}"
+        )
+        return [head, *(str(t) for t in self.tables)]
+
+
+# ------------------------------------------------------------------------------ halves
+def capture_prepare(ctx: CaptureContext, messages: Sequence[OwnerMessage]) -> PrepareOutcome:
+    """Fence and receive ``messages``, drive tasks, run phase 1 (pull into staging), persist."""
+    with _Tick.open(ctx) as tick:
+        return _prepare(ctx, tick, messages)
+
+
+def _prepare(ctx: CaptureContext, tick: _Tick, messages: Sequence[OwnerMessage]) -> PrepareOutcome:
+    before = _counts(tick.agent.stats)
+    for msg in messages:
+        # The epoch the Agent rotates to when it adopts this message's owner.
+        tick.adopting_rev = msg.header.owner_rev
+        tick.agent.handle([msg])
+    rejected = {k: v - before[k] for k, v in _counts(tick.agent.stats).items() if v > before[k]}
+    tick.agent.begin_tick()
+    tick.executor.pull_phase()
+    tick.persist(report=None)
+    return PrepareOutcome(
+        ctx.capture_id,
+        ctx.changefeed_id,
+        tick.agent.epoch,
+        tick.session.epoch,
+        tick.registered_anew,
+        tick.agent.owner_rev,
+        len(messages),
+        rejected,
+        tick.lines(),
+        dict(tick.executor.errors()),
+    )
+
+
+def capture_commit(ctx: CaptureContext) -> CommitOutcome:
+    """Phase 2 (sink), finish the tick, write the task status key (the report), persist."""
+    with _Tick.open(ctx) as tick:
+        return _commit(ctx, tick)
+
+
+def _commit(ctx: CaptureContext, tick: _Tick) -> CommitOutcome:
+    tick.executor.sink_phase()
+    held_before = tick.executor.statuses()
+    responses = tick.agent.end_tick()
+    report = _report(tick.agent, tick.executor.statuses(), held_before, responses)
+    tick.persist(report=report)
+    return CommitOutcome(
+        ctx.capture_id,
+        ctx.changefeed_id,
+        tick.agent.epoch,
+        tick.agent.owner_rev,
+        report is not None,
+        tuple(responses),
+        tick.lines(),
+        dict(tick.executor.errors()),
+    )
+
+
+# ------------------------------------------------------------------------------ internals
+class _Tick:
+    """One half's view: the session, the restored Agent and executor."""
+
+    def __init__(self, ctx: CaptureContext, session: CaptureSession, anew: bool) -> None:
+        self.ctx = ctx
+        self.session = session
+        self.registered_anew = anew
+        self.adopting_rev = 0
+        ms = ctx.metastore
+        cf = ms.changefeeds.get(ctx.changefeed_id).info
+        _reset_staging_if_new(ctx.staging_dir, session.epoch)
+        spec = ExecutorSpec(
+            ctx.capture_id,
+            ctx.changefeed_id,
+            ctx.staging_dir,
+            Path(ctx.staging_root),
+            cf.upstream_uri,
+            cf.sink_uri,
+            cf.start_ts,
+        )
+        self.executor: RuntimeExecutor = ctx.executor_factory(spec)  # loaded from its manifest
+        self.agent = Agent(
+            ctx.capture_id,
+            self.executor,
+            lambda: capture_epoch(session.epoch, self.adopting_rev),
+            registration=session.epoch,
+        )
+        kv = ms.client.get(agent_state_key(ms, ctx.changefeed_id, ctx.capture_id))
+        if kv is not None:
+            state = decode_agent_state(kv.value, ctx.capture_id)
+            if state is not None:
+                self.agent.restore(state)
+        owner = ms.election.current_owner()
+        self.agent.observe_owner_rev(owner.owner_rev if owner is not None else 0)
+
+    @classmethod
+    @contextlib.contextmanager
+    def open(cls, ctx: CaptureContext) -> Iterator[_Tick]:
+        """The half's view; the lease is kept alive while the half runs (a long Spark job)."""
+        session, anew = attach_or_register(ctx)
+        session.keeper.start()
+        try:
+            yield cls(ctx, session, anew)
+        finally:
+            session.keeper.stop()
+
+    def persist(self, report: TaskStatus | None) -> None:
+        self.executor.save()
+        ms = self.ctx.metastore
+        lease = self.session.lease_id
+        ops = [
+            Put(
+                agent_state_key(ms, self.ctx.changefeed_id, self.ctx.capture_id),
+                encode_agent_state(self.agent.snapshot()),
+                lease,
+            )
+        ]
+        if report is not None:
+            key = ms.layout.task(self.ctx.changefeed_id, self.ctx.capture_id)
+            ops.append(Put(key, encode_status(report), lease))
+        self.session.txn(ops)
+
+    def lines(self) -> tuple[TableLine, ...]:
+        notes: dict[int, str] = dict(getattr(self.executor, "last_phase", {}) or {})
+        for table_id, req in self.agent.tasks.items():
+            notes[table_id] = (notes.get(table_id, "") + f" task {type(req).__name__}").strip()
+        for table_id, err in self.executor.errors().items():
+            notes[table_id] = f"ERROR {err}"
+        held = self.executor.statuses()
+        out = [
+            TableLine(s.table_id, s.state.name, *_cp(s), notes.get(s.table_id, ""))
+            for s in sorted(held, key=lambda s: s.table_id)
+        ]
+        return tuple(out)
+
+
+def _cp(status: Any) -> tuple[int, int]:
+    return status.checkpoint.checkpoint_ts, status.checkpoint.resolved_ts
+
+
+def attach_or_register(ctx: CaptureContext) -> tuple[CaptureSession, bool]:
+    """The capture's registration with its lease renewed; a new one if it expired."""
+    reg = ctx.metastore.captures
+    try:
+        session = reg.attach(ctx.capture_id)
+        session.keep_alive()
+        return session, False
+    except (CaptureNotRegisteredError, LeaseExpiredError):
+        log.info("capture %s: registration gone; registering anew", ctx.capture_id)
+    session = reg.register(ctx.capture_id, ctx.lease_ttl_s, address=ctx.address, keepalive=False)
+    return session, True
+
+
+def _reset_staging_if_new(staging: Path, registration: str) -> None:
+    """Staging written under another registration belongs to a dead epoch: start empty."""
+    marker = staging / "REGISTRATION"
+    if marker.exists() and marker.read_text() == registration:
+        return
+    if staging.exists():
+        log.info("staging %s belongs to an expired registration: reset", staging)
+        shutil.rmtree(staging)
+    staging.mkdir(parents=True, exist_ok=True)
+    marker.write_text(registration)
+
+
+def _counts(stats: AgentStats) -> dict[str, int]:
+    return {name: getattr(stats, name) for name in AgentStats.__slots__}  # type: ignore[attr-defined]
+
+
+def _report(
+    agent: Agent,
+    held_now: TableStatusBatch,
+    held_before: TableStatusBatch,
+    responses: Sequence[CaptureMessage],
+) -> TaskStatus | None:
+    """The task status: the heartbeat response's tables, or every held table, plus the
+    statuses of tasks that finished (a STOPPED table is reported once, then forgotten)."""
+    if agent.owner_id is None:
+        return None
+    base = held_now
+    extra = []
+    for m in responses:
+        if isinstance(m, HeartbeatResponse):
+            base = m.tables
+        elif isinstance(m, DispatchTableResponse):
+            extra.extend(m.statuses)
+    del held_before
+    extra = [s for s in extra if s.table_id not in set(base.table_ids.tolist())]
+    if extra:
+        more = TableStatusBatch.of(extra)
+        base = TableStatusBatch(
+            *(
+                np.concatenate([getattr(base, n), getattr(more, n)])
+                for n in ("table_ids", "states", "checkpoint_ts", "resolved_ts")
+            )
+        )
+    return TaskStatus(agent.owner_rev, agent.changefeed_epoch, agent.liveness, base)
+
+
+# ------------------------------------------------------------------------------ agent state
+def agent_state_key(ms: Metastore, changefeed_id: str, capture_id: str) -> str:
+    """The key of a capture's Agent state for one changefeed (under the capture's lease)."""
+    ms.layout.task(changefeed_id, capture_id)  # validates both ids
+    return f"{ms.layout.prefix}agent/{changefeed_id}/{capture_id}"
+
+
+def encode_agent_state(state: AgentState) -> bytes:
+    """JSON of an AgentState (messages through the wire codec)."""
+    obj = {
+        "v": AGENT_STATE_VERSION,
+        "owner_rev": state.owner_rev,
+        "owner_id": state.owner_id,
+        "epoch": state.epoch,
+        "changefeed_epoch": state.changefeed_epoch,
+        "stopping": state.stopping,
+        "seq": state.seq,
+        "tasks": [{**encode_dispatch(d), "commit_sent": sent} for d, sent in state.tasks],
+        "heartbeat": encode_message(state.heartbeat) if state.heartbeat else None,
+        "half_heartbeat": encode_message(state.half_heartbeat) if state.half_heartbeat else None,
+        "half_finished": list(state.half_finished),
+        "in_tick": state.in_tick,
+    }
+    return json.dumps(obj, separators=(",", ":")).encode()
+
+
+def decode_agent_state(data: bytes, capture_id: str) -> AgentState | None:
+    """Inverse of :func:`encode_agent_state`; None (logged) for another version."""
+    raw = json.loads(data)
+    if raw.get("v") != AGENT_STATE_VERSION:
+        log.warning("capture %s: agent state version %r ignored", capture_id, raw.get("v"))
+        return None
+
+    def msg(obj: Any) -> Any:
+        return decode_message(obj, "agent state") if obj is not None else None
+
+    tasks = tuple(
+        (decode_dispatch(t, capture_id, "agent state task"), bool(t["commit_sent"]))
+        for t in raw["tasks"]
+    )
+    return AgentState(
+        owner_rev=raw["owner_rev"],
+        owner_id=raw["owner_id"],
+        epoch=raw["epoch"],
+        changefeed_epoch=raw["changefeed_epoch"],
+        stopping=raw["stopping"],
+        seq=raw["seq"],
+        tasks=tasks,
+        heartbeat=msg(raw["heartbeat"]),
+        half_heartbeat=msg(raw["half_heartbeat"]),
+        half_finished=tuple(raw["half_finished"]),
+        in_tick=raw["in_tick"],
+    )
+
+
+def held_states(report: TaskStatus) -> dict[int, TableState]:
+    """Table id -> state of a report (tests, logs)."""
+    return {s.table_id: s.state for s in report.tables}

@@ -1,0 +1,556 @@
+"""The owner tick: election, one snapshot read, a Coordinator per changefeed, one guarded write.
+
+``OwnerLoop.tick()`` is what the owner sensor runs each evaluation (and the driver each
+step). Coordinators are cached in the process between ticks and rebuilt from etcd and
+the change log on an owner switch or in a new process (a code-server restart is an owner
+switch): the checkpoint from the changefeed status, the tables from the change log's
+``tables_at(checkpoint - 1)`` through the table filter, the DDLs after it (re-running a
+DDL that already ran is a no-op at the sink), and the captures' reports from their task
+keys, turned back into ``HeartbeatResponse``s (epoch = ``<registration>.<owner_rev>``).
+
+DDLs and syncpoints leave the tick as work items: whoever carries one out (a gated
+Dagster run, or the driver) calls :func:`apply_ready_ddl` / :func:`apply_syncpoint`,
+which act on the sink and then leave a marker in etcd; the owner's next tick sees the
+marker and calls ``ddl_done`` / ``syncpoint_done``. Admin requests (move table, drain
+capture, rebalance) are keys the owner reads each tick: :mod:`cdc_dagster.runtime.admin`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import logging
+import random
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from cdc_dagster.metastore import (
+    Changefeed,
+    ChangefeedProgress,
+    ChangefeedState,
+    DdlState,
+    Metastore,
+    OwnerSession,
+    OwnerSnapshot,
+    TaskStatus,
+)
+from cdc_dagster.metastore.changefeeds import wall_ms
+from cdc_dagster.metastore.errors import LeaseExpiredError, NotOwnerError
+from cdc_dagster.runtime import admin
+from cdc_dagster.runtime.sinks import open_sink
+from cdc_dagster.runtime.spec import capture_epoch, changelog_path
+from cdc_dagster.runtime.wire import encode
+from cdc_dagster.sinks.base import Sink
+from cdc_dagster.upstream.changelog import ChangeLog
+from cdc_dagster.upstream.schema import DdlRecord, TableSchema
+from scheduler_core.coordinator import Coordinator, CoordinatorConfig, TickResult
+from scheduler_core.ddl import DDLEvent, DDLManager
+from scheduler_core.errors import InvalidMessageError
+from scheduler_core.messages import Barrier, Header, HeartbeatResponse, OwnerMessage
+from scheduler_core.model import Checkpoint, TableState
+from scheduler_core.ts import physical_ms
+
+log = logging.getLogger(__name__)
+
+
+# ------------------------------------------------------------------------------ results
+@dataclass(frozen=True, slots=True)
+class TableProgress:
+    """One table's progress (asset materialization metadata)."""
+
+    table_id: int
+    name: str  # database.table
+    state: str  # the replication set's state, or MISSING
+    capture_id: str | None  # the primary
+    checkpoint_ts: int
+    resolved_ts: int
+    barrier_ts: int
+    lag_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class ChangefeedTick:
+    """One changefeed's tick: its progress, barrier and what the scheduler did."""
+
+    changefeed_id: str
+    checkpoint_ts: int
+    resolved_ts: int
+    barrier: Barrier
+    lag_s: float
+    scheduler: str | None
+    dispatches: int
+    finished: bool
+    rebuilt: bool
+    tables: tuple[TableProgress, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class ReadyDdl:
+    """A DDL whose gate is open: apply it (:func:`apply_ready_ddl`); the owner then marks it done."""
+
+    changefeed_id: str
+    record: DdlRecord
+
+    def to_config(self) -> dict[str, Any]:
+        """JSON-able (a DDL run's config)."""
+        return {"changefeed_id": self.changefeed_id, "record": self.record.to_json()}
+
+    @staticmethod
+    def from_config(obj: Mapping[str, Any]) -> ReadyDdl:
+        """Inverse of :meth:`to_config`."""
+        return ReadyDdl(str(obj["changefeed_id"]), DdlRecord.from_json(obj["record"]))
+
+    @property
+    def commit_ts(self) -> int:
+        """The DDL's commit ts."""
+        return self.record.commit_ts
+
+    @property
+    def table_ids(self) -> tuple[int, ...]:
+        """The existing tables it touches (its gate: their checkpoints reach commit_ts)."""
+        return tuple(self.record.table_ids)
+
+    @property
+    def query(self) -> str:
+        """The statement."""
+        return self.record.query
+
+
+@dataclass(frozen=True, slots=True)
+class ReadySyncpoint:
+    """A syncpoint every table reached: record it (:func:`apply_syncpoint`)."""
+
+    changefeed_id: str
+    ts: int
+    table_ids: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class OwnerTick:
+    """What one owner tick did, and what the Dagster plane (or the driver) must carry out."""
+
+    is_owner: bool
+    owner_id: str | None  # the current owner (this one, another, or None: nobody)
+    owner_rev: int
+    reason: str = ""  # why nothing happened, when nothing did
+    # capture id -> changefeed id -> messages for that capture's run
+    messages: Mapping[str, Mapping[str, list[OwnerMessage]]] = field(default_factory=dict)
+    changefeeds: Mapping[str, ChangefeedTick] = field(default_factory=dict)
+    ready_ddls: tuple[ReadyDdl, ...] = ()
+    syncpoints: tuple[ReadySyncpoint, ...] = ()
+    admin_errors: tuple[str, ...] = ()
+    captures: tuple[str, ...] = ()  # alive captures (dynamic partitions)
+
+    @property
+    def owner(self) -> str | None:
+        """Alias of ``owner_id``."""
+        return self.owner_id
+
+    @property
+    def ddls(self) -> tuple[ReadyDdl, ...]:
+        """Alias of ``ready_ddls``."""
+        return self.ready_ddls
+
+    @property
+    def progress(self) -> Mapping[str, ChangefeedTick]:
+        """Alias of ``changefeeds`` (each has ``checkpoint_ts`` and ``resolved_ts``)."""
+        return self.changefeeds
+
+    def run_config(self, capture_id: str) -> dict[str, list[dict[str, Any]]]:
+        """The capture run's messages per changefeed, JSON-able (decode with wire.decode)."""
+        return {cf: encode(msgs) for cf, msgs in self.messages.get(capture_id, {}).items()}
+
+
+# ------------------------------------------------------------------------------ per changefeed
+class _Feed:
+    """The owner's cached state of one changefeed (rebuildable from etcd at any tick)."""
+
+    def __init__(self, loop: OwnerLoop, cf: Changefeed, owner_rev: int) -> None:
+        info, status = cf.info, cf.status
+        self.changefeed_id = info.changefeed_id
+        self.epoch = status.epoch
+        self.changelog = ChangeLog(changelog_path(info.upstream_uri))
+        self.filter = info.filter
+        cp = status.checkpoint_ts
+        # One below the checkpoint: a DDL exactly at it may not have run yet.
+        self.ddl_upto = max(cp - 1, 0)
+        self.schemas: dict[int, TableSchema] = {
+            t: s
+            for t, s in self.changelog.tables_at(self.ddl_upto).items()
+            if self.filter.matches(s.database, s.table)
+        }
+        interval = info.sync_point_interval_s * 1000 or None
+        ddl = DDLManager(
+            self.ddl_upto,
+            sync_point_interval_ms=interval,
+            target_ts=info.target_ts or None,
+            ddl_resolved_ts=self.ddl_upto,
+        )
+        self.coordinator = Coordinator(
+            owner_id=loop.owner_id,
+            owner_rev=owner_rev,
+            changefeed_epoch=status.epoch,
+            checkpoint=Checkpoint(cp, max(cp, status.resolved_ts)),
+            tables=sorted(self.schemas),
+            rng=random.Random(owner_rev),
+            config=loop.config,
+            ddl=ddl,
+        )
+        self.records: dict[tuple[int, str], DdlRecord] = {}
+        self.reports: dict[str, tuple[str, TaskStatus]] = {}
+        self.seq = 0
+        self.finished_ddl_ts = 0
+        self.last_syncpoint_ts = 0
+        self.fresh = True
+
+    def feed_ddls(self) -> None:
+        """Queue the change log's DDLs up to its DDL resolved ts (filtered), then advance it."""
+        resolved = self.changelog.ddl_resolved_ts()
+        if resolved <= self.ddl_upto:
+            return
+        for rec in self.changelog.ddl_records(after_ts=self.ddl_upto, upto_ts=resolved):
+            event = self._filtered(rec)
+            if event is not None:
+                self.records[(event.commit_ts, event.query)] = rec
+                self.coordinator.add_ddl(event)
+        self.ddl_upto = resolved
+        self.coordinator.advance_ddl_resolved(resolved)
+
+    def _filtered(self, rec: DdlRecord) -> DDLEvent | None:
+        creates = tuple(
+            t
+            for t in rec.creates
+            if (s := rec.tables.get(t)) is not None and self.filter.matches(s.database, s.table)
+        )
+        table_ids = tuple(t for t in rec.table_ids if t in self.schemas)
+        for t in creates:
+            self.schemas[t] = rec.tables[t]  # type: ignore[assignment]
+        if not creates and not table_ids and (rec.table_ids or rec.creates):
+            return None  # a DDL on tables outside the filter
+        if creates == tuple(rec.creates) and table_ids == tuple(rec.table_ids):
+            return rec.to_event()
+        try:
+            drops = tuple(t for t in rec.drops if t in table_ids)
+            return DDLEvent(rec.commit_ts, rec.kind, rec.query, table_ids, creates, drops)
+        except InvalidMessageError:
+            return rec.to_event()
+
+    def stop_tables(self) -> None:
+        """The changefeed is paused (or failed, or finished): every capture drops its tables."""
+        coord = self.coordinator
+        if len(coord.current_tables):
+            empty = np.empty(0, np.int64)
+            coord.apply_table_set_change(
+                empty, coord.current_tables, coord.checkpoint.checkpoint_ts
+            )
+
+    def reports_from(
+        self, snapshot: OwnerSnapshot, alive: Mapping[str, str], owner_id: str
+    ) -> list[HeartbeatResponse]:
+        """New task keys as heartbeat responses (an unchanged key is not fed twice)."""
+        out = []
+        for cid, status in sorted(snapshot.tasks.get(self.changefeed_id, {}).items()):
+            reg = alive.get(cid)
+            if reg is None or self.reports.get(cid) == (reg, status):
+                continue
+            self.reports[cid] = (reg, status)
+            self.seq += 1
+            header = Header(
+                status.owner_rev,
+                capture_epoch(reg, status.owner_rev),
+                status.changefeed_epoch,
+                self.seq,
+            )
+            out.append(
+                HeartbeatResponse(header, cid, owner_id, status.tables, status.liveness, reg)
+            )
+        return out
+
+
+# ------------------------------------------------------------------------------ the loop
+class OwnerLoop:
+    """The owner: keep or win the election, then one tick over every changefeed."""
+
+    def __init__(
+        self,
+        metastore: Metastore,
+        owner_id: str,
+        *,
+        lease_ttl_s: int = 30,  # sensor ticks come every 5-8 s at best: span a few
+        config: CoordinatorConfig | None = None,
+        now_ms: Any = wall_ms,
+        table_progress: bool = True,
+    ) -> None:
+        self.metastore = metastore
+        self.owner_id = owner_id
+        self.lease_ttl_s = lease_ttl_s
+        self.config = config or CoordinatorConfig()
+        self.now_ms = now_ms
+        self.table_progress = table_progress
+        self._session: OwnerSession | None = None
+        self._feeds: dict[str, _Feed] = {}
+
+    # -------------------------------------------------------------- election
+    def _ensure_owner(self) -> OwnerSession | None:
+        session = self._session
+        if session is not None:
+            try:
+                session.keeper.refresh()
+            except LeaseExpiredError:
+                session = None
+        if session is None:
+            election = self.metastore.election
+            session = election.attach(self.owner_id)
+            if session is not None:
+                session.keeper.refresh()
+            else:
+                session = election.try_campaign(self.owner_id, self.lease_ttl_s)
+                if session is not None:
+                    # The tick renews the lease: an owner that stops ticking loses it.
+                    session.keeper.stop()
+        if session is None or (self._session and session.owner_rev != self._session.owner_rev):
+            self._feeds.clear()  # another owner_rev: every cached coordinator is stale
+        self._session = session
+        return session
+
+    def resign(self) -> None:
+        """Give up ownership now."""
+        if self._session is not None:
+            self._session.resign()
+        self._session = None
+        self._feeds.clear()
+
+    # -------------------------------------------------------------- the tick
+    def tick(self) -> OwnerTick:
+        """One owner tick (see the module docstring)."""
+        session = self._ensure_owner()
+        if session is None:
+            current = self.metastore.election.current_owner()
+            who = current.owner_id if current else None
+            return OwnerTick(False, who, current.owner_rev if current else 0, f"owner is {who}")
+        try:
+            return self._tick(session)
+        except NotOwnerError as exc:
+            self._session = None
+            self._feeds.clear()
+            return OwnerTick(False, None, session.owner_rev, str(exc))
+
+    def _tick(self, session: OwnerSession) -> OwnerTick:
+        ms = self.metastore
+        snapshot = ms.read_owner_snapshot()
+        alive = {cid: info.epoch for cid, info in snapshot.captures.items()}
+        requests = admin.pending_requests(ms)
+        messages: dict[str, dict[str, list[OwnerMessage]]] = {}
+        ticks: dict[str, ChangefeedTick] = {}
+        ddls: list[ReadyDdl] = []
+        syncs: list[ReadySyncpoint] = []
+        errors: list[str] = []
+        progress: dict[str, ChangefeedProgress] = {}
+        ddl_states: dict[str, DdlState] = {}
+        for cf_id, cf in sorted(snapshot.changefeeds.items()):
+            stopped = cf.status.state is not ChangefeedState.NORMAL
+            if stopped and not _held_anywhere(snapshot, cf_id):
+                self._feeds.pop(cf_id, None)  # paused, failed or finished, and nothing held
+                continue
+            feed = self._feed(cf, session.owner_rev)
+            rebuilt, feed.fresh = feed.fresh, False
+            if stopped:
+                feed.stop_tables()
+            else:
+                feed.feed_ddls()
+            reports = feed.reports_from(snapshot, alive, self.owner_id)
+            result = feed.coordinator.tick(alive, reports)
+            for m in result.messages:
+                messages.setdefault(m.to, {}).setdefault(cf_id, []).append(m)
+            if stopped:
+                continue  # only the removes travel; no progress, DDL or syncpoint
+            errors += admin.apply_requests(session, feed.coordinator, requests.get(cf_id, []))
+            ddls += self._ddls(feed, result)
+            syncs += self._syncpoint(feed, result)
+            cp = result.checkpoint
+            progress[cf_id] = ChangefeedProgress(cp.checkpoint_ts, cp.resolved_ts)
+            ddl_states[cf_id] = DdlState(
+                result.barrier, feed.finished_ddl_ts, feed.last_syncpoint_ts
+            )
+            ticks[cf_id] = self._progress(feed, result, rebuilt)
+        ms.commit_owner_tick(session, snapshot, progress, ddl_states)
+        for cf_id, t in ticks.items():
+            if t.finished:
+                self._finish(session, cf_id)
+        return OwnerTick(
+            True,
+            self.owner_id,
+            session.owner_rev,
+            "",
+            messages,
+            ticks,
+            tuple(ddls),
+            tuple(syncs),
+            tuple(errors),
+            tuple(sorted(alive)),
+        )
+
+    def _feed(self, cf: Changefeed, owner_rev: int) -> _Feed:
+        feed = self._feeds.get(cf.changefeed_id)
+        if feed is None or feed.epoch != cf.status.epoch:
+            feed = self._feeds[cf.changefeed_id] = _Feed(self, cf, owner_rev)
+            log.info("owner %s: built changefeed %s from etcd", self.owner_id, cf.changefeed_id)
+        return feed
+
+    def _ddls(self, feed: _Feed, result: TickResult) -> list[ReadyDdl]:
+        out = []
+        for event in result.ready_ddls:
+            if self.metastore.client.get(ddl_marker(self.metastore, feed.changefeed_id, event)):
+                feed.coordinator.ddl_done(event)
+                feed.finished_ddl_ts = max(feed.finished_ddl_ts, event.commit_ts)
+                rec = feed.records[(event.commit_ts, event.query)]
+                for t, schema in rec.tables.items():  # names after renames, for progress
+                    if schema is None or t in event.drops:
+                        feed.schemas.pop(t, None)
+                    elif t in feed.schemas:
+                        feed.schemas[t] = schema
+            else:
+                out.append(
+                    ReadyDdl(feed.changefeed_id, feed.records[(event.commit_ts, event.query)])
+                )
+        return out
+
+    def _syncpoint(self, feed: _Feed, result: TickResult) -> list[ReadySyncpoint]:
+        ts = result.syncpoint_ts
+        if ts is None:
+            return []
+        if self.metastore.client.get(syncpoint_marker(self.metastore, feed.changefeed_id, ts)):
+            feed.coordinator.syncpoint_done(ts)
+            feed.last_syncpoint_ts = ts
+            return []
+        tables = tuple(feed.coordinator.current_tables.tolist())
+        return [ReadySyncpoint(feed.changefeed_id, ts, tables)]
+
+    def _progress(self, feed: _Feed, result: TickResult, rebuilt: bool) -> ChangefeedTick:
+        now = self.now_ms()
+        cp = result.checkpoint
+        tables: list[TableProgress] = []
+        coord = feed.coordinator
+        if self.table_progress:
+            rm = coord.replications
+            for t in coord.current_tables.tolist():
+                s = feed.schemas.get(t)
+                name = f"{s.database}.{s.table}" if s else str(t)
+                if t in rm:
+                    v = rm.view(t)
+                    state, primary = v.state.name, v.primary
+                    ck, rs = v.checkpoint.checkpoint_ts, v.checkpoint.resolved_ts
+                else:
+                    state, primary, ck, rs = "MISSING", None, 0, 0
+                lag = max(0.0, (now - physical_ms(ck)) / 1000) if ck else float("inf")
+                barrier = result.barrier.barrier_ts(t)
+                tables.append(TableProgress(t, name, state, primary, ck, rs, barrier, lag))
+        return ChangefeedTick(
+            feed.changefeed_id,
+            cp.checkpoint_ts,
+            cp.resolved_ts,
+            result.barrier,
+            max(0.0, (now - physical_ms(cp.checkpoint_ts)) / 1000),
+            result.scheduler,
+            result.dispatches,
+            result.finished,
+            rebuilt,
+            tuple(tables),
+        )
+
+    def _finish(self, session: OwnerSession, cf_id: str) -> None:
+        def change(status: Any) -> Any:
+            if status.state is not ChangefeedState.NORMAL:
+                return None
+            return dataclasses.replace(status, state=ChangefeedState.FINISHED)
+
+        self.metastore.changefeeds.update_status(cf_id, change, runner=session.txn)
+        self._feeds.pop(cf_id, None)
+
+
+def _held_anywhere(snapshot: OwnerSnapshot, changefeed_id: str) -> bool:
+    """Whether any capture still reports a table of the changefeed."""
+    absent = int(TableState.ABSENT)
+    return any(
+        bool((st.tables.states != absent).any())
+        for st in snapshot.tasks.get(changefeed_id, {}).values()
+    )
+
+
+# ------------------------------------------------------------------------------ DDL, syncpoint
+def _marker_prefix(ms: Metastore, changefeed_id: str) -> str:
+    ms.layout.changefeed_info(changefeed_id)  # validates the id
+    return f"{ms.layout.prefix}applied/{changefeed_id}/"
+
+
+def ddl_marker(ms: Metastore, changefeed_id: str, event: DDLEvent) -> str:
+    """The key that says a DDL ran downstream."""
+    digest = hashlib.sha256(event.query.encode()).hexdigest()[:12]
+    return f"{_marker_prefix(ms, changefeed_id)}ddl-{event.commit_ts:020d}-{digest}"
+
+
+def syncpoint_marker(ms: Metastore, changefeed_id: str, ts: int) -> str:
+    """The key that says a syncpoint was recorded."""
+    return f"{_marker_prefix(ms, changefeed_id)}syncpoint-{ts:020d}"
+
+
+def apply_ready_ddl(ms: Metastore, ready: ReadyDdl, *, sink: Sink | None = None) -> None:
+    """Apply a ready DDL downstream (exactly once: the sink skips a DDL it already ran), then
+    mark it applied so the owner's next tick lifts its barrier."""
+    cf = ms.changefeeds.get(ready.changefeed_id).info
+    sink = sink or open_sink(cf.sink_uri)
+    changelog = ChangeLog(changelog_path(cf.upstream_uri))
+    rec = ready.record
+    before = {t: changelog.schema_at(t, rec.commit_ts - 1) for t in rec.table_ids}
+    sink.apply_ddl(ready.changefeed_id, rec, before)
+    ms.client.put(ddl_marker(ms, ready.changefeed_id, rec.to_event()), rec.query.encode())
+
+
+def apply_ddl_at(
+    ms: Metastore, changefeed_id: str, commit_ts: int, *, sink: Sink | None = None
+) -> list[str]:
+    """Apply the change log's DDLs at ``commit_ts`` (a DDL run configured by ts); their queries.
+
+    Call it only for a DDL the owner returned as ready (the DDL run's gate op checks that).
+    """
+    cf = ms.changefeeds.get(changefeed_id).info
+    changelog = ChangeLog(changelog_path(cf.upstream_uri))
+    records = changelog.ddl_records(after_ts=commit_ts - 1, upto_ts=commit_ts)
+    for rec in records:
+        apply_ready_ddl(ms, ReadyDdl(changefeed_id, rec), sink=sink)
+    return [r.query for r in records]
+
+
+def apply_syncpoint(ms: Metastore, ready: ReadySyncpoint, *, sink: Sink | None = None) -> None:
+    """Record a syncpoint downstream, then mark it so the owner's next tick moves on."""
+    cf = ms.changefeeds.get(ready.changefeed_id).info
+    sink = sink or open_sink(cf.sink_uri)
+    changelog = ChangeLog(changelog_path(cf.upstream_uri))
+    schemas = changelog.tables_at(ready.ts)
+    tables = [schemas[t] for t in ready.table_ids if t in schemas]
+    sink.record_syncpoint(ready.changefeed_id, ready.ts, tables)
+    ms.client.put(syncpoint_marker(ms, ready.changefeed_id, ready.ts), b"1")
+
+
+def clear_markers(ms: Metastore, changefeed_id: str) -> None:
+    """Delete a changefeed's DDL and syncpoint markers (when it is removed)."""
+    ms.client.delete(_marker_prefix(ms, changefeed_id), prefix=True)
+
+
+__all__ = [
+    "ChangefeedTick",
+    "OwnerLoop",
+    "OwnerTick",
+    "ReadyDdl",
+    "ReadySyncpoint",
+    "TableProgress",
+    "apply_ddl_at",
+    "apply_ready_ddl",
+    "apply_syncpoint",
+    "clear_markers",
+    "ddl_marker",
+    "syncpoint_marker",
+]

@@ -1,0 +1,26 @@
+"""The Spark executor factory: ``SparkTableExecutor`` loaded from its manifest for a capture tick."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from cdc_dagster.runtime.spec import ExecutorFactory, ExecutorSpec, RuntimeExecutor, changelog_path
+from cdc_dagster.upstream.changelog import ChangeLog
+
+
+def spark_executor_factory(spark: Any) -> ExecutorFactory:
+    """A factory of SparkTableExecutors on ``spark`` (a local session or Spark Connect)."""
+
+    def make(spec: ExecutorSpec) -> RuntimeExecutor:
+        from cdc_dagster.pipeline.executor import SparkTableExecutor
+
+        return SparkTableExecutor.load(  # type: ignore[return-value]
+            spec.capture_id,
+            spec.changefeed_id,
+            ChangeLog(changelog_path(spec.upstream_uri)),
+            spec.sink_uri,
+            spec.staging_root,
+            spark,
+        )
+
+    return make

@@ -1,0 +1,143 @@
+"""Through the driver: fencing of stale epochs, move / drain / add / remove capture, a
+CREATE TABLE DDL through its gate, and syncpoints."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+from conftest import check_downstream
+from upstream_helpers import Upstream
+
+from cdc_dagster.runtime.admin import AdminError
+from cdc_dagster.runtime.capture import capture_commit, capture_prepare
+from cdc_dagster.runtime.driver import Driver
+from cdc_dagster.runtime.fake import FileDownstream
+from cdc_dagster.runtime.wire import decode, encode
+from scheduler_core.messages import DispatchTableRequest, Header, RemoveTableRequest
+
+
+def _holders(driver: Driver) -> dict[int, str | None]:
+    return {t.table_id: t.capture_id for t in driver.tick().owner.changefeeds["cf"].tables}
+
+
+def test_dispatch_for_another_epoch_is_rejected_by_the_capture(
+    make_driver: Callable[..., Driver], upstream: Upstream
+) -> None:
+    driver = make_driver(captures=2)
+    upstream.advance(upstream.ts(3000))
+    driver.run_until(lambda t: driver.caught_up(t, upstream.resolved), max_ticks=30)
+    owner = driver.owner.tick()
+    msgs = decode(owner.run_config("capture-0")["cf"])
+    held = [t for t, c in _holders(driver).items() if c == "capture-0"]
+    h = msgs[0].header
+    for epoch in ("bogus", f"{h.capture_epoch.split('.')[0]}.{h.owner_rev - 1}"):
+        bad = Header(h.owner_rev, epoch, h.changefeed_epoch, h.seq)
+        remove = DispatchTableRequest(
+            bad, msgs[0].sender, "capture-0", (RemoveTableRequest("capture-0", held[0]),)
+        )
+        ctx = driver.context("capture-0")
+        out = capture_prepare(ctx, decode(encode([remove])))
+        assert out.rejected == {"rejected_capture_epoch": 1}
+        done = capture_commit(ctx)
+        assert {t.table_id: t.state for t in done.tables}[held[0]] == "REPLICATING"
+
+
+def test_move_drain_add_and_remove_capture_complete(
+    make_driver: Callable[..., Driver], upstream: Upstream, sink_uri: str
+) -> None:
+    driver = make_driver(captures=2)
+    upstream.advance(upstream.ts(3000))
+    driver.run_until(lambda t: driver.caught_up(t, upstream.resolved), max_ticks=30)
+    holders = _holders(driver)
+    tid = next(t for t, c in holders.items() if c == "capture-0")
+    driver.move_table(tid, "capture-1")
+    upstream.advance(upstream.ts(5000))
+    driver.run_until(
+        lambda t: driver.caught_up(t, upstream.resolved) and _holders(driver)[tid] == "capture-1",
+        max_ticks=30,
+    )
+    with pytest.raises(AdminError, match="not an alive capture"):
+        driver.move_table(tid, "capture-9")
+    driver.add_capture("capture-2")
+    driver.drain_capture("capture-0")
+    upstream.advance(upstream.ts(8000))
+    driver.run_until(
+        lambda t: (
+            driver.caught_up(t, upstream.resolved)
+            and "capture-0" not in set(_holders(driver).values())
+        ),
+        max_ticks=40,
+    )
+    driver.remove_capture("capture-0")
+    upstream.advance(upstream.ts(10000))
+    driver.run_until(lambda t: driver.caught_up(t, upstream.resolved), max_ticks=30)
+    assert set(_holders(driver).values()) <= {"capture-1", "capture-2"}
+    check_downstream(sink_uri)
+
+
+def test_create_table_ddl_runs_at_its_barrier_and_syncpoints_are_recorded(
+    make_driver: Callable[..., Driver], upstream: Upstream, sink_uri: str
+) -> None:
+    driver = make_driver(captures=2, sync_point_interval_s=2)
+    upstream.advance(upstream.ts(3000))
+    driver.run_until(lambda t: driver.caught_up(t, upstream.resolved), max_ticks=30)
+    created_at = upstream.ts(4000)
+    upstream.create(5, created_at)
+    upstream.table_ids.append(5)
+    target = upstream.ts(9000)
+    upstream.advance(target)
+    driver.run_until(
+        lambda t: driver.caught_up(t, target) and len(t.owner.changefeeds["cf"].tables) == 5,
+        max_ticks=60,
+    )
+    ds = FileDownstream(sink_uri[len("file://") :])
+    state = ds.state()
+    assert [d[0] for d in state["ddls"]] == [created_at]
+    assert ds.committed(5) == target
+    writes = check_downstream(sink_uri)
+    assert writes[5][0]["start_ts"] == created_at  # the new table starts at the DDL's ts
+    # Nothing of the other tables was sunk past the DDL before it ran (global barrier).
+    for tid in (1, 2, 3, 4):
+        assert created_at in {w["end_ts"] for w in writes[tid]}
+    assert len(state.get("syncpoints", [])) >= 2
+
+
+def test_capture_whose_lease_expired_registers_anew_and_its_tables_move(
+    make_driver: Callable[..., Driver], upstream: Upstream, sink_uri: str
+) -> None:
+    import time
+
+    driver = make_driver(captures=2, lease_ttl_s=2)
+    upstream.advance(upstream.ts(3000))
+    driver.run_until(lambda t: driver.caught_up(t, upstream.resolved), max_ticks=30)
+    old_epoch = driver.ms.captures.get("capture-1").epoch  # type: ignore[union-attr]
+    deadline = time.monotonic() + 3.5
+    while time.monotonic() < deadline:  # capture-1's runs stop: its lease lapses
+        driver.tick(skip=["capture-1"])
+        time.sleep(0.3)
+    assert driver.ms.captures.get("capture-1") is None
+    upstream.advance(upstream.ts(6000))
+    step = driver.tick()
+    anew = [p for p in step.prepares if p.capture_id == "capture-1"]
+    assert anew and anew[0].registered_anew and anew[0].registration != old_epoch
+    driver.run_until(lambda t: driver.caught_up(t, upstream.resolved), max_ticks=30)
+    check_downstream(sink_uri)
+
+
+def test_paused_changefeed_stops_its_tables_and_resumes_where_it_left(
+    make_driver: Callable[..., Driver], upstream: Upstream, sink_uri: str
+) -> None:
+    driver = make_driver(captures=2)
+    upstream.advance(upstream.ts(3000))
+    driver.run_until(lambda t: driver.caught_up(t, upstream.resolved), max_ticks=30)
+    driver.ms.changefeeds.pause("cf")
+    upstream.advance(upstream.ts(5000))
+    driver.run_until(lambda t: all(not c.tables for c in t.commits), max_ticks=20)
+    paused_at = {t: FileDownstream(sink_uri[7:]).committed(t) for t in upstream.table_ids}
+    for _ in range(3):  # nothing is sunk while paused
+        assert all(not c.tables for c in driver.tick().commits)
+    assert {t: FileDownstream(sink_uri[7:]).committed(t) for t in upstream.table_ids} == paused_at
+    driver.ms.changefeeds.resume("cf")
+    driver.run_until(lambda t: driver.caught_up(t, upstream.resolved), max_ticks=30)
+    check_downstream(sink_uri)

@@ -1,0 +1,173 @@
+"""The runtime with the real SparkTableExecutor and Delta sink: replicate, move, crash."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from upstream_helpers import RowUpstream
+
+pytest.importorskip("cdc_dagster.pipeline.executor")
+from cdc_dagster.metastore import Metastore
+from cdc_dagster.runtime import Driver, spark_executor_factory
+
+pytestmark = pytest.mark.slow  # a Spark session and a Spark job per capture half
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[Any]:
+    from cdc_dagster.pipeline.engine import spark_session
+
+    yield spark_session(
+        os.environ.get("CDC_SPARK_MASTER", "local[2]"),
+        conf={"spark.sql.shuffle.partitions": "2"},
+    )
+
+
+def delta_content(root: Path, table_id: int) -> dict[int, str]:
+    """A table's rows read through file_uris() (not to_pyarrow_table: delta-rs#2184)."""
+    import pyarrow.parquet as pq
+    from deltalake import DeltaTable
+
+    dt = DeltaTable(str(root / "db" / f"t{table_id}"))
+    out: dict[int, str] = {}
+    for uri in dt.file_uris():
+        t = pq.read_table(uri.removeprefix("file://"), columns=["id", "v"])
+        out.update(zip(t["id"].to_pylist(), t["v"].to_pylist(), strict=True))
+    return out
+
+
+def test_spark_executor_replicates_to_delta_with_a_move_mid_load(
+    spark: Any, metastore: Metastore, tmp_path: Path
+) -> None:
+    up = RowUpstream(tmp_path / "changelog", tables=3)
+    lake = tmp_path / "lake"
+    driver = Driver(
+        tmp_path / "state",
+        up.root,
+        f"delta://{lake}",
+        2,
+        spark_executor_factory(spark),
+        metastore=metastore,
+        start_ts=up.start_ts,
+        lease_ttl_s=60,  # a driver tick of Spark jobs takes seconds per capture
+    )
+    for _ in range(3):
+        up.write_step()
+    driver.run_until(lambda t: driver.caught_up(t, up.resolved), max_ticks=30)
+    tables = driver.tick().owner.changefeeds["cf"].tables
+    moved = next(t.table_id for t in tables if t.capture_id == "capture-0")
+    driver.move_table(moved, "capture-1")
+    for _ in range(4):
+        up.write_step()
+        driver.tick()
+    driver.run_until(lambda t: driver.caught_up(t, up.resolved), max_ticks=30)
+    final = {t.table_id: t.capture_id for t in driver.tick().owner.changefeeds["cf"].tables}
+    assert final[moved] == "capture-1"
+    for tid in up.table_ids:
+        assert delta_content(lake, tid) == up.content[tid], tid
+
+
+def test_spark_capture_killed_after_its_delta_write_carries_on_in_a_new_process(
+    spark: Any, metastore: Metastore, tmp_path: Path, etcd_endpoints: list[str], cluster_id: str
+) -> None:
+    import json
+    import signal
+    import subprocess
+    import sys
+
+    proc_py = Path(__file__).with_name("capture_proc.py")
+    codes: list[int] = []
+
+    def in_subprocess(kill: str):  # type: ignore[no-untyped-def]
+        def run(ctx: Any, config: dict) -> None:
+            argv = [sys.executable, str(proc_py), ",".join(etcd_endpoints), cluster_id]
+            argv += [ctx.changefeed_id, ctx.capture_id, str(ctx.staging_root)]
+            argv += [json.dumps(config), kill, "spark"]
+            p = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+            codes.append(p.returncode)
+            assert p.returncode in (0, -signal.SIGKILL), p.stderr[-3000:]
+
+        return run
+
+    up = RowUpstream(tmp_path / "changelog", tables=2)
+    lake = tmp_path / "lake"
+    driver = Driver(
+        tmp_path / "state",
+        up.root,
+        f"delta://{lake}",
+        2,
+        spark_executor_factory(spark),
+        metastore=metastore,
+        start_ts=up.start_ts,
+        lease_ttl_s=60,
+    )
+    for _ in range(2):
+        up.write_step()
+    driver.run_until(lambda t: driver.caught_up(t, up.resolved), max_ticks=30)
+    up.write_step()
+    up.write_step()
+    driver.tick(runner={"capture-1": in_subprocess("commit-before-save")})
+    driver.tick(runner={"capture-1": in_subprocess("none")})
+    assert codes == [-signal.SIGKILL, 0]
+    driver.run_until(lambda t: driver.caught_up(t, up.resolved), max_ticks=30)
+    for tid in up.table_ids:
+        assert delta_content(lake, tid) == up.content[tid], tid
+
+
+def test_generator_workload_with_ddls_through_the_driver_equals_the_oracle(
+    spark: Any, metastore: Metastore, tmp_path: Path
+) -> None:
+    import time
+
+    from cdc_dagster.sinks.delta import read_table_at
+    from cdc_dagster.upstream.changelog import ChangeLog
+    from cdc_dagster.upstream.generator import Workload, WorkloadConfig
+    from cdc_dagster.upstream.oracle import Oracle, fingerprint
+    from scheduler_core.ts import compose
+
+    start_ms = int(time.time() * 1000) - 600_000
+    cfg = WorkloadConfig(
+        seed=3,
+        bank_tables=2,
+        rows_per_table=10,
+        shards_per_table=2,
+        txns_per_step=25,
+        ddl_every=6,
+        start_physical_ms=start_ms,
+        fsync=False,
+    )
+    root = tmp_path / "changelog"
+    workload = Workload(cfg, root)
+    workload.advance_resolved()
+    lake = tmp_path / "lake"
+    driver = Driver(
+        tmp_path / "state",
+        root,
+        f"delta://{lake}",
+        2,
+        spark_executor_factory(spark),
+        metastore=metastore,
+        # Just before the bootstrap's first rows (the tables' creates come first).
+        start_ts=compose(start_ms + cfg.bank_tables + 3) - 1,
+        lease_ttl_s=120,
+    )
+    for _ in range(3):
+        workload.step()
+        workload.advance_resolved()
+        driver.tick()
+    target = workload.advance_resolved()
+    driver.run_until(lambda t: driver.caught_up(t, target), max_ticks=60)
+    oracle = Oracle(root)
+    log = ChangeLog(root)
+    tables = log.tables_at(target)
+    ddls = log.ddl_records(after_ts=compose(start_ms + cfg.bank_tables + 3))
+    assert len(ddls) >= 3, "the workload should have run DDLs through their gates"
+    for tid, schema in tables.items():
+        actual = read_table_at(str(lake), schema)
+        cdc = [c for c in actual.column_names if c.startswith("_cdc")]
+        expected = fingerprint(oracle.table_at(tid, target))
+        assert fingerprint(actual, ignore_columns=cdc) == expected, schema.qualified_name
