@@ -201,8 +201,18 @@ def create_changefeed(
     start_ts: int | None = None,
     target_ts: int = 0,
     sync_point_interval_s: int = 0,
+    upstream_uri: str = "",
 ) -> Any:
     """Create a changefeed (metastore validation; nothing written on error)."""
+    extra: dict[str, Any] = {}
+    if upstream_uri:
+        import dataclasses
+
+        from cdc_dagster.metastore import ChangefeedInfo
+
+        if "upstream_uri" not in {f.name for f in dataclasses.fields(ChangefeedInfo)}:
+            raise AdminError("this metastore version stores no upstream URI; omit --upstream-uri")
+        extra["upstream_uri"] = upstream_uri
     return ms.changefeeds.create(
         changefeed_id,
         sink_uri,
@@ -210,6 +220,7 @@ def create_changefeed(
         start_ts=start_ts,
         target_ts=target_ts,
         sync_point_interval_s=sync_point_interval_s,
+        **extra,
     )
 
 

@@ -49,7 +49,11 @@ def build_parser() -> argparse.ArgumentParser:
     create = cfs.add_parser("create", help="create a changefeed")
     _cf_id(create)
     create.add_argument("--sink-uri", required=True, help="delta:///abs/path or postgresql://...")
-    create.add_argument("--upstream-uri", default="", help="upstream (default: the change log)")
+    create.add_argument(
+        "--upstream-uri",
+        default="",
+        help="changelog:///abs/path (the embedded upstream's change log)",
+    )
     create.add_argument("--start-ts", type=int, default=None, help="TS to start at (default: now)")
     create.add_argument("--target-ts", type=int, default=0, help="TS to stop at (0: never)")
     create.add_argument("--config", type=Path, help="TOML: [filter] rules, sync-point-interval")
@@ -195,7 +199,12 @@ def cmd_changefeed(args: argparse.Namespace) -> None:
             if args.target_ts:
                 options["target_ts"] = args.target_ts
             cf = admin.create_changefeed(
-                ms, args.changefeed_id, args.sink_uri, start_ts=args.start_ts, **options
+                ms,
+                args.changefeed_id,
+                args.sink_uri,
+                start_ts=args.start_ts,
+                upstream_uri=args.upstream_uri,
+                **options,
             )
             print(f"created changefeed {cf.changefeed_id} into {redact_uri(cf.info.sink_uri)}")
             print(f"start ts {_ts(cf.info.start_ts)}")

@@ -252,7 +252,7 @@ def demo(state_dir: Path, *, tables: int = 6, port: int = 0, dagster: bool = Tru
             lake = state_dir / "lake"
             say(
                 workload.ensure_demo_changefeed(
-                    etcd_endpoints, state_dir, DEMO_CHANGEFEED, lake, DEMO_CAPTURES
+                    etcd_endpoints, state_dir, DEMO_CHANGEFEED, lake, DEMO_CAPTURES, changelog
                 )
             )
             _, children = _bring_up(state_dir, started, etcd_endpoints, port, dagster, changelog)

@@ -73,7 +73,12 @@ class GeneratorThread:
 
 
 def ensure_demo_changefeed(
-    etcd: str, state_dir: Path, changefeed_id: str, lake: Path, captures: Sequence[str]
+    etcd: str,
+    state_dir: Path,
+    changefeed_id: str,
+    lake: Path,
+    captures: Sequence[str],
+    changelog: Path,
 ) -> str:
     """Create the demo changefeed and register its captures unless they exist; one line."""
     from cdc_dagster import admin

@@ -1,0 +1,76 @@
+"""Resources: the metastore connection and the Spark session, configured at run time."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import dagster as dg
+from dagster_pyspark import LazyPySparkResource
+
+from cdc_dagster.defs.settings import Settings
+
+
+class CdcResource(dg.ConfigurableResource):
+    """Where etcd, the state dir and the change log are (empty fields: ``CDC_DAGSTER_*``)."""
+
+    etcd: str = ""
+    state_dir: str = ""
+    cluster_id: str = ""
+    changelog: str = ""
+
+    def settings(self) -> Settings:
+        """The environment's settings with this resource's non-empty fields on top."""
+        import dataclasses
+        from pathlib import Path
+
+        base = Settings.from_env()
+        changes: dict[str, Any] = {}
+        if self.etcd:
+            changes["etcd"] = tuple(e for e in self.etcd.split(",") if e)
+        if self.state_dir:
+            changes["state_dir"] = Path(self.state_dir)
+        if self.cluster_id:
+            changes["cluster_id"] = self.cluster_id
+        if self.changelog:
+            changes["changelog"] = Path(self.changelog)
+        return dataclasses.replace(base, **changes)
+
+    @contextmanager
+    def metastore(self) -> Iterator[Any]:
+        """A metastore connection for the duration of the block."""
+        from cdc_dagster.metastore import connect
+
+        s = self.settings()
+        ms = connect(list(s.etcd) or None, s.state_dir, cluster_id=s.cluster_id)
+        try:
+            yield ms
+        finally:
+            ms.close()
+
+
+class SparkConnectResource(LazyPySparkResource):
+    """dagster-pyspark's lazy session, pointed at Spark Connect (``spark.remote``) at run time.
+
+    ``remote`` (or ``CDC_DAGSTER_SPARK_REMOTE``) is ``sc://host:port``; with neither, a
+    ``local[2]`` in-process session (tests).
+    """
+
+    spark_config: dict[str, Any] = {}
+    remote: str = ""
+
+    def _init_session(self) -> None:
+        if self._spark_session is not None:
+            return
+        remote = self.remote or Settings.from_env().spark_remote
+        config = dict(self.spark_config)
+        if remote:
+            config["spark.remote"] = remote
+        else:
+            config.setdefault("spark.master", "local[2]")
+            config.setdefault("spark.ui.enabled", "false")
+            config.setdefault("spark.sql.shuffle.partitions", "4")
+        from dagster_pyspark.resources import spark_session_from_config
+
+        self._spark_session = spark_session_from_config(config)
