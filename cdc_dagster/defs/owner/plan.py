@@ -76,7 +76,9 @@ def plan(
         partition_requests.append(CAPTURES.build_add_request(added))
     if gone:
         partition_requests.append(CAPTURES.build_delete_request(gone))
-    runs = [capture_run_request(c, view, tick) for c in sorted(view.work) if c in alive]
+    runs = [
+        capture_run_request(c, view, tick) for c, m in sorted(view.work.items()) if m and c in alive
+    ]
     for ddl in view.ddls:
         is_open, _ = gate_status(ddl, catalog, checkpoint_of)
         if is_open:
