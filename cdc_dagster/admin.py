@@ -9,11 +9,9 @@ what etcd holds now, so a bad one fails with a one-line reason and writes nothin
 
 from __future__ import annotations
 
-import enum
 import json
 import uuid
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
 from typing import Any
 
 from cdc_dagster.metastore import Metastore
@@ -27,65 +25,29 @@ class AdminError(Exception):
     """A refused admin request; the message is one line saying why and what to do."""
 
 
-class AdminKind(enum.StrEnum):
-    """Requests only the owner can carry out (it holds the replication sets)."""
-
-    MOVE_TABLE = "move_table"
-    DRAIN_CAPTURE = "drain_capture"
-    REBALANCE = "rebalance"
-
-
-@dataclass(frozen=True, slots=True)
-class AdminRequest:
-    """One pending owner request."""
-
-    request_id: str
-    changefeed_id: str
-    kind: AdminKind
-    table_id: int = -1
-    capture_id: str = ""
-
-    def encode(self) -> bytes:
-        """The etcd value (JSON)."""
-        return json.dumps({"v": 1, **asdict(self)}, separators=(",", ":")).encode()
-
-    @staticmethod
-    def decode(data: bytes) -> AdminRequest:
-        """Inverse of :meth:`encode`; ValueError if it is not one of ours."""
-        raw: Any = json.loads(data)
-        if raw.pop("v", None) != 1:
-            raise ValueError(f"admin request of unknown format: {data[:80]!r}")
-        raw["kind"] = AdminKind(raw["kind"])
-        return AdminRequest(**raw)
-
-
 def admin_prefix(ms: Metastore, changefeed_id: str | None = None) -> str:
-    """The key prefix of pending admin requests (of one changefeed, or all)."""
+    """The key prefix of pending owner requests (of one changefeed, or all)."""
     base = f"{ms.layout.prefix}admin/"
     return base if changefeed_id is None else f"{base}{changefeed_id}/"
 
 
-def pending_requests(ms: Metastore) -> list[tuple[str, AdminRequest]]:
-    """Every pending request with its key, oldest first (request ids sort by time)."""
+def pending_requests(ms: Metastore) -> list[tuple[str, dict[str, Any]]]:
+    """Every pending owner request (key, body), by key."""
     out = []
     for kv in ms.client.get_prefix(admin_prefix(ms)).kvs:
         try:
-            out.append((kv.key, AdminRequest.decode(kv.value)))
-        except (ValueError, KeyError, TypeError):
-            ms.client.delete(kv.key)  # not ours or from another version: drop it, loudly
-            import logging
-
-            logging.getLogger(__name__).warning("dropped a malformed admin request %s", kv.key)
-    return sorted(out, key=lambda item: item[1].request_id)
+            out.append((kv.key, dict(json.loads(kv.value))))
+        except (ValueError, TypeError):
+            out.append((kv.key, {"op": "malformed"}))
+    return sorted(out, key=lambda item: item[0])
 
 
-def _submit(ms: Metastore, request: AdminRequest) -> AdminRequest:
-    ms.client.put(admin_prefix(ms, request.changefeed_id) + request.request_id, request.encode())
-    return request
-
-
-def _request_id() -> str:
-    return f"{uuid.uuid1().time:020d}-{uuid.uuid4().hex[:8]}"
+def _submit(ms: Metastore, changefeed_id: str, body: dict[str, Any]) -> str:
+    # The owner (cdc_dagster.runtime's OwnerLoop) reads these keys, applies and deletes them;
+    # the body format is the runtime's (docs/dataplane.md section 4, admin requests).
+    key = f"{admin_prefix(ms, changefeed_id)}{uuid.uuid4().hex[:12]}"
+    ms.client.put(key, json.dumps(body).encode())
+    return key
 
 
 def _need_changefeed(ms: Metastore, changefeed_id: str) -> None:
@@ -107,7 +69,7 @@ def _alive(ms: Metastore) -> set[str]:
     return {c.capture_id for c in ms.captures.list_alive()}
 
 
-def move_table(ms: Metastore, changefeed_id: str, table_id: int, capture_id: str) -> AdminRequest:
+def move_table(ms: Metastore, changefeed_id: str, table_id: int, capture_id: str) -> str:
     """Ask the owner to move ``table_id`` to ``capture_id`` (two-phase, no pause)."""
     _need_changefeed(ms, changefeed_id)
     alive = _alive(ms)
@@ -124,12 +86,10 @@ def move_table(ms: Metastore, changefeed_id: str, table_id: int, capture_id: str
         )
     if table_id in held.get(capture_id, set()):
         raise AdminError(f"table {table_id} is already on capture {capture_id!r}; nothing to move")
-    return _submit(
-        ms, AdminRequest(_request_id(), changefeed_id, AdminKind.MOVE_TABLE, table_id, capture_id)
-    )
+    return _submit(ms, changefeed_id, {"op": "move_table", "table_id": table_id, "to": capture_id})
 
 
-def drain_capture(ms: Metastore, capture_id: str) -> list[AdminRequest]:
+def drain_capture(ms: Metastore, capture_id: str) -> list[str]:
     """Ask the owner to move every table off ``capture_id`` (in every changefeed)."""
     alive = _alive(ms)
     if capture_id not in alive:
@@ -141,18 +101,15 @@ def drain_capture(ms: Metastore, capture_id: str) -> list[AdminRequest]:
             f"capture {capture_id!r} is the last alive capture; add another before draining it"
         )
     return [
-        _submit(
-            ms,
-            AdminRequest(_request_id(), cf.changefeed_id, AdminKind.DRAIN_CAPTURE, -1, capture_id),
-        )
+        _submit(ms, cf.changefeed_id, {"op": "drain_capture", "capture_id": capture_id})
         for cf in ms.changefeeds.list()
     ]
 
 
-def rebalance(ms: Metastore, changefeed_id: str) -> AdminRequest:
+def rebalance(ms: Metastore, changefeed_id: str) -> str:
     """Ask the owner to spread the changefeed's tables evenly over the alive captures."""
     _need_changefeed(ms, changefeed_id)
-    return _submit(ms, AdminRequest(_request_id(), changefeed_id, AdminKind.REBALANCE))
+    return _submit(ms, changefeed_id, {"op": "rebalance"})
 
 
 def resign_owner(ms: Metastore) -> str:

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import dagster as dg
 from dagster_pyspark import LazyPySparkResource
+from pydantic import PrivateAttr
 
 from cdc_dagster.defs.settings import Settings
 
@@ -37,17 +36,22 @@ class CdcResource(dg.ConfigurableResource):
             changes["changelog"] = Path(self.changelog)
         return dataclasses.replace(base, **changes)
 
-    @contextmanager
-    def metastore(self) -> Iterator[Any]:
-        """A metastore connection for the duration of the block."""
-        from cdc_dagster.metastore import connect
+    _metastore: Any = PrivateAttr(default=None)
 
-        s = self.settings()
-        ms = connect(list(s.etcd) or None, s.state_dir, cluster_id=s.cluster_id)
-        try:
-            yield ms
-        finally:
-            ms.close()
+    def metastore(self) -> Any:
+        """The run's metastore connection (opened on first use, closed after the run)."""
+        if self._metastore is None:
+            from cdc_dagster.metastore import connect
+
+            s = self.settings()
+            self._metastore = connect(list(s.etcd) or None, s.state_dir, cluster_id=s.cluster_id)
+        return self._metastore
+
+    def teardown_after_execution(self, context: dg.InitResourceContext) -> None:
+        """Close the connection the run opened."""
+        if self._metastore is not None:
+            self._metastore.close()
+            self._metastore = None
 
 
 class SparkConnectResource(LazyPySparkResource):

@@ -29,6 +29,8 @@ class Settings:
     owner_id: str = field(default_factory=lambda: f"dagster-{socket.gethostname()}")
     max_table_assets: int = DEFAULT_MAX_TABLE_ASSETS
     lag_bound_s: float = DEFAULT_LAG_BOUND_S
+    capture_ttl_s: int = 60  # spans several sensor ticks plus a run's launch (~5 s each)
+    owner_ttl_s: int = 60
 
     @staticmethod
     def from_env(environ: Mapping[str, str] | None = None) -> Settings:
@@ -49,6 +51,8 @@ class Settings:
             owner_id=get("OWNER_ID") or base.owner_id,
             max_table_assets=int(get("MAX_TABLE_ASSETS", str(DEFAULT_MAX_TABLE_ASSETS))),
             lag_bound_s=float(get("LAG_BOUND_S", str(DEFAULT_LAG_BOUND_S))),
+            capture_ttl_s=int(get("CAPTURE_TTL_S", "60")),
+            owner_ttl_s=int(get("OWNER_TTL_S", "60")),
         )
 
     def staging_dir(self) -> Path:

@@ -75,8 +75,7 @@ def _admin_job(
     @dg.op(name=f"{name}_op", description=description)
     def run(context: dg.OpExecutionContext, config: config_cls, cdc: CdcResource) -> None:  # type: ignore[valid-type]
         def go() -> str:
-            with cdc.metastore() as ms:
-                return action(ms, config)
+            return action(cdc.metastore(), config)
 
         _guarded(context, go)
 

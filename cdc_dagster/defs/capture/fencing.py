@@ -17,7 +17,7 @@ class Received:
     owner_rev: int
     tick: int
     lease_ttl_s: int
-    messages: list[dict]
+    messages: dict  # changefeed id -> wire messages
 
 
 def check_owner_rev(capture_id: str, run_owner_rev: int, current_owner_rev: int | None) -> None:

@@ -15,7 +15,7 @@ from cdc_dagster.defs.catalog import Catalog
 from cdc_dagster.defs.owner.plan import CAPTURE_JOB
 from cdc_dagster.defs.partitions import CAPTURES
 from cdc_dagster.defs.resources import CdcResource, SparkConnectResource
-from cdc_dagster.defs.runtime_glue import run_capture_commit, run_capture_prepare
+from cdc_dagster.defs.runtime_glue import CaptureTick
 from cdc_dagster.defs.tables.assets import materializations
 
 
@@ -30,34 +30,34 @@ class ReceiveConfig(dg.Config):
 
 @dg.op(out=dg.Out(Received, io_manager_key="mem_io"))
 def receive(context: dg.OpExecutionContext, config: ReceiveConfig, cdc: CdcResource) -> Received:
-    """Fencing: the capture is registered, the run's owner is current; renew the lease."""
+    """Fencing: the run's owner is still the owner; the capture is registered; renew its lease."""
+    from cdc_dagster.metastore.errors import CaptureNotRegisteredError, MetastoreError
+
     partition = context.partition_key if context.has_partition_key else config.capture_id
     if partition != config.capture_id:
         raise dg.Failure(f"run for partition {partition} carries capture {config.capture_id}")
-    with cdc.metastore() as ms:
+    ms = cdc.metastore()
+    try:
+        owner = ms.election.current_owner()
+        check_owner_rev(config.capture_id, config.owner_rev, owner.owner_rev if owner else None)
         try:
-            session = ms.captures.attach(config.capture_id)
-            ttl = session.keep_alive()
-            owner = ms.election.current_owner()
-            check_owner_rev(config.capture_id, config.owner_rev, owner.owner_rev if owner else None)
-        except StaleRunError as exc:
-            raise dg.Failure(str(exc), allow_retries=False) from exc
-        except Exception as exc:
-            from cdc_dagster.metastore.errors import MetastoreError
-
-            if isinstance(exc, MetastoreError):
-                raise dg.Failure(" ".join(str(exc).split())) from exc
-            raise
-    messages = json.loads(config.messages_json)
+            ttl = ms.captures.attach(config.capture_id).keep_alive()
+        except CaptureNotRegisteredError:
+            ttl = 0  # expired: prepare registers it anew (new epoch, empty staging)
+    except StaleRunError as exc:
+        raise dg.Failure(str(exc), allow_retries=False) from exc
+    except MetastoreError as exc:
+        raise dg.Failure(" ".join(str(exc).split())) from exc
+    work = json.loads(config.messages_json)
     context.log.info(
-        "capture %s: %d owner message(s) from owner_rev %d (tick %d); lease renewed, ttl %d s",
+        "capture %s: %s from owner_rev %d (tick %d); lease %s",
         config.capture_id,
-        len(messages),
+        ", ".join(f"{len(m)} message(s) of {cf}" for cf, m in work.items()) or "no messages",
         config.owner_rev,
         config.tick,
-        ttl,
+        f"renewed, ttl {ttl} s" if ttl else "expired: registering anew",
     )
-    return Received(config.capture_id, config.owner_rev, config.tick, ttl, messages)
+    return Received(config.capture_id, config.owner_rev, config.tick, ttl, work)
 
 
 @dg.op(out=dg.Out(Any, io_manager_key="mem_io"))
@@ -69,30 +69,23 @@ def prepare(
 ) -> Any:
     """Phase 1: pull, sort and mount into the capture's staging, up to resolved ts."""
     started = time.perf_counter()
-    ctx, outcome = run_capture_prepare(
-        cdc.settings(), spark.spark_session, received.capture_id, received.messages
+    capture = CaptureTick(
+        cdc.metastore(), cdc.settings(), received.capture_id, spark.spark_session, received.messages
     )
-    context.log.info("prepare: %s (%.2f s)", outcome, time.perf_counter() - started)
-    return ctx
+    for line in capture.prepare():
+        context.log.info("prepare %s", line)
+    context.log.info("prepare took %.2f s", time.perf_counter() - started)
+    return capture
 
 
 @dg.op(out=dg.Out(Any, io_manager_key="mem_io"))
-def commit(context: dg.OpExecutionContext, ctx: Any) -> Any:
-    """Phase 2: sink staged changes up to min(resolved, barrier), advance checkpoints."""
+def commit(context: dg.OpExecutionContext, capture: Any) -> Any:
+    """Phase 2: sink staged changes up to min(resolved, barrier), advance checkpoints, report."""
     started = time.perf_counter()
-    outcome, reports = run_capture_commit(ctx)
-    for r in reports:
-        context.log.info(
-            "table %d (%s): %s checkpoint %d resolved %d barrier %d, %d row(s) applied",
-            r.table_id,
-            r.changefeed_id,
-            r.state,
-            r.checkpoint_ts,
-            r.resolved_ts,
-            r.barrier_ts,
-            r.rows_applied,
-        )
-    context.log.info("commit: %s (%.2f s)", outcome, time.perf_counter() - started)
+    lines, reports = capture.commit()
+    for line in lines:
+        context.log.info("commit %s", line)
+    context.log.info("commit took %.2f s", time.perf_counter() - started)
     return reports
 
 

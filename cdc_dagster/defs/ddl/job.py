@@ -9,7 +9,7 @@ import dagster as dg
 from cdc_dagster.defs.catalog import Catalog
 from cdc_dagster.defs.owner.plan import DDL_JOB
 from cdc_dagster.defs.resources import CdcResource
-from cdc_dagster.defs.runtime_glue import DdlToRun, run_apply_ddl
+from cdc_dagster.defs.runtime_glue import DdlToRun
 from cdc_dagster.defs.tables.assets import latest_checkpoint
 from cdc_dagster.defs.tables.gate import gate_status
 
@@ -50,8 +50,9 @@ def build_ddl_job(catalog: Catalog) -> dg.JobDefinition:
         context: dg.OpExecutionContext, gate: int, config: DdlConfig, cdc: CdcResource
     ) -> None:
         """Apply the DDL at the sink (idempotent: a replay skips it)."""
-        what = run_apply_ddl(cdc.settings(), config.changefeed_id, gate)
-        context.log.info("applied DDL at %d of %s: %s", gate, config.changefeed_id, what)
+        queries = apply_ddl(cdc.metastore(), config.changefeed_id, gate)
+        for query in queries:
+            context.log.info("applied DDL at %d of %s: %s", gate, config.changefeed_id, query)
 
     @dg.job(
         name=DDL_JOB,

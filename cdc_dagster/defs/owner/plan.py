@@ -22,7 +22,7 @@ def capture_run_request(capture_id: str, view: TickView, tick: int) -> dg.RunReq
         "capture_id": capture_id,
         "owner_rev": view.owner_rev,
         "tick": tick,
-        "messages_json": json.dumps(view.work.get(capture_id, []), separators=(",", ":")),
+        "messages_json": json.dumps(view.work.get(capture_id, {}), separators=(",", ":")),
     }
     return dg.RunRequest(
         # run keys are deduplicated forever: owner_rev and the tick make each one new.

@@ -95,6 +95,27 @@ def materializations(
     return [table_materialization(k, rs, capture_id, now_ms) for k, rs in grouped.items()]
 
 
+def progress_observations(
+    catalog: Catalog, tables: Iterable[TableReport], now_ms: int
+) -> list[dg.AssetObservation]:
+    """The owner's view of each table (state, primary capture, barrier, lag) as observations."""
+    by_id = catalog.by_id()
+    grouped: dict[dg.AssetKey, list[TableReport]] = {}
+    for t in tables:
+        ref = by_id.get(t.table_id)
+        if ref is not None:
+            grouped.setdefault(catalog.replica_key(ref), []).append(t)
+    out = []
+    for key, reports in grouped.items():
+        m = table_materialization(
+            key, reports, ",".join(sorted({r.capture_id for r in reports})), now_ms
+        )
+        metadata = {k: v for k, v in m.metadata.items() if k != "rows_applied"}
+        metadata["source"] = dg.MetadataValue.text("owner")
+        out.append(dg.AssetObservation(asset_key=key, metadata=metadata))
+    return out
+
+
 def latest_checkpoint(instance: dg.DagsterInstance, key: dg.AssetKey) -> int | None:
     """The ``checkpoint_ts_raw`` of the asset's latest materialization (None if none)."""
     event = instance.get_latest_materialization_event(key)

@@ -1,7 +1,6 @@
 """Asset checks on replicated tables: lag bound, equality with the upstream at the last
 syncpoint, and the bank workload's invariant total."""
 
-import json
 from collections.abc import Iterator
 from decimal import Decimal
 from pathlib import Path
@@ -42,22 +41,23 @@ def _latest_float(instance: dg.DagsterInstance, key: dg.AssetKey, name: str) -> 
     return float(value.value) if value is not None else None
 
 
-def _last_syncpoint(lake: Path, changefeed_id: str) -> dict[str, Any] | None:
-    folder = lake / "_cdc_dagster" / "syncpoints" / changefeed_id
-    files = sorted(folder.glob("*.json")) if folder.is_dir() else []
-    return json.loads(files[-1].read_text()) if files else None
+def _last_syncpoint(sink_uri: str, changefeed_id: str) -> Any:
+    """The changefeed's last syncpoint record at a Delta sink (None if none)."""
+    from cdc_dagster.sinks.delta import list_syncpoints, read_syncpoint
+
+    if not sink_uri.startswith("delta://"):
+        return None
+    root = sink_uri.removeprefix("delta://")
+    points = list_syncpoints(root, changefeed_id)
+    return read_syncpoint(root, changefeed_id, points[-1]) if points else None
 
 
-def _delta_at(location: str, version: int) -> Any:
-    # Read through file_uris(), not to_pyarrow_table() (FACTS: delta-rs#2184 aborts at exit).
-    import pyarrow.parquet as pq
-    from deltalake import DeltaTable
+def _table_at_syncpoint(sink_uri: str, sp: Any, table_id: int) -> Any:
+    from cdc_dagster.sinks.delta import read_table_at
 
-    dt = DeltaTable(location, version=version)
-    tables = [pq.read_table(uri) for uri in dt.file_uris()]
-    import pyarrow as pa
-
-    return pa.concat_tables(tables, promote_options="default") if tables else None
+    return read_table_at(
+        sink_uri.removeprefix("delta://"), sp.locations[table_id], sp.versions[table_id]
+    )
 
 
 def build_checks(catalog: Catalog) -> list[dg.AssetChecksDefinition]:
@@ -113,8 +113,7 @@ def _syncpoint_checks(catalog: Catalog) -> dg.AssetChecksDefinition:
         from cdc_dagster.upstream.oracle import Oracle, fingerprint
 
         s = cdc.settings()
-        with cdc.metastore() as ms:
-            feeds = ms.changefeeds.list()
+        feeds = cdc.metastore().changefeeds.list()
         for key, ref in refs.items():
             yield _compare_at_syncpoint(key, ref.table_id, feeds, s.changelog, Oracle, fingerprint)
 
@@ -130,36 +129,26 @@ def _compare_at_syncpoint(
     fingerprint: Any,
 ) -> dg.AssetCheckResult:
     for cf in feeds:
-        uri = cf.info.sink_uri
-        if not uri.startswith("delta://"):
-            continue
-        sp = _last_syncpoint(Path(uri.removeprefix("delta://")), cf.changefeed_id)
-        if sp is None or str(table_id) not in sp.get("versions", {}):
+        sp = _last_syncpoint(cf.info.sink_uri, cf.changefeed_id)
+        if sp is None or table_id not in sp.versions:
             continue
         upstream = getattr(cf.info, "upstream_uri", "") or (
             f"changelog://{changelog}" if changelog else ""
         )
-        ts, version = int(sp["ts"]), int(sp["versions"][str(table_id)])
-        downstream = _delta_at(sp["locations"][str(table_id)], version)
-        expected = oracle_cls(upstream.removeprefix("changelog://")).table_at(table_id, ts)
-        got = (
-            fingerprint(
-                downstream,
-                ignore_columns=[c for c in downstream.column_names if c.startswith("_cdc")],
-            )
-            if downstream is not None
-            else "empty"
-        )
-        want = fingerprint(expected)
+        downstream = _table_at_syncpoint(cf.info.sink_uri, sp, table_id)
+        expected = oracle_cls(upstream.removeprefix("changelog://")).table_at(table_id, sp.ts)
+        ignore = [c for c in downstream.column_names if c.startswith("_cdc")]
+        got, want = fingerprint(downstream, ignore_columns=ignore), fingerprint(expected)
         return dg.AssetCheckResult(
             asset_key=key,
             check_name=SYNCPOINT_CHECK,
             passed=got == want,
             metadata={
-                "syncpoint_ts": ts,
-                "delta_version": version,
-                "downstream": got,
-                "oracle": want,
+                "syncpoint_ts": sp.ts,
+                "delta_version": sp.versions[table_id],
+                "rows": downstream.num_rows,
+                "downstream_fingerprint": got,
+                "oracle_fingerprint": want,
             },
         )
     return dg.AssetCheckResult(
@@ -171,6 +160,24 @@ def _compare_at_syncpoint(
     )
 
 
+def _bank_total(feeds: list[Any], table_ids: list[int]) -> tuple[Decimal, int] | None:
+    for cf in feeds:
+        sp = _last_syncpoint(cf.info.sink_uri, cf.changefeed_id)
+        if sp is None:
+            continue
+        total = Decimal("0.00")
+        for tid in table_ids:
+            if tid in sp.versions:
+                table = _table_at_syncpoint(cf.info.sink_uri, sp, tid)
+                if "balance" in table.column_names:
+                    total += sum(
+                        (v for v in table.column("balance").to_pylist() if v is not None),
+                        Decimal("0.00"),
+                    )
+        return total, sp.ts
+    return None
+
+
 def _bank_check(
     catalog: Catalog, key: dg.AssetKey, table_ids: list[int]
 ) -> dg.AssetChecksDefinition:
@@ -180,36 +187,17 @@ def _bank_check(
         description="sum of balances over every bank table at the last syncpoint equals the workload's constant",
     )
     def bank_total(context: dg.AssetCheckExecutionContext, cdc: CdcResource) -> dg.AssetCheckResult:
-        with cdc.metastore() as ms:
-            feeds = [cf for cf in ms.changefeeds.list() if cf.info.sink_uri.startswith("delta://")]
-        for cf in feeds:
-            sp = _last_syncpoint(Path(cf.info.sink_uri.removeprefix("delta://")), cf.changefeed_id)
-            if sp is None:
-                continue
-            total = Decimal("0.00")
-            for tid in table_ids:
-                if str(tid) in sp["versions"]:
-                    table = _delta_at(sp["locations"][str(tid)], int(sp["versions"][str(tid)]))
-                    if table is not None and "balance" in table.column_names:
-                        total += sum(
-                            (v for v in table.column("balance").to_pylist() if v is not None),
-                            Decimal("0.00"),
-                        )
-            expected = Decimal("1000.00") * _rows_per_table(cdc) * len(table_ids)
-            return dg.AssetCheckResult(
-                passed=total == expected,
-                metadata={
-                    "total": float(total),
-                    "expected": float(expected),
-                    "syncpoint_ts": int(sp["ts"]),
-                },
-            )
-        return dg.AssetCheckResult(passed=True, description="no syncpoint recorded yet")
+        from cdc_dagster.upstream.generator import WorkloadConfig
+
+        found = _bank_total(cdc.metastore().changefeeds.list(), table_ids)
+        if found is None:
+            return dg.AssetCheckResult(passed=True, description="no syncpoint recorded yet")
+        total, ts = found
+        config = WorkloadConfig()
+        expected = config.initial_balance * config.rows_per_table * len(table_ids)
+        return dg.AssetCheckResult(
+            passed=total == expected,
+            metadata={"total": float(total), "expected": float(expected), "syncpoint_ts": ts},
+        )
 
     return bank_total
-
-
-def _rows_per_table(cdc: CdcResource) -> int:
-    from cdc_dagster.upstream.generator import WorkloadConfig
-
-    return WorkloadConfig().rows_per_table

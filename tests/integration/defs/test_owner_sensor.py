@@ -51,7 +51,7 @@ def _tick_from_etcd(ms: Metastore) -> TickView:
         "dagster-test",
         owner.owner_rev,
         captures,
-        {c: [] for c in captures} | {captures[0]: [{"m": 1}]},
+        {captures[0]: {"cf": [{"type": "heartbeat"}]}},
     )
 
 
@@ -59,7 +59,7 @@ def test_sensor_skips_naming_the_owner_when_another_holds_the_election(
     env: None, instance: dg.DagsterInstance, metastore: Metastore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     metastore.election.try_campaign("someone-else", ttl_s=10)
-    monkeypatch.setattr(sensor_module, "owner_tick", lambda s, reqs: _tick_from_etcd(metastore))
+    monkeypatch.setattr(sensor_module, "owner_tick", lambda s: _tick_from_etcd(metastore))
     result = _evaluate(instance)
     assert "someone-else" in result.skip_reason.skip_message
 
@@ -70,7 +70,7 @@ def test_sensor_as_owner_requests_capture_runs_and_adds_partitions(
     session = metastore.election.try_campaign("dagster-test", ttl_s=10)
     admin.add_capture(metastore, "c1")
     admin.add_capture(metastore, "c2")
-    monkeypatch.setattr(sensor_module, "owner_tick", lambda s, reqs: _tick_from_etcd(metastore))
+    monkeypatch.setattr(sensor_module, "owner_tick", lambda s: _tick_from_etcd(metastore))
     result = _evaluate(instance, cursor="4")
     assert result.cursor == "5"
     (run,) = [r for r in result.run_requests]
@@ -79,20 +79,13 @@ def test_sensor_as_owner_requests_capture_runs_and_adds_partitions(
     assert sorted(add.partition_keys) == ["c1", "c2"]
 
 
-def test_sensor_hands_admin_requests_to_the_owner_and_deletes_them(
-    env: None, instance: dg.DagsterInstance, metastore: Metastore, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    metastore.election.try_campaign("dagster-test", ttl_s=10)
+def test_admin_requests_are_written_where_the_owner_loop_reads_them(metastore: Metastore) -> None:
     admin.add_capture(metastore, "c1")
     metastore.changefeeds.create("cf", "delta:///tmp/x")
     admin.rebalance(metastore, "cf")
-    seen: list[object] = []
-
-    def tick(settings: object, requests: list[object]) -> TickView:
-        seen.extend(requests)
-        return _tick_from_etcd(metastore)
-
-    monkeypatch.setattr(sensor_module, "owner_tick", tick)
-    _evaluate(instance)
-    assert [r.kind for r in seen] == [admin.AdminKind.REBALANCE]  # type: ignore[attr-defined]
-    assert admin.pending_requests(metastore) == []
+    admin.move_table(metastore, "cf", 3, "c1")
+    bodies = [body for _, body in admin.pending_requests(metastore)]
+    assert {"op": "rebalance"} in bodies
+    assert {"op": "move_table", "table_id": 3, "to": "c1"} in bodies
+    keys = [key for key, _ in admin.pending_requests(metastore)]
+    assert all(k.startswith(f"{metastore.layout.prefix}admin/cf/") for k in keys)

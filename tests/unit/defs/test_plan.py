@@ -14,7 +14,7 @@ from cdc_dagster.defs.tables.gate import gate_status
 from scheduler_core.ts import compose
 
 CATALOG = demo_catalog([(1, "bank", "a"), (2, "bank", "b")])
-WORK = {"c1": [{"kind": "heartbeat"}], "c2": [{"kind": "dispatch"}]}
+WORK = {"c1": {"cf": [{"type": "heartbeat"}]}, "c2": {"cf": [{"type": "dispatch"}]}}
 
 
 def owner_view(**kw: object) -> TickView:
