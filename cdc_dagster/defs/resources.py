@@ -72,7 +72,10 @@ class SparkConnectResource(LazyPySparkResource):
         if remote:
             config["spark.remote"] = remote
         else:
+            import sys
+
             config.setdefault("spark.master", "local[2]")
+            config.setdefault("spark.pyspark.python", sys.executable)
             config.setdefault("spark.ui.enabled", "false")
             config.setdefault("spark.sql.shuffle.partitions", "4")
         from dagster_pyspark.resources import spark_session_from_config

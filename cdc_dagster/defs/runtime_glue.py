@@ -94,7 +94,7 @@ def _tables(tick: Any) -> tuple[TableReport, ...]:
         TableReport(
             cf,
             int(t.table_id),
-            str(t.state),
+            str(t.state).lower(),
             int(t.checkpoint_ts),
             int(t.resolved_ts),
             int(t.barrier_ts),
@@ -209,7 +209,7 @@ class CaptureTick:
                 TableReport(
                     cf,
                     int(t.table_id),
-                    str(t.state),
+                    str(t.state).lower(),
                     int(t.checkpoint_ts),
                     int(t.resolved_ts),
                     _barrier_of(self.work[cf], int(t.table_id)),
