@@ -328,7 +328,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         COMMANDS[args.group](args)
     except KeyboardInterrupt:
         return 130
-    except (CliError, MetastoreError, admin.AdminError, SecretReferenceError, ValueError) as exc:
+    except (
+        CliError,
+        MetastoreError,
+        admin.AdminError,
+        SecretReferenceError,
+        ValueError,
+        RuntimeError,
+    ) as exc:
         message = " ".join(str(exc).split())
         print(f"cdc-dagster: error: {redact_text(message)}", file=sys.stderr)
         return 1

@@ -112,16 +112,32 @@ def start_dagster(
     return procs.Service("dagster-dev", proc.pid, str(log), url), proc
 
 
-def _start_etcd(state_dir: Path, etcd: str | None) -> str:
+def _start_etcd(state_dir: Path, etcd: str | None, quiet: bool = False) -> str:
     if etcd:
-        say(f"using the etcd cluster at {etcd}")
+        if not quiet:
+            say(f"using the etcd cluster at {etcd}")
         return etcd
     from cdc_dagster.metastore.private_etcd import start_private_etcd
 
     say(f"starting the private etcd under {state_dir / 'etcd'} ...")
     status = start_private_etcd(state_dir)
     say(f"etcd {'started' if status.started else 'already running'} at {status.client_url}")
+    if status.started:
+        _STARTED_ETCD.append(state_dir)
     return ",".join(status.endpoints)
+
+
+# State dirs whose private etcd this process started (stopped again on the way out).
+_STARTED_ETCD: list[Path] = []
+
+
+def _stop_started_etcd() -> None:
+    from cdc_dagster.metastore.private_etcd import stop_private_etcd
+
+    while _STARTED_ETCD:
+        state_dir = _STARTED_ETCD.pop()
+        say("stopping the private etcd ...")
+        stop_private_etcd(state_dir)
 
 
 @contextmanager
@@ -141,6 +157,7 @@ def _running(state_dir: Path) -> Iterator[list[procs.Service]]:
             say(f"stopping {service.name} (pid {service.pid}) ...")
             procs.terminate(service.pid)
         procs.write_services(state_dir, [])
+        _stop_started_etcd()
 
 
 def _wait_forever(check: Callable[[], str | None]) -> None:
@@ -161,7 +178,7 @@ def _bring_up(
     dagster: bool,
     changelog: Path | None,
 ) -> tuple[str, dict[str, object]]:
-    etcd_endpoints = _start_etcd(state_dir, etcd)
+    etcd_endpoints = _start_etcd(state_dir, etcd, quiet=changelog is not None)
     say("starting a Spark Connect server (from the pyspark wheel) ...")
     spark, spark_proc = start_spark_connect(state_dir)
     started.append(spark)
@@ -250,12 +267,19 @@ def demo(state_dir: Path, *, tables: int = 6, port: int = 0, dagster: bool = Tru
             generator.start()
             say(f"generator writing; {generator.describe()}")
             lake = state_dir / "lake"
+            _, children = _bring_up(state_dir, started, etcd_endpoints, port, dagster, changelog)
+            # After Dagster is up: capture leases are renewed by capture runs, which need it.
             say(
                 workload.ensure_demo_changefeed(
-                    etcd_endpoints, state_dir, DEMO_CHANGEFEED, lake, DEMO_CAPTURES, changelog
+                    etcd_endpoints,
+                    state_dir,
+                    DEMO_CHANGEFEED,
+                    lake,
+                    DEMO_CAPTURES,
+                    changelog,
+                    generator.bootstrap,
                 )
             )
-            _, children = _bring_up(state_dir, started, etcd_endpoints, port, dagster, changelog)
             ui = next((s.address for s in started if s.name == "dagster-dev"), "")
             for line in workload.what_to_look_at(ui, DEMO_CHANGEFEED, lake):
                 say(line)
