@@ -98,7 +98,7 @@ def ensure_demo_changefeed(
                 raise RuntimeError(
                     f"changefeed {changefeed_id} is missing but the change log {changelog} "
                     "exists: remove the state dir to start the demo afresh"
-                )
+                ) from None
             start_ts, last_table = bootstrap
             admin.create_changefeed(
                 ms,
@@ -109,6 +109,7 @@ def ensure_demo_changefeed(
                 table_filter=("*.*", f"!{last_table}"),
                 start_ts=start_ts,
                 sync_point_interval_s=30,
+                upstream_uri=f"changelog://{changelog}",
             )
             what = f"created changefeed {changefeed_id} into delta://{lake}"
         added = [c for c in captures if ms.captures.get(c) is None]
