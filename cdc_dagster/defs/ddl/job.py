@@ -50,7 +50,7 @@ def build_ddl_job(catalog: Catalog) -> dg.JobDefinition:
         context: dg.OpExecutionContext, gate: int, config: DdlConfig, cdc: CdcResource
     ) -> None:
         """Apply the DDL at the sink (idempotent: a replay skips it)."""
-        queries = apply_ddl(cdc.metastore(), config.changefeed_id, gate)
+        queries = apply_ddl_at_sink(cdc.metastore(), config.changefeed_id, gate)
         for query in queries:
             context.log.info("applied DDL at %d of %s: %s", gate, config.changefeed_id, query)
 

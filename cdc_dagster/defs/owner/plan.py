@@ -34,15 +34,18 @@ def capture_run_request(capture_id: str, view: TickView, tick: int) -> dg.RunReq
     )
 
 
-def ddl_run_request(ddl: DdlToRun, view: TickView) -> dg.RunRequest:
-    """The run applying one DDL whose gate is open."""
+DDL_RETRY_TICKS = 6  # a DDL still ready this many ticks later gets a new run (~30 s)
+
+
+def ddl_run_request(ddl: DdlToRun, view: TickView, tick: int) -> dg.RunRequest:
+    """The run applying one DDL whose gate is open (again after a failed run, every ~30 s)."""
     config = {
         "changefeed_id": ddl.changefeed_id,
         "commit_ts": ddl.commit_ts,
         "table_ids": list(ddl.table_ids),
     }
     return dg.RunRequest(
-        run_key=f"ddl:{ddl.changefeed_id}:{ddl.commit_ts}:{view.owner_rev}",
+        run_key=f"ddl:{ddl.changefeed_id}:{ddl.commit_ts}:{view.owner_rev}:{tick // DDL_RETRY_TICKS}",
         job_name=DDL_JOB,
         run_config={"ops": {"ddl_gate": {"config": config}, "ddl_apply": {"config": config}}},
         tags={"cdc/changefeed": ddl.changefeed_id, "cdc/ddl_commit_ts": str(ddl.commit_ts)},
@@ -82,7 +85,7 @@ def plan(
     for ddl in view.ddls:
         is_open, _ = gate_status(ddl, catalog, checkpoint_of)
         if is_open:
-            runs.append(ddl_run_request(ddl, view))
+            runs.append(ddl_run_request(ddl, view, tick))
     return dg.SensorResult(
         run_requests=runs,
         dynamic_partitions_requests=partition_requests,
