@@ -75,7 +75,7 @@ def main() -> int:
         with stack._running(state) as started:
             etcd = stack._start_etcd(state, None)
             gen.start()
-            _, children = stack._bring_up(state, started, etcd, 0, True, changelog)
+            _, _children = stack._bring_up(state, started, etcd, 0, True, changelog)
             stack.say(
                 workload.ensure_demo_changefeed(
                     etcd, state, "bench", lake, stack.DEMO_CAPTURES, changelog, gen.bootstrap
