@@ -10,6 +10,7 @@ from cdc_dagster.defs.catalog import Catalog
 from cdc_dagster.defs.owner.plan import DDL_JOB
 from cdc_dagster.defs.resources import CdcResource
 from cdc_dagster.defs.runtime_glue import DdlToRun
+from cdc_dagster.defs.runtime_glue import apply_ddl as apply_ddl_at_sink
 from cdc_dagster.defs.tables.assets import latest_checkpoint
 from cdc_dagster.defs.tables.gate import gate_status
 
