@@ -18,12 +18,18 @@ class GeneratorThread:
     """
 
     def __init__(
-        self, root: Path, bank_tables: int, interval_s: float = 1.0, txns_per_step: int = 20
+        self,
+        root: Path,
+        bank_tables: int,
+        interval_s: float = 1.0,
+        txns_per_step: int = 20,
+        ddl_every: int = 600,  # ~one DDL per 30 s at 20 txns/s: each DDL is a barrier + a run
     ) -> None:
         self.root = root
         self.bank_tables = bank_tables
         self.interval_s = interval_s
         self.txns_per_step = txns_per_step
+        self.ddl_every = ddl_every  # 0: no DDLs
         self.workload: object | None = None
         self.bootstrap: tuple[int, str] | None = None
         self.error: BaseException | None = None
@@ -44,6 +50,8 @@ class GeneratorThread:
             txns_per_step=self.txns_per_step,
             fsync=False,
             odd_identifiers=False,
+            ddls=self.ddl_every > 0,
+            ddl_every=max(1, self.ddl_every),
         )
         self.workload = Workload(config, self.root)
         self.bootstrap = bootstrap_point(self.root)  # before any step: only CREATEs so far
