@@ -1,0 +1,1 @@
+"""Capture runs: one processor tick of one capture, as Dagster ops."""

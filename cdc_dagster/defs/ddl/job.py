@@ -1,0 +1,66 @@
+"""The DDL job: ``ddl_gate`` fails the run before anything is applied unless the gate is open.
+
+The owner sensor launches it only when the gate is open; the gate op checks again inside
+the run, so a launch from the UI cannot skip it.
+"""
+
+import dagster as dg
+
+from cdc_dagster.defs.catalog import Catalog
+from cdc_dagster.defs.owner.plan import DDL_JOB
+from cdc_dagster.defs.resources import CdcResource
+from cdc_dagster.defs.runtime_glue import DdlToRun
+from cdc_dagster.defs.runtime_glue import apply_ddl as apply_ddl_at_sink
+from cdc_dagster.defs.tables.assets import latest_checkpoint
+from cdc_dagster.defs.tables.gate import gate_status
+
+
+class DdlConfig(dg.Config):
+    """Which DDL: the changefeed, its commit ts, the tables it blocks (empty: all)."""
+
+    changefeed_id: str
+    commit_ts: int
+    table_ids: list[int] = []
+
+
+def build_ddl_job(catalog: Catalog) -> dg.JobDefinition:
+    """The DDL job over ``catalog`` (the gate reads its tables' checkpoint metadata)."""
+    by_id = catalog.by_id()
+
+    @dg.op(name="ddl_gate")
+    def ddl_gate(context: dg.OpExecutionContext, config: DdlConfig) -> int:
+        """Fail unless every blocked table's checkpoint metadata reached the commit ts."""
+        ddl = DdlToRun(config.changefeed_id, config.commit_ts, tuple(config.table_ids))
+
+        def checkpoint_of(table_id: int) -> int | None:
+            ref = by_id.get(table_id)
+            return (
+                None
+                if ref is None
+                else latest_checkpoint(context.instance, catalog.replica_key(ref))
+            )
+
+        is_open, reason = gate_status(ddl, catalog, checkpoint_of)
+        if not is_open:
+            raise dg.Failure(f"DDL gate closed: {reason}", allow_retries=False)
+        context.log.info("DDL gate open: %s", reason)
+        return config.commit_ts
+
+    @dg.op(name="ddl_apply")
+    def ddl_apply(
+        context: dg.OpExecutionContext, gate: int, config: DdlConfig, cdc: CdcResource
+    ) -> None:
+        """Apply the DDL at the sink (idempotent: a replay skips it)."""
+        queries = apply_ddl_at_sink(cdc.metastore(), config.changefeed_id, gate)
+        for query in queries:
+            context.log.info("applied DDL at %d of %s: %s", gate, config.changefeed_id, query)
+
+    @dg.job(
+        name=DDL_JOB,
+        executor_def=dg.in_process_executor,
+        description="Apply one DDL after its gate opened.",
+    )
+    def apply_ddl() -> None:
+        ddl_apply(ddl_gate())
+
+    return apply_ddl

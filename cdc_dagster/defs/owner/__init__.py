@@ -1,0 +1,1 @@
+"""The owner loop as a Dagster sensor."""

@@ -1,0 +1,60 @@
+"""Where the control plane's parts are, read from ``CDC_DAGSTER_*`` variables when asked.
+
+Nothing reads the environment at import time: resources call :meth:`Settings.from_env` at
+run time, the sensor at tick time, the definitions loader when the code location loads.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ENV_PREFIX = "CDC_DAGSTER_"
+DEFAULT_MAX_TABLE_ASSETS = 2000
+DEFAULT_LAG_BOUND_S = 120.0
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """One deployment's settings (the CLI's ``server start`` / ``demo`` export them)."""
+
+    state_dir: Path = Path(".state")
+    etcd: tuple[str, ...] = ()  # empty: the private etcd of state_dir
+    cluster_id: str = "default"
+    changelog: Path | None = None  # the embedded upstream's change log
+    spark_remote: str = ""  # sc://host:port; empty: an in-process local session
+    owner_id: str = field(default_factory=lambda: f"dagster-{socket.gethostname()}")
+    max_table_assets: int = DEFAULT_MAX_TABLE_ASSETS
+    lag_bound_s: float = DEFAULT_LAG_BOUND_S
+    capture_ttl_s: int = 60  # spans several sensor ticks plus a run's launch (~5 s each)
+    owner_ttl_s: int = 60
+
+    @staticmethod
+    def from_env(environ: Mapping[str, str] | None = None) -> Settings:
+        """Settings from ``CDC_DAGSTER_*`` variables (defaults for the rest)."""
+        env = os.environ if environ is None else environ
+
+        def get(name: str, default: str = "") -> str:
+            return env.get(ENV_PREFIX + name, default).strip()
+
+        changelog = get("CHANGELOG")
+        base = Settings()
+        return Settings(
+            state_dir=Path(get("STATE_DIR", ".state")).resolve(),
+            etcd=tuple(e for e in get("ETCD").split(",") if e),
+            cluster_id=get("CLUSTER_ID", "default"),
+            changelog=Path(changelog) if changelog else None,
+            spark_remote=get("SPARK_REMOTE"),
+            owner_id=get("OWNER_ID") or base.owner_id,
+            max_table_assets=int(get("MAX_TABLE_ASSETS", str(DEFAULT_MAX_TABLE_ASSETS))),
+            lag_bound_s=float(get("LAG_BOUND_S", str(DEFAULT_LAG_BOUND_S))),
+            capture_ttl_s=int(get("CAPTURE_TTL_S", "60")),
+            owner_ttl_s=int(get("OWNER_TTL_S", "60")),
+        )
+
+    def staging_dir(self) -> Path:
+        """Where captures stage changes between prepare and commit."""
+        return self.state_dir / "staging"

@@ -1,0 +1,125 @@
+"""Asset specs of upstream and replicated tables, and the materializations a report makes."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+import dagster as dg
+
+from cdc_dagster.defs.catalog import Catalog, TableRef
+from cdc_dagster.defs.runtime_glue import TableReport
+from scheduler_core.ts import physical_ms
+
+UPSTREAM_GROUP = "upstream"
+REPLICA_GROUP = "replica"
+
+
+def upstream_specs(catalog: Catalog) -> list[dg.AssetSpec]:
+    """Upstream tables (or schemas, when grouped) as external assets."""
+    specs: dict[dg.AssetKey, dg.AssetSpec] = {}
+    for ref in catalog.tables:
+        key = catalog.upstream_key(ref)
+        if key not in specs:
+            specs[key] = dg.AssetSpec(
+                key,
+                group_name=UPSTREAM_GROUP,
+                description=f"upstream {ref.database if catalog.grouped else ref.name}",
+                kinds={"mysql"},
+            )
+    return list(specs.values())
+
+
+def replica_specs(catalog: Catalog) -> list[dg.AssetSpec]:
+    """Replicated tables (or schemas), each depending on its upstream."""
+    specs: dict[dg.AssetKey, dg.AssetSpec] = {}
+    for ref in catalog.tables:
+        key = catalog.replica_key(ref)
+        if key not in specs:
+            specs[key] = dg.AssetSpec(
+                key,
+                deps=[catalog.upstream_key(ref)],
+                group_name=REPLICA_GROUP,
+                description=(
+                    f"replica of {ref.database if catalog.grouped else ref.name}, written by the "
+                    "capture holding it; metadata: checkpoint/resolved/barrier ts, lag_seconds"
+                ),
+                kinds={"delta"},
+                metadata={"table_id": ref.table_id} if not catalog.grouped else {},
+            )
+    return list(specs.values())
+
+
+def _ts_meta(name: str, ts: int) -> dict[str, dg.MetadataValue]:
+    return {
+        name: dg.MetadataValue.timestamp(physical_ms(ts) / 1000.0),
+        f"{name}_raw": dg.MetadataValue.int(ts),
+    }
+
+
+def table_materialization(
+    key: dg.AssetKey, reports: Sequence[TableReport], capture_id: str, now_ms: int
+) -> dg.AssetMaterialization:
+    """One materialization for ``reports`` (one table, or every table of a grouped schema)."""
+    checkpoint = min(r.checkpoint_ts for r in reports)
+    resolved = min(r.resolved_ts for r in reports)
+    barrier = min(r.barrier_ts for r in reports)
+    lag_s = max(0.0, (now_ms - physical_ms(checkpoint)) / 1000.0)
+    metadata: dict[str, dg.MetadataValue] = {
+        **_ts_meta("checkpoint_ts", checkpoint),
+        **_ts_meta("resolved_ts", resolved),
+        **_ts_meta("barrier_ts", barrier),
+        "lag_seconds": dg.MetadataValue.float(lag_s),
+        "rows_applied": dg.MetadataValue.int(sum(r.rows_applied for r in reports)),
+        "capture": dg.MetadataValue.text(capture_id),
+        "changefeed": dg.MetadataValue.text(reports[0].changefeed_id),
+        "state": dg.MetadataValue.text(",".join(sorted({r.state for r in reports}))),
+    }
+    if len(reports) == 1:
+        metadata["table_id"] = dg.MetadataValue.int(reports[0].table_id)
+    else:
+        metadata["tables"] = dg.MetadataValue.int(len(reports))
+    return dg.AssetMaterialization(asset_key=key, metadata=metadata)
+
+
+def materializations(
+    catalog: Catalog, reports: Iterable[TableReport], capture_id: str, now_ms: int
+) -> list[dg.AssetMaterialization]:
+    """The report's materializations: one per asset key (tables of a group merged)."""
+    by_id = catalog.by_id()
+    grouped: dict[dg.AssetKey, list[TableReport]] = {}
+    for report in reports:
+        ref = by_id.get(report.table_id) or TableRef(
+            report.table_id, "unknown", f"table_{report.table_id}"
+        )
+        grouped.setdefault(catalog.replica_key(ref), []).append(report)
+    return [table_materialization(k, rs, capture_id, now_ms) for k, rs in grouped.items()]
+
+
+def progress_observations(
+    catalog: Catalog, tables: Iterable[TableReport], now_ms: int
+) -> list[dg.AssetObservation]:
+    """The owner's view of each table (state, primary capture, barrier, lag) as observations."""
+    by_id = catalog.by_id()
+    grouped: dict[dg.AssetKey, list[TableReport]] = {}
+    for t in tables:
+        ref = by_id.get(t.table_id)
+        if ref is not None:
+            grouped.setdefault(catalog.replica_key(ref), []).append(t)
+    out = []
+    for key, reports in grouped.items():
+        m = table_materialization(
+            key, reports, ",".join(sorted({r.capture_id for r in reports})), now_ms
+        )
+        metadata = {k: v for k, v in m.metadata.items() if k != "rows_applied"}
+        metadata["source"] = dg.MetadataValue.text("owner")
+        out.append(dg.AssetObservation(asset_key=key, metadata=metadata))
+    return out
+
+
+def latest_checkpoint(instance: dg.DagsterInstance, key: dg.AssetKey) -> int | None:
+    """The ``checkpoint_ts_raw`` of the asset's latest materialization (None if none)."""
+    event = instance.get_latest_materialization_event(key)
+    if event is None or event.asset_materialization is None:
+        return None
+    value = event.asset_materialization.metadata.get("checkpoint_ts_raw")
+    return int(value.value) if value is not None else None

@@ -1,0 +1,203 @@
+"""Asset checks on replicated tables: lag bound, equality with the upstream at the last
+syncpoint, and the bank workload's invariant total."""
+
+from collections.abc import Iterator
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import dagster as dg
+
+from cdc_dagster.defs.catalog import Catalog
+from cdc_dagster.defs.resources import CdcResource
+
+LAG_CHECK = "lag_within_bound"
+SYNCPOINT_CHECK = "equals_upstream_at_syncpoint"
+BANK_CHECK = "bank_total_invariant"
+
+
+def lag_check_result(key: dg.AssetKey, lag_s: float | None, bound_s: float) -> dg.AssetCheckResult:
+    """Pass while the latest ``lag_seconds`` is within ``bound_s``."""
+    if lag_s is None:
+        return dg.AssetCheckResult(
+            asset_key=key,
+            check_name=LAG_CHECK,
+            passed=False,
+            description="no progress reported yet",
+        )
+    return dg.AssetCheckResult(
+        asset_key=key,
+        check_name=LAG_CHECK,
+        passed=lag_s <= bound_s,
+        metadata={"lag_seconds": float(lag_s), "bound_seconds": float(bound_s)},
+    )
+
+
+def _latest_float(instance: dg.DagsterInstance, key: dg.AssetKey, name: str) -> float | None:
+    event = instance.get_latest_materialization_event(key)
+    if event is None or event.asset_materialization is None:
+        return None
+    value = event.asset_materialization.metadata.get(name)
+    return float(value.value) if value is not None else None
+
+
+def _last_syncpoint(sink_uri: str, changefeed_id: str) -> Any:
+    """The changefeed's last syncpoint record at a Delta sink (None if none)."""
+    from cdc_dagster.sinks.delta import list_syncpoints, read_syncpoint
+
+    if not sink_uri.startswith("delta://"):
+        return None
+    root = sink_uri.removeprefix("delta://")
+    points = list_syncpoints(root, changefeed_id)
+    return read_syncpoint(root, changefeed_id, points[-1]) if points else None
+
+
+def _table_at_syncpoint(sink_uri: str, sp: Any, table_id: int) -> Any:
+    from cdc_dagster.sinks.delta import read_table_at
+
+    return read_table_at(
+        sink_uri.removeprefix("delta://"), sp.locations[table_id], sp.versions[table_id]
+    )
+
+
+def build_checks(catalog: Catalog) -> list[dg.AssetChecksDefinition]:
+    """The checks over ``catalog``'s replica assets (none without tables)."""
+    keys = catalog.replica_keys()
+    if not keys:
+        return []
+
+    @dg.multi_asset_check(
+        specs=[
+            dg.AssetCheckSpec(
+                LAG_CHECK, asset=k, description="checkpoint lag within the configured bound"
+            )
+            for k in keys
+        ],
+        name="replica_lag_checks",
+    )
+    def lag_checks(
+        context: dg.AssetCheckExecutionContext, cdc: CdcResource
+    ) -> Iterator[dg.AssetCheckResult]:
+        bound = cdc.settings().lag_bound_s
+        for key in keys:
+            yield lag_check_result(key, _latest_float(context.instance, key, "lag_seconds"), bound)
+
+    checks = [lag_checks]
+    if not catalog.grouped:
+        checks.append(_syncpoint_checks(catalog))
+    bank = [t for t in catalog.tables if t.database == "bank"]
+    if bank:
+        checks.append(
+            _bank_check(catalog, catalog.replica_key(bank[0]), [t.table_id for t in bank])
+        )
+    return checks
+
+
+def _syncpoint_checks(catalog: Catalog) -> dg.AssetChecksDefinition:
+    refs = {catalog.replica_key(t): t for t in catalog.tables}
+
+    @dg.multi_asset_check(
+        specs=[
+            dg.AssetCheckSpec(
+                SYNCPOINT_CHECK,
+                asset=k,
+                description="downstream fingerprint equals the upstream oracle at the last syncpoint",
+            )
+            for k in refs
+        ],
+        name="replica_syncpoint_checks",
+    )
+    def syncpoint_checks(
+        context: dg.AssetCheckExecutionContext, cdc: CdcResource
+    ) -> Iterator[dg.AssetCheckResult]:
+        from cdc_dagster.upstream.oracle import Oracle, fingerprint
+
+        s = cdc.settings()
+        feeds = cdc.metastore().changefeeds.list()
+        for key, ref in refs.items():
+            yield _compare_at_syncpoint(key, ref.table_id, feeds, s.changelog, Oracle, fingerprint)
+
+    return syncpoint_checks
+
+
+def _compare_at_syncpoint(
+    key: dg.AssetKey,
+    table_id: int,
+    feeds: list[Any],
+    changelog: Path | None,
+    oracle_cls: Any,
+    fingerprint: Any,
+) -> dg.AssetCheckResult:
+    for cf in feeds:
+        sp = _last_syncpoint(cf.info.sink_uri, cf.changefeed_id)
+        if sp is None or table_id not in sp.versions:
+            continue
+        upstream = getattr(cf.info, "upstream_uri", "") or (
+            f"changelog://{changelog}" if changelog else ""
+        )
+        downstream = _table_at_syncpoint(cf.info.sink_uri, sp, table_id)
+        expected = oracle_cls(upstream.removeprefix("changelog://")).table_at(table_id, sp.ts)
+        ignore = [c for c in downstream.column_names if c.startswith("_cdc")]
+        got, want = fingerprint(downstream, ignore_columns=ignore), fingerprint(expected)
+        return dg.AssetCheckResult(
+            asset_key=key,
+            check_name=SYNCPOINT_CHECK,
+            passed=got == want,
+            metadata={
+                "syncpoint_ts": sp.ts,
+                "delta_version": sp.versions[table_id],
+                "rows": downstream.num_rows,
+                "downstream_fingerprint": got,
+                "oracle_fingerprint": want,
+            },
+        )
+    return dg.AssetCheckResult(
+        asset_key=key,
+        check_name=SYNCPOINT_CHECK,
+        passed=True,
+        description="no syncpoint recorded yet",
+        metadata={"syncpoint_ts": 0},
+    )
+
+
+def _bank_total(feeds: list[Any], table_ids: list[int]) -> tuple[Decimal, int] | None:
+    for cf in feeds:
+        sp = _last_syncpoint(cf.info.sink_uri, cf.changefeed_id)
+        if sp is None:
+            continue
+        total = Decimal("0.00")
+        for tid in table_ids:
+            if tid in sp.versions:
+                table = _table_at_syncpoint(cf.info.sink_uri, sp, tid)
+                if "balance" in table.column_names:
+                    total += sum(
+                        (v for v in table.column("balance").to_pylist() if v is not None),
+                        Decimal("0.00"),
+                    )
+        return total, sp.ts
+    return None
+
+
+def _bank_check(
+    catalog: Catalog, key: dg.AssetKey, table_ids: list[int]
+) -> dg.AssetChecksDefinition:
+    @dg.asset_check(
+        asset=key,
+        name=BANK_CHECK,
+        description="sum of balances over every bank table at the last syncpoint equals the workload's constant",
+    )
+    def bank_total(context: dg.AssetCheckExecutionContext, cdc: CdcResource) -> dg.AssetCheckResult:
+        from cdc_dagster.upstream.generator import WorkloadConfig
+
+        found = _bank_total(cdc.metastore().changefeeds.list(), table_ids)
+        if found is None:
+            return dg.AssetCheckResult(passed=True, description="no syncpoint recorded yet")
+        total, ts = found
+        config = WorkloadConfig()
+        expected = config.initial_balance * config.rows_per_table * len(table_ids)
+        return dg.AssetCheckResult(
+            passed=total == expected,
+            metadata={"total": float(total), "expected": float(expected), "syncpoint_ts": ts},
+        )
+
+    return bank_total

@@ -1,0 +1,63 @@
+"""``DAGSTER_HOME`` under the state dir: the ``dagster.yaml`` the control plane needs.
+
+- queued run coordinator, at most one in-progress run per capture: a tag concurrency
+  limit of 1 per unique ``dagster/partition`` value (capture runs are partitioned by
+  capture id);
+- SQLite storage under the state dir by default, PostgreSQL when a URL is given (its
+  password may be a ``${ENV}`` reference: Dagster reads it from the environment);
+- sensors evaluated in threads, so the owner sensor is not queued behind others.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+PACKAGE_ROOT = Path(__file__).resolve().parents[2]
+WORKSPACE_YAML = PACKAGE_ROOT / "workspace.yaml"
+
+_COMMON = """\
+# Written by cdc-dagster; edit the template in cdc_dagster/services/dagster_home.py.
+# The queued run coordinator is Dagster's default; `concurrency.runs` configures it.
+concurrency:
+  runs:
+    # One run per capture at a time: capture runs carry dagster/partition = capture id.
+    tag_concurrency_limits:
+      - key: dagster/partition
+        value:
+          applyLimitPerUniqueValue: true
+        limit: 1
+sensors:
+  use_threads: true
+  num_workers: 4
+telemetry:
+  enabled: false
+"""
+
+_SQLITE = """\
+storage:
+  sqlite:
+    base_dir: {base_dir}
+"""
+
+_POSTGRES = """\
+storage:
+  postgres:
+    postgres_url:
+      env: CDC_DAGSTER_DAGSTER_PG_URL
+"""
+
+
+def render_dagster_yaml(base_dir: Path, postgres: bool = False) -> str:
+    """The ``dagster.yaml`` text (PostgreSQL reads its URL from CDC_DAGSTER_DAGSTER_PG_URL)."""
+    return _COMMON + (_POSTGRES if postgres else _SQLITE.format(base_dir=base_dir))
+
+
+def dagster_home(state_dir: Path, postgres: bool = False) -> Path:
+    """Create ``<state dir>/dagster`` with its ``dagster.yaml`` (rewritten each start)."""
+    home = state_dir / "dagster"
+    home.mkdir(parents=True, exist_ok=True)
+    text = render_dagster_yaml(home / "storage", postgres)
+    target = home / "dagster.yaml"
+    if not target.exists() or target.read_text() != text:
+        target.write_text(text)
+    return home

@@ -1,0 +1,44 @@
+"""A real etcd for the control-plane tests: one private server per session, a cluster id per test."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+from cdc_dagster.metastore import Metastore, connect
+from cdc_dagster.metastore.embedded import EmbeddedEtcd, EtcdTuning
+
+
+@pytest.fixture(scope="session")
+def etcd_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedEtcd]:
+    """A private etcd for the whole session (short election timeout: 1 s leases work)."""
+    server = EmbeddedEtcd(tmp_path_factory.mktemp("etcd"), tuning=EtcdTuning.for_tests())
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def etcd_endpoints(etcd_server: EmbeddedEtcd) -> list[str]:
+    """``host:port`` endpoints of the session's etcd."""
+    return etcd_server.endpoints
+
+
+@pytest.fixture
+def cluster_id() -> str:
+    """A cluster id of this test's own, so its keys do not meet other tests' keys."""
+    return f"t{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture
+def metastore(etcd_endpoints: list[str], cluster_id: str) -> Iterator[Metastore]:
+    """A metastore on the session etcd, for this test's cluster."""
+    ms = connect(etcd_endpoints, cluster_id=cluster_id, retry_timeout_s=10.0)
+    try:
+        yield ms
+    finally:
+        ms.close()

@@ -1,0 +1,98 @@
+"""The owner sensor's plan and the DDL gate, without Dagster running."""
+
+from __future__ import annotations
+
+import json
+
+import dagster as dg
+
+from cdc_dagster.defs.catalog import demo_catalog
+from cdc_dagster.defs.owner.plan import plan
+from cdc_dagster.defs.runtime_glue import DdlToRun, TableReport, TickView
+from cdc_dagster.defs.tables.assets import materializations
+from cdc_dagster.defs.tables.gate import gate_status
+from scheduler_core.ts import compose
+
+CATALOG = demo_catalog([(1, "bank", "a"), (2, "bank", "b")])
+WORK = {"c1": {"cf": [{"type": "heartbeat"}]}, "c2": {"cf": [{"type": "dispatch"}]}}
+
+
+def owner_view(**kw: object) -> TickView:
+    base: dict[str, object] = {
+        "is_owner": True,
+        "owner": "o",
+        "owner_rev": 42,
+        "captures": ("c1", "c2"),
+        "work": WORK,
+    }
+    base.update(kw)
+    return TickView(**base)  # type: ignore[arg-type]
+
+
+def test_not_owner_skips_naming_the_owner() -> None:
+    result = plan(TickView(False, "dagster-other (owner_rev 9)"), 3, [], CATALOG, lambda t: None)
+    assert result.skip_reason is not None
+    assert "dagster-other" in result.skip_reason.skip_message
+    assert not result.run_requests
+
+
+def test_one_run_per_capture_with_owner_rev_and_tick_in_run_key_and_config() -> None:
+    result = plan(owner_view(), 7, ["c1", "c2"], CATALOG, lambda t: None)
+    runs = {r.partition_key: r for r in result.run_requests}
+    assert set(runs) == {"c1", "c2"}
+    assert runs["c1"].run_key == "capture:c1:42:7"
+    config = runs["c2"].run_config["ops"]["receive"]["config"]
+    assert config["owner_rev"] == 42 and config["tick"] == 7
+    assert json.loads(config["messages_json"]) == WORK["c2"]
+
+
+def test_partitions_follow_captures_joining_and_leaving() -> None:
+    result = plan(owner_view(captures=("c1", "c2")), 1, ["c1", "c0"], CATALOG, lambda t: None)
+    adds = [
+        r
+        for r in result.dynamic_partitions_requests
+        if isinstance(r, dg.AddDynamicPartitionsRequest)
+    ]
+    deletes = [
+        r
+        for r in result.dynamic_partitions_requests
+        if isinstance(r, dg.DeleteDynamicPartitionsRequest)
+    ]
+    assert adds[0].partition_keys == ["c2"] and deletes[0].partition_keys == ["c0"]
+
+
+def test_capture_without_work_gets_no_run() -> None:
+    result = plan(owner_view(work={"c1": WORK["c1"]}), 1, ["c1", "c2"], CATALOG, lambda t: None)
+    assert [r.partition_key for r in result.run_requests] == ["c1"]
+
+
+def test_ddl_run_only_when_checkpoint_metadata_reached_its_commit_ts() -> None:
+    ddl = DdlToRun("cf", 1000, (1,))
+    closed = plan(owner_view(ddls=(ddl,)), 1, ["c1", "c2"], CATALOG, {1: 999}.get)
+    assert all(r.job_name != "apply_ddl" for r in closed.run_requests)
+    opened = plan(owner_view(ddls=(ddl,)), 1, ["c1", "c2"], CATALOG, {1: 1000}.get)
+    ddl_runs = [r for r in opened.run_requests if r.job_name == "apply_ddl"]
+    assert (
+        len(ddl_runs) == 1
+        and ddl_runs[0].run_config["ops"]["ddl_gate"]["config"]["commit_ts"] == 1000
+    )
+
+
+def test_global_ddl_waits_for_every_table() -> None:
+    ddl = DdlToRun("cf", 1000, ())
+    assert gate_status(ddl, CATALOG, {1: 1000, 2: 5}.get)[0] is False
+    is_open, reason = gate_status(ddl, CATALOG, {1: 1000, 2: 1000}.get)
+    assert is_open and "2 table(s)" in reason
+
+
+def test_materialization_metadata_has_timestamps_raw_ts_and_float_lag() -> None:
+    ckpt = compose(1_700_000_000_000)
+    reports = [TableReport("cf", 1, "replicating", ckpt, ckpt + 5, ckpt + 9, 12)]
+    (event,) = materializations(CATALOG, reports, "c1", now_ms=1_700_000_002_500)
+    md = event.metadata
+    assert event.asset_key == dg.AssetKey(["replica", "bank", "a"])
+    assert md["checkpoint_ts_raw"].value == ckpt
+    assert md["checkpoint_ts"].value == 1_700_000_000.0
+    assert md["lag_seconds"].value == 2.5 and isinstance(md["lag_seconds"], dg.FloatMetadataValue)
+    assert md["barrier_ts_raw"].value == ckpt + 9
+    assert md["rows_applied"].value == 12 and md["capture"].value == "c1"
