@@ -126,7 +126,7 @@ class PrivateMariaDB:
         cred = f"{user}:{password}@" if password else f"{user}@"
         return f"mysql://{cred}127.0.0.1:{self.port}/{('?' + query) if query else ''}"
 
-    def connect(self, **kw):  # noqa: ANN201 - pymysql connection
+    def connect(self, **kw):
         import pymysql
 
         kw.setdefault("autocommit", True)
@@ -224,7 +224,7 @@ class PrivatePostgres:
 
                 psycopg.connect(self.dsn(), connect_timeout=2).close()
                 return
-            except Exception:  # noqa: BLE001 - startup: "the database system is starting up"
+            except Exception:
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(0.1)

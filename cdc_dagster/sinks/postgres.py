@@ -166,7 +166,7 @@ class PostgresSink:
             self._conn.close()
             self._conn = None
 
-    def _run(self, fn, *args):  # noqa: ANN001, ANN202 - one retry on a dropped connection
+    def _run(self, fn, *args):
         try:
             return fn(self._connect(), *args)
         except psycopg.OperationalError:
@@ -458,7 +458,7 @@ def _merge_sql(table: TableSchema, stage: sql.Identifier) -> sql.Composed:
     )
 
 
-def _rows(batch: pa.Table, cols: list[str], types: Mapping[str, str]):  # noqa: ANN202
+def _rows(batch: pa.Table, cols: list[str], types: Mapping[str, str]):
     """Python rows for COPY (JSON stays text: the jsonb column parses it)."""
     columns = [batch.column(n).to_pylist() for n in cols]
     columns.append(batch.column(OP_COLUMN).to_pylist())
