@@ -29,11 +29,11 @@ import pyarrow.parquet as pq
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from cdc_dagster.mysql.embedded import PrivateMariaDB, PrivatePostgres  # noqa: E402
-from cdc_dagster.mysql.puller import PullerConfig, run_puller  # noqa: E402
-from cdc_dagster.mysql.state import load_state  # noqa: E402
-from cdc_dagster.sinks.base import COMMIT_TS_COLUMN, OP_COLUMN  # noqa: E402
-from cdc_dagster.sinks.postgres import PostgresSink  # noqa: E402
+from cdc_dagster.mysql.embedded import PrivateMariaDB, PrivatePostgres
+from cdc_dagster.mysql.puller import PullerConfig, run_puller
+from cdc_dagster.mysql.state import load_state
+from cdc_dagster.sinks.base import COMMIT_TS_COLUMN, OP_COLUMN
+from cdc_dagster.sinks.postgres import PostgresSink
 
 
 def _workload(my: PrivateMariaDB, rows: int, txn_rows: int) -> None:
@@ -116,9 +116,11 @@ def main() -> None:
                          "d timestamp)")  # fmt: skip
             cols = [batch.column(n).to_pylist() for n in names]
             t0 = time.perf_counter()
-            with conn.transaction(), conn.cursor() as cur, cur.copy(
-                "COPY plain (id, a, b, c, d) FROM STDIN"
-            ) as cp:
+            with (
+                conn.transaction(),
+                conn.cursor() as cur,
+                cur.copy("COPY plain (id, a, b, c, d) FROM STDIN") as cp,
+            ):
                 for row in zip(*cols, strict=True):
                     cp.write_row(row)
             copy_s = time.perf_counter() - t0

@@ -177,9 +177,9 @@ class Puller:
                     elif isinstance(ev, HeartbeatLogEvent) and not self.trx:
                         self.alloc.issue(time.time())
                         self.flush()
-                    if time.monotonic() - self.last_flush >= self.config.flush_interval_s:
-                        if not self.trx:
-                            self.flush()
+                    due = time.monotonic() - self.last_flush >= self.config.flush_interval_s
+                    if due and not self.trx:
+                        self.flush()
             except pymysql.err.OperationalError as exc:
                 code = exc.args[0] if exc.args else None
                 if code == 1236:

@@ -114,7 +114,10 @@ def _chunks(conn: Any, t: TableSchema, chunk: int, puller: Puller):
         if progress is not None:
             progress(t.qualified_name, done, total)
         yield [
-            {c.id: (None if v is None else fn(v)) for c, v, fn in zip(t.columns, r, convs)}
+            {
+                c.id: (None if v is None else fn(v))
+                for c, v, fn in zip(t.columns, r, convs, strict=True)
+            }
             for r in rows
         ]
         if len(rows) < chunk:

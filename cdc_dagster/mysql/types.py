@@ -182,7 +182,6 @@ def default_text(logical: str, default: str | None) -> str | None:
         h, m, s = default.lstrip("-").split(":")
         us = round((int(h) * 3600 + int(m) * 60 + float(s)) * 1_000_000)
         return str(-us if neg else us)
-    if logical in ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64"):
-        if default.startswith("b'"):
-            return str(int(default[2:-1], 2))
+    if logical.startswith(("int", "uint")) and default.startswith("b'"):
+        return str(int(default[2:-1], 2))  # BIT default b'101'
     return default

@@ -86,10 +86,7 @@ def _resolve(text: str, what: str) -> str:
 
 def connect_kwargs(uri: str, resolve: bool = True) -> dict[str, Any]:
     """psycopg connection arguments of a ``postgresql://`` URI, ``${ENV}`` resolved now."""
-    if not resolve:
-        _resolve_fn = lambda text, what: text  # noqa: E731 - shape check only
-    else:
-        _resolve_fn = _resolve
+    _resolve_fn = _resolve if resolve else (lambda text, what: text)
     parts = urllib.parse.urlsplit(uri)
     if parts.scheme not in ("postgresql", "postgres"):
         raise SinkError(f"not a PostgreSQL URI: {redact_uri(uri)!r} (want postgresql://...)")
