@@ -46,6 +46,7 @@ class ParsedDDL:
     column_renames: dict[str, str] = field(default_factory=dict)  # old -> new (same column)
     schema: str | None = None  # for create/drop schema
     if_exists: bool = False
+    is_alter: bool = False  # an ALTER TABLE statement (its actions evolve the schema)
 
 
 def is_ignored(query: str) -> bool:
@@ -151,6 +152,8 @@ def _alter(stmt: exp.Alter, default_db: str | None, query: str) -> ParsedDDL:
                          else "drop_index")  # fmt: skip
         elif isinstance(a, exp.AddConstraint):
             kinds.append("add_index")
+        elif isinstance(a, exp.DropPrimaryKey):
+            kinds.append("drop_index")
         elif isinstance(a, exp.AlterRename):
             renames.append((table, _name(a.this, table[0], query)))
             kinds.append("rename_table")
@@ -166,7 +169,7 @@ def _alter(stmt: exp.Alter, default_db: str | None, query: str) -> ParsedDDL:
     # that covers them is enough; a rename wins (it changes where the table lives).
     action = "rename_table" if "rename_table" in kinds else kinds[0]
     return ParsedDDL(action, tables=(table,), renames=tuple(renames),
-                     column_renames=column_renames)  # fmt: skip
+                     column_renames=column_renames, is_alter=True)  # fmt: skip
 
 
 def _rename_tables(query: str, body: str, default_db: str | None) -> ParsedDDL:

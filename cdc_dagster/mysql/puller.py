@@ -21,6 +21,7 @@ from cdc_dagster.mysql import catalog
 from cdc_dagster.mysql.catalog import TableFilter, build_schema, read_table
 from cdc_dagster.mysql.changelog_io import truncate_above, writer
 from cdc_dagster.mysql.ddl import ParsedDDL, UnsupportedDDLError, is_ignored, parse_ddl
+from cdc_dagster.mysql.evolve import NeedsCatalog, altered_schema, created_schema, renamed
 from cdc_dagster.mysql.state import (
     PullerState,
     TsAllocator,
@@ -316,11 +317,14 @@ class Puller:
             (db, name) = p.creates[0]
             if not self.filter(db, name) or st.table_id(db, name) is not None:
                 return None
-            raw = read_table(conn, db, name)
-            if raw is None:
-                return None  # dropped again before we read it: its drop will be skipped too
             tid = st.ids.new_table_id()
-            schema = build_schema(raw, tid, st.ids, None, force_replicate=force)
+            try:
+                schema = created_schema(query, (db, name), tid, st.ids, force, self._mariadb)
+            except NeedsCatalog:
+                raw = read_table(conn, db, name)
+                if raw is None:
+                    return None  # dropped again before we read it: its drop is skipped too
+                schema = build_schema(raw, tid, st.ids, None, force_replicate=force)
             return DdlRecord(issue(), DDLKind.CREATE_TABLE, p.action, query, creates=(tid,),
                              tables={tid: schema})  # fmt: skip
         if p.action == "drop_table":
@@ -338,10 +342,7 @@ class Puller:
         if p.action == "truncate_table":
             return DdlRecord(issue(), DDLKind.TRUNCATE_TABLE, p.action, query, (tid,),
                              tables={tid: before})  # fmt: skip
-        raw = read_table(conn, before.database, before.table)
-        if raw is None:
-            raise PullerError(f"table {before.qualified_name} vanished after {query!r}")
-        after = build_schema(raw, tid, st.ids, before, p.column_renames, force)
+        after = self._altered(conn, query, before, p.column_renames)
         return DdlRecord(issue(), DDLKind.ALTER_TABLE, p.action, query, (tid,),
                          tables={tid: after})  # fmt: skip
 
@@ -353,8 +354,8 @@ class Puller:
             keep = self.filter(*dst)
             if tid is None and not keep:
                 continue
-            raw = read_table(conn, *dst) if keep else None
             if tid is None:
+                raw = read_table(conn, *dst)
                 if raw is None:
                     continue
                 tid = st.ids.new_table_id()
@@ -362,17 +363,38 @@ class Puller:
                 tables[tid] = build_schema(raw, tid, st.ids, None, force_replicate=True)
                 continue
             touched.append(tid)
-            if raw is None:
+            if not keep:
                 drops.append(tid)
                 tables[tid] = None
             else:
                 before = st.tables[tid]
-                tables[tid] = build_schema(raw, tid, st.ids, before, {}, True)
+                if p.is_alter:
+                    tables[tid] = self._altered(conn, query, before, p.column_renames)
+                else:
+                    tables[tid] = renamed(before, *dst)
         if not touched and not creates:
             return None
         kind = DDLKind.RENAME_TABLES if touched else DDLKind.CREATE_TABLE
         return DdlRecord(issue(), kind, "rename_table" if touched else "create_table", query,
                          tuple(touched), tuple(creates), tuple(drops), tables=tables)  # fmt: skip
+
+    def _altered(
+        self, conn: Any, query: str, before: TableSchema, renames: dict[str, str]
+    ) -> TableSchema:
+        st, force = self.state, self.upstream.force_replicate
+        try:
+            return altered_schema(query, before, st.ids, force, self._mariadb)
+        except NeedsCatalog:
+            raw = read_table(conn, before.database, before.table)
+            if raw is None:
+                raise PullerError(
+                    f"table {before.qualified_name} vanished after {query!r}"
+                ) from None
+            return build_schema(raw, before.table_id, st.ids, before, renames, force)
+
+    @property
+    def _mariadb(self) -> bool:
+        return getattr(self, "info", None) is None or self.info.is_mariadb
 
     # -- flush ------------------------------------------------------------------------
 
