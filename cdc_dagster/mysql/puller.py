@@ -231,7 +231,12 @@ class Puller:
         if tid is None:
             return
         key = self.state.tables[tid].primary_key
+        pads = _binary_pads(ev, self.state.tables[tid])
         for row in ev.rows:
+            if pads:
+                for part in ("values", "before_values", "after_values"):
+                    if part in row:
+                        _pad(row[part], pads)
             if isinstance(ev, UpdateRowsEvent):
                 after = self._convert(tid, row["after_values"])
                 before = self._convert(tid, row["before_values"])
@@ -420,6 +425,24 @@ class Puller:
 
     def _arrow(self, tid: int, rows: list[tuple]) -> pa.Table:
         return change_rows(self.state.tables[tid], self.state.versions[tid], rows)
+
+
+def _binary_pads(ev: Any, t: TableSchema) -> dict[str, int]:
+    """BINARY(n) columns: the binlog drops their trailing 0x00 padding; n per column name."""
+    from pymysqlreplication.constants import FIELD_TYPE
+
+    binary = {c.name for c in t.columns if c.type == "binary"}
+    cols = ev.table_map[ev.table_id].columns
+    return {c.name: c.max_length for c in cols if c.type == FIELD_TYPE.STRING and c.name in binary}
+
+
+def _pad(values: dict[str, Any], pads: dict[str, int]) -> None:
+    for name, n in pads.items():
+        v = values.get(name)
+        if v == "":  # mysql-replication gives an empty binary string as str
+            v = b""
+        if isinstance(v, bytes) and len(v) < n:
+            values[name] = v.ljust(n, b"\0")
 
 
 def change_rows(t: TableSchema, version: int, rows: list[tuple]) -> pa.Table:

@@ -88,7 +88,10 @@ def _chunks(conn: Any, t: TableSchema, chunk: int, puller: Puller):
     Each chunk is its own (keyset) query inside the snapshot transaction, so a large table
     never needs one huge result set, and progress is reported per chunk.
     """
-    cols = ", ".join(_q(c.name) for c in t.columns)
+    # FLOAT through the text protocol keeps 6 digits; as DOUBLE it is the exact float32 value
+    cols = ", ".join(
+        f"CAST({_q(c.name)} AS DOUBLE)" if c.type == "float32" else _q(c.name) for c in t.columns
+    )
     keys = [t.column(k) for k in t.primary_key]
     key_sql = ", ".join(_q(k.name) for k in keys)
     key_pos = [[c.id for c in t.columns].index(k.id) for k in keys]

@@ -35,3 +35,19 @@ def mydb(mariadb: PrivateMariaDB) -> Iterator[str]:
     conn = mariadb.connect()
     conn.cursor().execute(f"DROP DATABASE IF EXISTS `{name}`")
     conn.close()
+
+
+@pytest.fixture(scope="session")
+def pg_for_mysql(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
+    """A private PostgreSQL for the end-to-end tests of this directory."""
+    from cdc_dagster.mysql.embedded import PrivatePostgres
+
+    server = PrivatePostgres(tmp_path_factory.mktemp("pg"))
+    try:
+        server.start()
+    except EmbeddedServerError as exc:
+        pytest.skip(f"no private PostgreSQL: {exc}")
+    try:
+        yield server
+    finally:
+        server.cleanup()
