@@ -274,3 +274,37 @@ def test_upstream_uri_errors_and_redaction(monkeypatch):
         env.connect_kwargs()
     monkeypatch.setenv("CDC_PW_T", "pw")
     assert env.connect_kwargs()["password"] == "pw"
+
+
+def test_upstream_restart_mid_stream_rotates_the_binlog_and_loses_nothing(mariadb, mydb, tmp_path):
+    root = tmp_path / "cl"
+    execute(mariadb, mydb, "CREATE TABLE r (id INT PRIMARY KEY, v INT)")
+    pull_until_caught_up(mariadb, root, mydb)
+    tid = table_id(root, "r")
+    execute(mariadb, mydb, *[f"INSERT INTO r VALUES ({i}, {i})" for i in range(20)])
+    cfg = PullerConfig(mariadb.uri(), str(root), (f"{mydb}.*",), heartbeat_s=0.3)
+    done = threading.Event()
+    target: dict[str, str] = {}
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            run_puller(cfg, stop_after=lambda s: s.position == target.get("t") or _late(s))
+        except BaseException as exc:
+            errors.append(exc)
+        done.set()
+
+    th = threading.Thread(target=run)
+    th.start()
+    import time
+
+    time.sleep(1.0)
+    mariadb.restart()  # a new binlog file; the puller's connection drops
+    execute(mariadb, mydb, *[f"INSERT INTO r VALUES ({i}, {i})" for i in range(20, 40)],
+            "UPDATE r SET v = -1 WHERE id = 3")  # fmt: skip
+    target["t"] = gtid_now(mariadb)
+    th.join(TIMEOUT + 10)
+    assert not errors, errors
+    rows = changes(root, tid)
+    assert sorted(r["c1"] for r in rows if r["_op"] == 1) == list(range(40))
+    assert [r["c2"] for r in rows if r["_op"] == 2] == [-1]

@@ -14,6 +14,7 @@ import pytest
 from cdc_dagster.sinks.base import (
     COMMIT_TS_COLUMN,
     OP_COLUMN,
+    Committed,
     FencedError,
     SinkDDLError,
     SinkError,
@@ -361,3 +362,27 @@ def test_syncpoint_table(pg_uri, pg_conn):
         "SELECT changefeed, upstream_ts, tables FROM cdc_dagster.syncpoints"
     ).fetchall()
     assert rows == [(CF, 1234, {"7": "bank.accounts"})]
+
+
+def test_postgres_restart_between_commits_loses_and_doubles_nothing(pg_server, pg_db, pg_uri):
+    sink, t = PostgresSink(pg_uri), accounts()
+    token = sink.acquire(CF, t)
+    sink.write(CF, t, batch(t, [{"id": 1, "balance": Decimal(1)}]), 0, 100, token)
+    pg_server.restart()  # the sink's connection is dead now
+    sink.write(CF, t, batch(t, [{"id": 2, "balance": Decimal(2)}], 200), 100, 200, token)
+    # a batch whose commit outcome the writer never learned is simply replayed
+    sink.write(CF, t, batch(t, [{"id": 2, "balance": Decimal(2)}], 200), 100, 200, token)
+    with psycopg.connect(pg_server.dsn(pg_db)) as conn:
+        assert rows_of(conn, t) == [(1, Decimal("1.00"), None), (2, Decimal("2.00"), None)]
+    assert sink.committed(CF, t) == Committed(200, token)
+
+
+def test_killed_connection_is_reopened_for_the_next_write(pg_server, pg_db, pg_uri):
+    sink, t = PostgresSink(pg_uri), accounts()
+    token = sink.acquire(CF, t)
+    conn = sink._connect()
+    pid = conn.info.backend_pid
+    with psycopg.connect(pg_server.dsn(pg_db), autocommit=True) as killer:
+        killer.execute("SELECT pg_terminate_backend(%s)", (pid,))
+    sink.write(CF, t, batch(t, [{"id": 1, "balance": Decimal(1)}]), 0, 100, token)
+    assert sink.committed(CF, t).committed_ts == 100
