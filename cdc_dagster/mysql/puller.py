@@ -161,6 +161,7 @@ class Puller:
         retries = 0
         while not stop(self.stats):
             stream = self._stream()
+            self._reader = stream
             try:
                 while not stop(self.stats):
                     ev = stream.fetchone()
@@ -193,7 +194,7 @@ class Puller:
                 retries += 1
                 if retries > 30:
                     raise PullerError(f"lost the upstream connection 30 times: {exc}") from exc
-                log.warning("upstream connection lost (%s); resuming at %s", exc, self.state.gtid)
+                log.warning("upstream connection lost (%r); resuming at %s", exc, self.state.gtid)
                 self.trx = []
                 time.sleep(min(1.0 * retries, 5.0))
             finally:
@@ -247,9 +248,18 @@ class Puller:
             else:
                 self.trx.append((tid, OP_INSERT, self._convert(tid, row["values"]), None))
 
+    def _advance(self, gtid: str) -> None:
+        """Our position moves past ``gtid``; so does the reader's own reconnect position
+        (mysql-replication reconnects by itself after a lost connection, from
+        ``auto_position``, which it never updates: without this it would replay)."""
+        self.state.position.update(parse_gtid_pos(gtid))
+        reader = getattr(self, "_reader", None)
+        if reader is not None:
+            reader.auto_position = self.state.gtid
+
     def _commit(self, event_time: float) -> None:
         if self.trx_gtid is not None:
-            self.state.position.update(parse_gtid_pos(self.trx_gtid))
+            self._advance(self.trx_gtid)
         if self.trx:
             ts = self.alloc.issue(event_time)
             for seq, (tid, op, after, before) in enumerate(self.trx):
@@ -274,7 +284,7 @@ class Puller:
             db = ev.schema.decode() if isinstance(ev.schema, bytes) else ev.schema
             self._ddl(q, db or None, ev.timestamp, gtid)
         elif gtid is not None:
-            self.state.position.update(parse_gtid_pos(gtid))
+            self._advance(gtid)
 
     # -- DDL --------------------------------------------------------------------------
 
@@ -290,7 +300,7 @@ class Puller:
         finally:
             conn.close()
         if gtid is not None:  # persisted with (not before) the DDL record's state write
-            self.state.position.update(parse_gtid_pos(gtid))
+            self._advance(gtid)
         if record is None:
             return
         self.writer.write_ddl(record)

@@ -308,3 +308,65 @@ def test_upstream_restart_mid_stream_rotates_the_binlog_and_loses_nothing(mariad
     rows = changes(root, tid)
     assert sorted(r["c1"] for r in rows if r["_op"] == 1) == list(range(40))
     assert [r["c2"] for r in rows if r["_op"] == 2] == [-1]
+
+
+def test_purged_binlog_is_a_clear_error_saying_how_to_resnapshot(mariadb, mydb, tmp_path):
+    root = tmp_path / "cl"
+    execute(mariadb, mydb, "CREATE TABLE p (id INT PRIMARY KEY)")
+    pull_until_caught_up(mariadb, root, mydb)
+    execute(mariadb, mydb, "INSERT INTO p VALUES (1)")
+    c = mariadb.connect()
+    with c.cursor() as cur:
+        cur.execute("FLUSH BINARY LOGS")
+        cur.execute("SHOW BINARY LOGS")
+        last = cur.fetchall()[-1][0]
+        import time
+
+        for _ in range(100):  # the old file goes only after MariaDB's binlog checkpoint
+            cur.execute(f"PURGE BINARY LOGS TO '{last}'")
+            cur.execute("SHOW BINARY LOGS")
+            if cur.fetchall()[0][0] == last:
+                break
+            time.sleep(0.1)
+    c.close()
+    cfg = PullerConfig(mariadb.uri(), str(root), (f"{mydb}.*",), heartbeat_s=0.3)
+    with pytest.raises(PullerError, match=r"no longer has the binlog.*re-snapshot"):
+        run_puller(cfg, stop_after=20)
+
+
+def test_killed_binlog_connection_resumes_at_the_last_transaction_not_the_start(
+    mariadb, mydb, tmp_path
+):
+    """mysql-replication reconnects by itself; it must not replay from where the run began."""
+    import time
+
+    root = tmp_path / "cl"
+    execute(mariadb, mydb, "CREATE TABLE k (id INT PRIMARY KEY)")
+    pull_until_caught_up(mariadb, root, mydb)
+    tid = table_id(root, "k")
+    cfg = PullerConfig(mariadb.uri(), str(root), (f"{mydb}.*",), heartbeat_s=0.3)
+    target: dict[str, str] = {}
+    seen_rows: list[int] = []
+
+    def stop(s) -> bool:
+        seen_rows.append(s.rows)
+        return s.position == target.get("t") or _late(s)
+
+    th = threading.Thread(target=run_puller, args=(cfg, stop))
+    th.start()
+    execute(mariadb, mydb, *[f"INSERT INTO k VALUES ({i})" for i in range(20)])
+    deadline = time.monotonic() + 20
+    while (not seen_rows or seen_rows[-1] < 20) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    c = mariadb.connect()
+    with c.cursor() as cur:
+        cur.execute(
+            "SELECT ID FROM information_schema.PROCESSLIST WHERE COMMAND LIKE 'Binlog Dump%'"
+        )
+        for (pid,) in cur.fetchall():
+            cur.execute(f"KILL {pid}")
+    c.close()
+    execute(mariadb, mydb, *[f"INSERT INTO k VALUES ({i})" for i in range(20, 30)])
+    target["t"] = gtid_now(mariadb)
+    th.join(TIMEOUT + 10)
+    assert sorted(r["c1"] for r in changes(root, tid)) == list(range(30))
