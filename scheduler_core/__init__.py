@@ -10,6 +10,7 @@ from scheduler_core.errors import (
     MultiplePrimaryError,
     ProtocolError,
     SchedulerError,
+    TableFailedError,
 )
 from scheduler_core.executor import TableExecutor
 from scheduler_core.messages import AddTableRequest, RemoveTableRequest
@@ -36,6 +37,7 @@ __all__ = [
     "Role",
     "SchedulerError",
     "TableExecutor",
+    "TableFailedError",
     "TableSetChange",
     "TableState",
     "TableStatus",

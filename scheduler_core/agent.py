@@ -14,7 +14,10 @@ Fencing on receive, in this order (each drop is logged and counted in :attr:`Age
    with one revision: a broken election) -> drop.
 3. ``changefeed_epoch`` lower than the adopted one -> drop; higher -> adopt (the changefeed
    was recreated; the owner will remove what it no longer wants).
-4. Dispatches only: ``capture_epoch`` must equal :attr:`Agent.epoch`. So the first dispatch
+4. Dispatches only: ``header.seq`` below that of a dispatch already taken from this owner
+   -> drop (a request delayed on the wire past later ones: a stale commit would otherwise
+   make this capture sink a table that has moved on; simulator seed 67, quick restarts).
+5. Dispatches only: ``capture_epoch`` must equal :attr:`Agent.epoch`. So the first dispatch
    of a new owner is always dropped: it learns the new epoch from our heartbeat response
    (and the coordinator schedules only after every capture reported since it took over).
 
@@ -35,8 +38,10 @@ Prepared / Replicating, a remove when it is Stopped or Absent; in-flight progres
 in heartbeat responses). A STOPPED table is reported once, then forgotten, so the next
 report says ABSENT. Responses carry strictly increasing ``header.seq`` in list order.
 
-Invariants (checked after every ``handle`` and ``tick``): ``owner_id`` is set iff
-``owner_rev > 0``; every task in flight is keyed by its own table id; the epoch is a
+Invariants (checked after every ``handle`` and ``tick``): an ``owner_id`` implies
+``owner_rev > 0`` (a rev without an owner is the registry's floor, see
+:meth:`Agent.observe_owner_rev`); no task is in flight without an owner; every task in
+flight is keyed by its own table id; the epoch is a
 non-empty string.
 """
 
@@ -85,6 +90,7 @@ class AgentStats:
     rejected_owner_conflict: int = 0  # same owner_rev, another owner id
     rejected_changefeed_epoch: int = 0  # changefeed epoch below the adopted one
     rejected_capture_epoch: int = 0  # dispatch addressed to another epoch of this capture
+    rejected_stale_seq: int = 0  # dispatch older than one already taken from this owner
     rejected_while_stopping: int = 0  # add of a new table while the capture drains
     duplicate_tasks: int = 0  # the task in flight, sent again
     ignored_conflicting_tasks: int = 0  # another task for a table with one in flight
@@ -127,6 +133,7 @@ class Agent:
         self._seq = 0
         self._tasks: dict[int, _Task] = {}
         self._heartbeat: Heartbeat | None = None
+        self._dispatch_seq = 0  # highest seq of a dispatch taken from the current owner
         self.stats = AgentStats()
 
     # ----------------------------------------------------------------- read-only view
@@ -214,6 +221,13 @@ class Agent:
                 h.changefeed_epoch,
             )
             self._changefeed_epoch = h.changefeed_epoch
+            self._dispatch_seq = 0
+        if isinstance(msg, DispatchTableRequest):
+            if h.seq < self._dispatch_seq:
+                return self._reject(
+                    "rejected_stale_seq", msg, f"seq {h.seq} < {self._dispatch_seq}"
+                )
+            self._dispatch_seq = h.seq
         return True
 
     def observe_owner_rev(self, owner_rev: int) -> None:
@@ -267,6 +281,7 @@ class Agent:
         self._changefeed_epoch = msg.header.changefeed_epoch
         self._tasks.clear()
         self._heartbeat = None
+        self._dispatch_seq = 0
 
     def _rotate_epoch(self) -> None:
         epoch = self._new_epoch()

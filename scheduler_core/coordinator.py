@@ -4,6 +4,14 @@
 -> feed the replication sets -> (only once every alive capture has reported) run the
 schedulers, first that yields tasks wins -> emit dispatches and heartbeats -> advance the
 checkpoint. Nothing here does I/O: the adapter delivers the returned messages.
+
+One table's error does not abort the tick (issue 10). When a table's replication set
+raises (``MultiplePrimaryError``, an invariant error), that table is frozen and the
+changefeed goes to an error state, as in TiCDC: ``TickResult.error`` carries the table and
+the message from that tick on, the schedulers stop (nothing new is added or moved), the
+other tables keep applying their reports, and the checkpoint stays below the failed table
+(it counts as not replicating), so no DDL or syncpoint passes it. A new owner (the
+changefeed resumed) rebuilds every set from the captures' reports.
 """
 
 from __future__ import annotations
@@ -18,7 +26,7 @@ import numpy as np
 from scheduler_core.captures import CaptureManager
 from scheduler_core.checkpoint import advance_checkpoint
 from scheduler_core.ddl import DDLEvent, DDLManager
-from scheduler_core.errors import ConfigError
+from scheduler_core.errors import ConfigError, TableFailedError
 from scheduler_core.messages import (
     Barrier,
     CaptureMessage,
@@ -71,6 +79,7 @@ class TickResult:
     ready_ddls: tuple[DDLEvent, ...] = ()  # DDLs whose gate is open: execute, then ddl_done
     syncpoint_ts: int | None = None  # a syncpoint all tables reached: record, then syncpoint_done
     finished: bool = False  # the target ts was reached
+    error: TableFailedError | None = None  # the changefeed is in error: a table's set failed
 
 
 @dataclass(slots=True)
@@ -191,8 +200,9 @@ class Coordinator:
             if not self._rebuilt:
                 self._rebuild()
             self._apply_table_changes()
-            scheduler, more = self._schedule()
-            out.extend(more)
+            if self.error is None:
+                scheduler, more = self._schedule()
+                out.extend(more)
         if self._rebuilt:
             self.replications.drop_removed(self.current_tables)
         barrier = self.barrier()
@@ -211,10 +221,19 @@ class Coordinator:
             ready,
             self.ddl.ready_syncpoint(ckpt),
             self.ddl.finished(ckpt),
+            self.error,
         )
 
+    @property
+    def error(self) -> TableFailedError | None:
+        """The first table failure: the changefeed is in error (see the module docstring)."""
+        failures = self.replications.failures
+        return next(iter(failures.values())) if failures else None
+
     def _table_checkpoint(self, table_id: int) -> int:
-        ts = self.replications.table_checkpoint(table_id)
+        # Only a replicating table's checkpoint says its data is downstream up to it: a
+        # table being moved, stopped or re-added waits (its DDL with it).
+        ts = self.replications.replicating_checkpoint(table_id)
         return 0 if ts is None else ts
 
     # ------------------------------------------------------------------ DDL
@@ -320,6 +339,16 @@ class Coordinator:
         global_ts = min(global_ts, b.global_barrier_ts)
         for tid, ts in b.table_barriers.items():
             table[tid] = min(ts, table.get(tid, MAX_TS))
+        if not self._rebuilt:
+            # Until every capture reported, the owner cannot tell which held table left the
+            # changefeed (a DROP that ran under the previous owner): nothing sinks further.
+            global_ts = min(global_ts, self.checkpoint.checkpoint_ts)
+        else:
+            # A table that left (dropped, filtered out) is held where it is until its
+            # capture removes it: without this it sank past its DROP until the remove came.
+            ids, ckpts = self.replications.leaving(self.current_tables)
+            for tid, ts in zip(ids.tolist(), ckpts.tolist(), strict=True):
+                table[tid] = min(ts, table.get(tid, MAX_TS))
         return Barrier(global_ts, {t: ts for t, ts in table.items() if ts < global_ts})
 
     def _advance_checkpoint(self, barrier: Barrier) -> None:

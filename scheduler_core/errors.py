@@ -31,5 +31,20 @@ class ExecutorContractError(SchedulerError, AssertionError):
     """The data plane broke the TableExecutor contract (e.g. sinking before data is readable)."""
 
 
+class TableFailedError(SchedulerError):
+    """One table's replication set failed; the changefeed is in error until an operator acts.
+
+    Carries the table and the original error's message; the other tables keep their state.
+    """
+
+    def __init__(self, table_id: int, cause: SchedulerError) -> None:
+        self.table_id = table_id
+        self.cause = cause
+        super().__init__(
+            f"table {table_id}: {type(cause).__name__}: {cause}; the changefeed stops "
+            "scheduling and its checkpoint stays below this table until it is resumed"
+        )
+
+
 class ConfigError(SchedulerError, ValueError):
     """Bad scheduler configuration or an admin request that cannot be carried out."""

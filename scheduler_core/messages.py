@@ -162,7 +162,10 @@ class TableStatusBatch:
             raise InvalidMessageError(
                 "TableStatusBatch has a negative checkpoint_ts or checkpoint_ts > resolved_ts"
             )
-        if len(np.unique(self.table_ids)) != n:
+        # Sorted strictly increasing ids (what the status codec decodes) are distinct without
+        # a hash pass: np.unique costs ~1.3 ms per 10k rows, x100 captures per owner tick.
+        increasing = n == 1 or bool((self.table_ids[1:] > self.table_ids[:-1]).all())
+        if not increasing and len(np.unique(self.table_ids)) != n:
             raise InvalidMessageError("TableStatusBatch reports a table_id twice")
 
     @staticmethod

@@ -1,27 +1,56 @@
 """ReplicationSet: the owner's state machine for one table.
 
-Semantics follow TiCDC scheduler v3 (``replication_set.go``), with two tightenings:
-an Undetermined capture (one that reported Stopping right after an owner switch) is
-cleared in *every* state once it reports Absent or Stopped, and a secondary is never
-promoted while an Undetermined capture might still be writing.
+Semantics follow TiCDC scheduler v3 (``replication_set.go``). The transitions are data in
+:mod:`scheduler_core.transitions` (every set state x capture role x reported table state,
+checked against this code by ``tests/unit/replication/test_transitions.py``); in short::
 
-Transitions (``poll`` input is a capture's :class:`TableStatus`)::
+    ABSENT      --add_table-->                          PREPARE (secondary), send prepare
+    PREPARE     --secondary Absent-->                   re-send prepare (lost, or restarted)
+    PREPARE     --secondary Prepared-->                 COMMIT
+    PREPARE     --secondary Stopping/Stopped-->         REPLICATING (if primary) | ABSENT |
+                                                        REMOVING (Undetermined remain)
+    PREPARE     --primary Stopping-->                   primary becomes Undetermined
+    PREPARE     --primary Stopped/Absent-->             no primary: promote once prepared
+    COMMIT      --secondary Prepared, primary-->        send Remove(primary)
+    COMMIT      --secondary Prepared, no primary-->     promote + send commit, unless an
+                                                        Undetermined capture remains
+    COMMIT      --primary Stopped/Absent-->             promote secondary, send commit | ABSENT
+    COMMIT      --primary Replicating, no secondary-->  REPLICATING
+    REPLICATING --move_table-->                         PREPARE (dest as secondary)
+    REPLICATING --primary Stopped/Absent-->             ABSENT | REMOVING (Undetermined remain)
+    REPLICATING --remove_table-->                       REMOVING, send Remove(primary)
+    REMOVING    --every capture Stopped/Absent-->       removed (remove_table) | ABSENT
+    any         --Undetermined Stopped/Absent-->        it leaves; --other report--> Remove(it)
 
-    ABSENT      --add_table-->                      PREPARE (secondary)
-    PREPARE     --secondary Prepared-->             COMMIT
-    PREPARE     --secondary Stopped/Absent-->       REPLICATING (if primary) | ABSENT
-    COMMIT      --secondary Prepared, primary-->    send Remove(primary)
-    COMMIT      --secondary Prepared, no primary--> promote, send Add(primary)
-    COMMIT      --primary Stopped/Absent-->         promote secondary, send Add(primary) | ABSENT
-    COMMIT      --primary Replicating, no second.-> REPLICATING
-    REPLICATING --move_table-->                     PREPARE (dest as secondary)
-    REPLICATING --primary Stopped/Absent-->         ABSENT
-    REPLICATING --remove_table-->                   REMOVING, send Remove(primary)
-    REMOVING    --every capture Stopped/Absent-->   removed
+Where a table's checkpoint comes from: only the primary's reports (Replicating, Stopping,
+Stopped); with no primary, the Stopped report of an Undetermined capture (its final
+checkpoint, where the next primary starts). An Absent report carries no progress; a
+rebuild takes the primary's checkpoint, or with none every holder's.
+
+Deliberate differences from TiCDC scheduler v3, each with the scenario behind it:
+
+1. *A primary that reports Stopping during PREPARE is kept as Undetermined*, not cleared
+   (TiCDC clears it). It may still flush; promoting the secondary then would make two
+   writers (planted bug ``promote_while_undetermined``, soak profile
+   ``slow_stop_owner_churn``).
+2. *An Undetermined capture is cleared in every state once it reports Absent or Stopped,
+   and no secondary is promoted while one remains* (TiCDC only handles it in rebuild).
+   Scenario: owner switch during a move; rebuilt {A Stopping, B Prepared}; promoting B
+   before A stopped gives two writers.
+3. *No primary, no secondary, Undetermined remain -> REMOVING, then ABSENT* (TiCDC goes
+   ABSENT at once). Re-adding while the old holder may still write would double-write; a
+   capture leaves the set exactly once (issue 10: a secondary's Stopped fed twice raised
+   KeyError, aborted ``handle_capture_removed`` and stalled the changefeed).
+4. *Checkpoint only from the primary* (TiCDC takes any capture's). Rebuilt {B Replicating
+   at 100, A Stopping}; A's Stopped at 150 made the table checkpoint 150 while B was at
+   100, and a table DDL at 140 ran early.
+5. *Rebuild keeps the more advanced of two Preparing/Prepared captures as secondary*
+   (Prepared first, then the higher checkpoint); TiCDC keeps whichever came first.
 
 Invariants, checked on every step: at most one primary, and it is in ``captures`` with
 the PRIMARY role; PREPARE/COMMIT/REPLICATING have at least one capture; REPLICATING has
-a primary and no secondary; at most one secondary; checkpoints never regress.
+a primary and no secondary; at most one secondary; ABSENT has no capture; an empty
+REMOVING set is a removed table; checkpoints never regress.
 """
 
 from __future__ import annotations
@@ -49,7 +78,7 @@ class ReplicationSetInvariantError(SchedulerError):
 class ReplicationSet:
     """Owner-side view of one table: its state and which captures hold it in which role."""
 
-    __slots__ = ("_captures", "_checkpoint", "primary", "state", "table_id")
+    __slots__ = ("_captures", "_checkpoint", "_dropping", "primary", "state", "table_id")
 
     def __init__(self, table_id: int, checkpoint: Checkpoint) -> None:
         self.table_id = table_id
@@ -57,6 +86,7 @@ class ReplicationSet:
         self.primary: str | None = None
         self._captures: dict[str, Role] = {}
         self._checkpoint = checkpoint
+        self._dropping = False  # REMOVING because the table leaves the changefeed
 
     # ----------------------------------------------------------------- construction
     @classmethod
@@ -65,34 +95,44 @@ class ReplicationSet:
     ) -> ReplicationSet:
         """Rebuild from what the captures report (the owner-switch path)."""
         rs = cls(table_id, checkpoint)
-        stopping = 0
-        committed = False
         for capture_id, status in reports.items():
             if status.table_id != table_id:
                 raise ReplicationSetInvariantError(
                     f"rebuild of table {table_id} got a report for table {status.table_id} "
                     f"from capture {capture_id!r}"
                 )
-            rs._update_checkpoint(status.checkpoint)
+        held = {c: s for c, s in reports.items() if s.state not in _STOPPED_OR_ABSENT}
+        primaries = [c for c, s in held.items() if s.state == T.REPLICATING]
+        if len(primaries) > 1:
+            raise MultiplePrimaryError(table_id, primaries)
+        # Two secondaries cannot come from one owner; keep the more advanced one (Prepared
+        # over Preparing, then the higher checkpoint) and treat the other as stopping.
+        preparing = [c for c, s in held.items() if s.state in (T.PREPARING, T.PREPARED)]
+        secondary = max(
+            preparing,
+            key=lambda c: (held[c].state == T.PREPARED, held[c].checkpoint.checkpoint_ts),
+            default=None,
+        )
+        for capture_id, status in held.items():
             if status.state == T.REPLICATING:
-                if rs.primary is not None:
-                    raise MultiplePrimaryError(table_id, [rs.primary, capture_id])
                 rs._captures[capture_id] = Role.PRIMARY
                 rs.primary = capture_id
-            elif status.state in (T.PREPARING, T.PREPARED):
-                if rs.secondary is not None:
-                    # Two secondaries cannot come from one owner; keep the more advanced one
-                    # as secondary and let the other be treated as stopping.
-                    rs._captures[capture_id] = Role.UNDETERMINED
-                    stopping += 1
-                    continue
+            elif capture_id == secondary:
                 rs._captures[capture_id] = Role.SECONDARY
-                committed = committed or status.state == T.PREPARED
-            elif status.state == T.STOPPING:
+            else:
                 log.warning("table %s: capture %s is stopping during rebuild", table_id, capture_id)
                 rs._captures[capture_id] = Role.UNDETERMINED
-                stopping += 1
-        rs.state = cls._rebuilt_state(rs, committed, stopping)
+        # Progress comes from the primary only; with none, from every holder and every
+        # Stopped report: the next primary starts at the old one's final checkpoint, which
+        # is at least what a stopping capture sank and what a secondary prepares from.
+        if rs.primary is not None:
+            rs._update_checkpoint(held[rs.primary].checkpoint)
+        else:
+            for status in reports.values():
+                if status.state != T.ABSENT:
+                    rs._update_checkpoint(status.checkpoint)
+        committed = secondary is not None and held[secondary].state == T.PREPARED
+        rs.state = cls._rebuilt_state(rs, committed)
         rs._check_invariant()
         return rs
 
@@ -107,7 +147,7 @@ class ReplicationSet:
         return rs
 
     @staticmethod
-    def _rebuilt_state(rs: ReplicationSet, committed: bool, stopping: int) -> ReplicationSetState:
+    def _rebuilt_state(rs: ReplicationSet, committed: bool) -> ReplicationSetState:
         if not rs._captures:
             return S.ABSENT
         if committed:
@@ -117,7 +157,6 @@ class ReplicationSet:
         if rs.primary is not None:
             return S.REPLICATING
         # Only Undetermined captures: nobody may be promoted until they stop.
-        assert stopping == len(rs._captures)
         return S.REMOVING
 
     # ----------------------------------------------------------------- read-only view
@@ -141,8 +180,8 @@ class ReplicationSet:
 
     @property
     def removed(self) -> bool:
-        """True once the table is REMOVING and no capture holds it any more."""
-        return self.state == S.REMOVING and not self._captures
+        """True once the table was removed (``handle_remove_table``) and no capture holds it."""
+        return self._dropping and self.state == S.REMOVING and not self._captures
 
     def has_undetermined(self) -> bool:
         """Whether a capture of unknown state (possibly still writing) holds the table."""
@@ -210,6 +249,7 @@ class ReplicationSet:
             log.warning("table %s: remove ignored in %s", self.table_id, self.state.name)
             return []
         self.state = S.REMOVING
+        self._dropping = True
         assert self.primary is not None
         return self.poll(TableStatus(self.table_id, T.REPLICATING, self._checkpoint), self.primary)
 
@@ -221,6 +261,10 @@ class ReplicationSet:
 
     # ----------------------------------------------------------------- the machine
     def _step(self, status: TableStatus, capture_id: str) -> tuple[Dispatch | None, bool]:
+        if capture_id not in self._captures:
+            # The report already took the capture out of the set (a secondary stopping while
+            # an Undetermined capture keeps the set REMOVING): nothing more to do with it.
+            return None, False
         if self.state == S.REMOVING:
             return self._on_removing(status, capture_id)
         if self._captures.get(capture_id) == Role.UNDETERMINED:
@@ -241,7 +285,9 @@ class ReplicationSet:
         # It was stopping (or a primary that began stopping): it may still write until
         # it reports Stopped or Absent, so nobody is promoted before that.
         if status.state in _STOPPED_OR_ABSENT:
-            self._update_checkpoint(status.checkpoint)
+            if self.primary is None and status.state == T.STOPPED:
+                # With no primary, its final checkpoint is where the next primary starts.
+                self._update_checkpoint(status.checkpoint)
             del self._captures[capture_id]
             if not self._captures:
                 self.state = S.ABSENT
@@ -280,7 +326,7 @@ class ReplicationSet:
                 self._update_checkpoint(status.checkpoint)
                 return None, False
             if st in _STOPPED_OR_ABSENT:
-                self._update_checkpoint(status.checkpoint)
+                self._update_final(status)
                 # Primary gone while the secondary prepares: promote it once prepared.
                 self._clear_primary()
                 return None, False
@@ -331,7 +377,7 @@ class ReplicationSet:
         self, status: TableStatus, capture_id: str
     ) -> tuple[Dispatch | None, bool]:
         if capture_id == self.primary:
-            self._update_checkpoint(status.checkpoint)
+            self._update_final(status)
             self._clear_primary()
             secondary = self.secondary
             if secondary is None:
@@ -356,7 +402,7 @@ class ReplicationSet:
                 self._update_checkpoint(status.checkpoint)
                 return None, False
             if st in _STOPPED_OR_ABSENT:
-                self._update_checkpoint(status.checkpoint)
+                self._update_final(status)
                 self._clear_primary()
                 self.state = self._unowned_state()
                 return None, True
@@ -370,15 +416,21 @@ class ReplicationSet:
     def _on_removing(self, status: TableStatus, capture_id: str) -> tuple[Dispatch | None, bool]:
         st = status.state
         if st in (T.PREPARING, T.PREPARED, T.REPLICATING):
-            if st == T.REPLICATING:
+            if st == T.REPLICATING and capture_id == self.primary:
                 self._update_checkpoint(status.checkpoint)
             return RemoveTableRequest(capture_id, self.table_id), False
         if st in _STOPPED_OR_ABSENT:
+            if capture_id == self.primary or (
+                self.primary is None and self._captures[capture_id] == Role.UNDETERMINED
+            ):
+                self._update_final(status)
             if capture_id == self.primary:
-                self._update_checkpoint(status.checkpoint)
                 self._clear_primary()
             else:
                 del self._captures[capture_id]
+            if not self._captures and not self._dropping:
+                # It only waited for Undetermined captures to stop: re-add it from here.
+                self.state = S.ABSENT
             return None, False
         return None, False  # Stopping: wait
 
@@ -402,6 +454,11 @@ class ReplicationSet:
         if self.primary is not None:
             del self._captures[self.primary]
             self.primary = None
+
+    def _update_final(self, status: TableStatus) -> None:
+        # A Stopped report carries the capture's final checkpoint; an Absent one no progress.
+        if status.state == T.STOPPED:
+            self._update_checkpoint(status.checkpoint)
 
     def _update_checkpoint(self, checkpoint: Checkpoint) -> None:
         self._checkpoint = self._checkpoint.advanced(checkpoint)
@@ -427,6 +484,7 @@ class ReplicationSet:
             and (roles or self.state in (S.ABSENT, S.REMOVING))
             and (self.state != S.REPLICATING or (self.primary is not None and not secondaries))
             and (self.state != S.ABSENT or not roles)
+            and (roles or self.state != S.REMOVING or self._dropping)
         )
         if not ok:
             raise ReplicationSetInvariantError(f"invariant broken: {self!r}")

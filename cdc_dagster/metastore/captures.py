@@ -28,9 +28,14 @@ from cdc_dagster.metastore.client import (
     WatchEventType,
     lease_is,
 )
-from cdc_dagster.metastore.errors import CaptureNotRegisteredError, CorruptValueError
+from cdc_dagster.metastore.errors import (
+    CaptureNotRegisteredError,
+    CorruptValueError,
+    InvalidArgumentError,
+)
 from cdc_dagster.metastore.keys import KeyLayout, check_segment
 from cdc_dagster.metastore.lease import LeaseKeeper
+from cdc_dagster.secrets import redact_bytes
 
 _log = logging.getLogger(__name__)
 
@@ -46,7 +51,7 @@ class CaptureInfo:
     def __post_init__(self) -> None:
         check_segment("capture_id", self.capture_id)
         if not self.epoch:
-            raise ValueError(f"capture {self.capture_id!r} needs a non-empty epoch")
+            raise InvalidArgumentError(f"capture {self.capture_id!r} needs a non-empty epoch")
 
     def encode(self) -> bytes:
         """The registry value (JSON)."""
@@ -62,7 +67,9 @@ class CaptureInfo:
             raw: Any = json.loads(data)
             return CaptureInfo(str(raw["capture_id"]), str(raw["epoch"]), str(raw["address"]))
         except (ValueError, KeyError, TypeError) as exc:
-            raise CorruptValueError(f"capture registry value {data[:80]!r}: {exc}") from exc
+            raise CorruptValueError(
+                f"capture registry value {redact_bytes(data[:80])}: {exc}"
+            ) from exc
 
 
 class CaptureSession:

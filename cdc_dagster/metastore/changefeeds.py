@@ -37,6 +37,7 @@ from cdc_dagster.metastore.errors import (
     ChangefeedStateError,
     ConflictError,
     CorruptValueError,
+    InvalidTsError,
     MetastoreError,
 )
 from cdc_dagster.metastore.keys import KeyLayout
@@ -49,6 +50,7 @@ from cdc_dagster.metastore.validation import (
     validate_sync_point_interval,
     validate_target_ts,
 )
+from cdc_dagster.secrets import redact_bytes, redact_text, redact_uri
 from scheduler_core.ts import compose
 
 TxnRunner = Callable[[Sequence[Compare], Sequence[Op], Sequence[Op]], TxnResult]
@@ -88,6 +90,14 @@ class ChangefeedInfo:
         validate_target_ts(self.target_ts, self.start_ts)
         validate_sync_point_interval(self.sync_point_interval_s)
 
+    def __repr__(self) -> str:  # the sink URI may hold a literal password
+        return (
+            f"ChangefeedInfo(changefeed_id={self.changefeed_id!r}, "
+            f"sink_uri={redact_uri(self.sink_uri)!r}, table_filter={self.table_filter!r}, "
+            f"start_ts={self.start_ts!r}, target_ts={self.target_ts!r}, "
+            f"sync_point_interval_s={self.sync_point_interval_s!r})"
+        )
+
     @property
     def filter(self) -> TableFilter:
         """The parsed table filter."""
@@ -110,7 +120,10 @@ class ChangefeedStatus:
         check_ts("epoch", self.epoch)
         object.__setattr__(self, "state", ChangefeedState(self.state))
         if self.checkpoint_ts > self.resolved_ts:
-            raise ValueError(f"checkpoint_ts {self.checkpoint_ts} > resolved_ts {self.resolved_ts}")
+            raise InvalidTsError(
+                f"checkpoint_ts {self.checkpoint_ts} > resolved_ts {self.resolved_ts}: a "
+                "checkpoint is never ahead of the resolved ts"
+            )
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,7 +158,20 @@ def _decode_record(cls: type[Any], kv: KeyValue) -> tuple[Any, str]:
             raw["table_filter"] = tuple(raw["table_filter"])
         return cls(**raw), write_id
     except (ValueError, KeyError, TypeError, MetastoreError) as exc:
-        raise CorruptValueError(f"{kv.key} holds {kv.value[:120]!r}: {exc}") from exc
+        excerpt = redact_bytes(kv.value[:120])
+        raise CorruptValueError(f"{kv.key} holds {excerpt}: {redact_text(str(exc))}") from exc
+
+
+def decode_info(kv: KeyValue) -> tuple[ChangefeedInfo, str]:
+    """A changefeed config and its write id (CorruptValueError if it does not decode)."""
+    info, write_id = _decode_record(ChangefeedInfo, kv)
+    return info, write_id
+
+
+def decode_status(kv: KeyValue) -> tuple[ChangefeedStatus, str]:
+    """A changefeed status and its write id (CorruptValueError if it does not decode)."""
+    status, write_id = _decode_record(ChangefeedStatus, kv)
+    return status, write_id
 
 
 def decode_changefeed(info_kv: KeyValue, status_kv: KeyValue) -> Changefeed:
@@ -243,7 +269,8 @@ class ChangefeedStore:
             if existing_write == write_id:
                 return self.get(info.changefeed_id)
             raise ChangefeedExistsError(
-                f"changefeed {info.changefeed_id!r} already exists (sink {existing.sink_uri}); "
+                f"changefeed {info.changefeed_id!r} already exists "
+                f"(sink {redact_uri(existing.sink_uri)}); "
                 "remove it first or pick another id"
             )
         return None

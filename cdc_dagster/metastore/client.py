@@ -18,7 +18,7 @@ import enum
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -31,8 +31,12 @@ from pyetcd import watch as pyetcd_watch
 
 from cdc_dagster.metastore.errors import (
     ClientClosedError,
+    EtcdAuthError,
     EtcdUnavailableError,
+    InvalidArgumentError,
+    InvalidConnectionConfigError,
     InvalidEndpointError,
+    InvalidLeaseTtlError,
     LeaseExpiredError,
     MetastoreError,
 )
@@ -58,17 +62,72 @@ _GRPC_OPTIONS = [
 ]
 
 
-def parse_endpoints(endpoints: str | Sequence[str]) -> list[tuple[str, int]]:
-    """``"h1:2379,h2:2379"`` (or a list; an ``http://`` prefix is allowed) to ``[(host, port)]``."""
+@dataclass(frozen=True, slots=True)
+class TlsConfig:
+    """TLS to etcd: the CA that signed the servers' certificates, and an optional client pair.
+
+    All three are file paths (PEM); they are checked for readability on construction.
+    """
+
+    ca_cert: str
+    cert_cert: str | None = None
+    cert_key: str | None = None
+
+    def __post_init__(self) -> None:
+        if (self.cert_cert is None) != (self.cert_key is None):
+            raise InvalidConnectionConfigError(
+                "etcd TLS: give both the client certificate and its key (cert_cert and "
+                "cert_key), or neither"
+            )
+        for name in ("ca_cert", "cert_cert", "cert_key"):
+            path = getattr(self, name)
+            if path is None:
+                continue
+            try:
+                with open(path, "rb") as f:
+                    head = f.read(64)
+            except OSError as exc:
+                raise InvalidConnectionConfigError(
+                    f"etcd TLS {name} {path!r} cannot be read: {exc.strerror}"
+                ) from exc
+            if b"-----BEGIN" not in head:
+                raise InvalidConnectionConfigError(
+                    f"etcd TLS {name} {path!r} is not a PEM file (no '-----BEGIN' line)"
+                )
+
+    def credentials(self) -> grpc.ChannelCredentials:
+        """The gRPC channel credentials."""
+
+        def read(path: str | None) -> bytes | None:
+            if path is None:
+                return None
+            with open(path, "rb") as f:
+                return f.read()
+
+        return grpc.ssl_channel_credentials(
+            read(self.ca_cert), read(self.cert_key), read(self.cert_cert)
+        )
+
+
+def parse_endpoints(endpoints: str | Sequence[str], *, tls: bool = False) -> list[tuple[str, int]]:
+    """``"h1:2379,h2:2379"`` (or a list; an ``http://`` prefix is allowed) to ``[(host, port)]``.
+
+    ``https://`` endpoints need ``tls`` (a :class:`TlsConfig` given to the client).
+    """
     items = endpoints.split(",") if isinstance(endpoints, str) else list(endpoints)
     parsed = []
     for item in (i.strip() for i in items):
-        if item.startswith("https://"):
+        if item.startswith("https://") and not tls:
             raise InvalidEndpointError(
-                f"etcd endpoint {item!r}: TLS endpoints are not supported yet; use http:// or "
-                "host:port on a trusted network"
+                f"etcd endpoint {item!r} is https: pass the CA certificate (connect(..., "
+                "tls=TlsConfig(ca_cert='/path/ca.pem')), or use http://host:port"
             )
-        hostport = item.removeprefix("http://").rstrip("/")
+        if item.startswith("http://") and tls:
+            raise InvalidEndpointError(
+                f"etcd endpoint {item!r} is plain http but TLS is configured; use https:// or "
+                "host:port"
+            )
+        hostport = item.removeprefix("http://").removeprefix("https://").rstrip("/")
         host, sep, port = hostport.rpartition(":")
         if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
             raise InvalidEndpointError(
@@ -139,7 +198,9 @@ class Compare:
 
     def __post_init__(self) -> None:
         if self.op not in _RESULTS:
-            raise ValueError(f"compare op must be one of {sorted(_RESULTS)}, got {self.op!r}")
+            raise InvalidArgumentError(
+                f"compare op must be one of {sorted(_RESULTS)}, got {self.op!r}"
+            )
 
     def _message(self) -> Any:
         msg = etcdrpc.Compare(key=self.key.encode(), target=self.target.value)
@@ -189,10 +250,16 @@ class Delete:
 
 @dataclass(frozen=True, slots=True)
 class Get:
-    """Read ``key`` (every key under it when ``prefix``)."""
+    """Read ``key`` (every key under it when ``prefix``).
+
+    ``keys_only``: no values (revisions only); ``min_mod_revision``: only keys written at
+    or after that revision (both let the owner skip configs it already holds).
+    """
 
     key: str
     prefix: bool = False
+    keys_only: bool = False
+    min_mod_revision: int = 0
 
 
 Op = Put | Delete | Get
@@ -282,7 +349,10 @@ def _op_message(op: Op) -> Any:
             req.range_end = prefix_end(op.key).encode()
         return etcdrpc.RequestOp(request_delete_range=req)
     if isinstance(op, Get):
-        return etcdrpc.RequestOp(request_range=_range_request(op.key, op.prefix))
+        req = _range_request(op.key, op.prefix)
+        req.keys_only = op.keys_only
+        req.min_mod_revision = op.min_mod_revision
+        return etcdrpc.RequestOp(request_range=req)
     raise TypeError(f"not a transaction op: {op!r}")
 
 
@@ -304,19 +374,75 @@ class EtcdClient:
         *,
         rpc_timeout_s: float = 5.0,
         retry_timeout_s: float = 15.0,
+        user: str | None = None,
+        password: str | None = None,
+        tls: TlsConfig | None = None,
     ) -> None:
-        self.endpoints = [f"{h}:{p}" for h, p in parse_endpoints(endpoints)]
+        parsed = parse_endpoints(endpoints, tls=tls is not None)
+        self.endpoints = [f"{h}:{p}" for h, p in parsed]
         self.rpc_timeout_s = rpc_timeout_s
         self.retry_timeout_s = retry_timeout_s
         self._stats = _Stats()
         self._closed = False
+        self._local = threading.local()
+        if (user is None) != (password is None) or user == "":
+            raise InvalidConnectionConfigError(
+                "etcd authentication needs both a user name and a password (or neither)"
+            )
+        self._user, self._password = user, password
+        self._metadata: tuple[tuple[str, str], ...] | None = None
+        creds = tls.credentials() if tls is not None else None
         eps = [
-            pyetcd.Endpoint(h, p, secure=False, time_retry=0.2, opts=_GRPC_OPTIONS)
-            for h, p in parse_endpoints(endpoints)
+            pyetcd.Endpoint(
+                h, p, secure=tls is not None, creds=creds, time_retry=0.2, opts=_GRPC_OPTIONS
+            )
+            for h, p in parsed
         ]
         self._raw = pyetcd.MultiEndpointEtcd3Client(
             endpoints=eps, timeout=rpc_timeout_s, failover=True
         )
+        if user is not None:
+            self._authenticate()
+
+    def __repr__(self) -> str:  # never shows the password
+        who = f", user={self._user!r}" if self._user else ""
+        return f"EtcdClient({self.endpoints!r}{who})"
+
+    def _authenticate(self) -> None:
+        req = etcdrpc.AuthenticateRequest(name=self._user, password=self._password)
+
+        def attempt() -> str:
+            return str(self._raw.authstub.Authenticate(req, self._rpc_timeout()).token)
+
+        token = self._retrying(f"authenticate as {self._user!r}", attempt, reauth=False)
+        self._metadata = (("token", token),)
+        self._raw.metadata = self._metadata  # for the watch streams pyetcd opens
+
+    @contextlib.contextmanager
+    def deadline(self, timeout_s: float) -> Iterator[None]:
+        """Within this block, this thread's calls give up after ``timeout_s`` in all.
+
+        Retries through an outage stop at the deadline (EtcdUnavailableError) instead of
+        after ``retry_timeout_s``; ``campaign(timeout_s=...)`` relies on it.
+        """
+        previous = getattr(self._local, "deadline", None)
+        mine = time.monotonic() + timeout_s
+        self._local.deadline = mine if previous is None else min(previous, mine)
+        try:
+            yield
+        finally:
+            self._local.deadline = previous
+
+    def _deadline(self) -> float:
+        own = getattr(self._local, "deadline", None)
+        default = time.monotonic() + self.retry_timeout_s
+        return default if own is None else min(own, default)
+
+    def _rpc_timeout(self) -> float:
+        own = getattr(self._local, "deadline", None)
+        if own is None:
+            return self.rpc_timeout_s
+        return max(0.05, min(self.rpc_timeout_s, own - time.monotonic()))
 
     # --- plumbing ------------------------------------------------------------------------
 
@@ -336,8 +462,9 @@ class EtcdClient:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _retrying(self, what: str, attempt: Callable[[], _T]) -> _T:
-        deadline = time.monotonic() + self.retry_timeout_s
+    def _retrying(self, what: str, attempt: Callable[[], _T], reauth: bool = True) -> _T:
+        started = time.monotonic()
+        deadline = self._deadline()
         delay = 0.05
         while True:
             if self._closed:
@@ -346,8 +473,15 @@ class EtcdClient:
                 return attempt()
             except grpc.RpcError as exc:
                 code = exc.code()
+                if (
+                    reauth
+                    and self._user is not None
+                    and "invalid auth token" in (exc.details() or "")
+                ):
+                    self._authenticate()  # simple tokens expire (5 min by default)
+                    continue
                 if code not in _TRANSIENT:
-                    raise _translate(what, exc) from exc
+                    raise _translate(what, exc, self.endpoints) from exc
                 self._mark_endpoint_failed()
                 reason = f"{code.name}: {exc.details()}"
             except pyetcd_exceptions.NoServerAvailableError:
@@ -358,7 +492,7 @@ class EtcdClient:
                 raise
             if time.monotonic() + delay > deadline:
                 raise EtcdUnavailableError(
-                    f"etcd {what} failed for {self.retry_timeout_s:.0f}s at {self.endpoints} "
+                    f"etcd {what} failed for {time.monotonic() - started:.1f}s at {self.endpoints} "
                     f"({reason}); check that etcd is running and reachable"
                 )
             _log.debug("etcd %s failed (%s); retrying in %.2fs", what, reason, delay)
@@ -373,7 +507,7 @@ class EtcdClient:
     def _unary(self, what: str, stub_name: str, method: str, request: Any) -> Any:
         def attempt() -> Any:
             stub = getattr(self._raw, stub_name)
-            response = getattr(stub, method)(request, self.rpc_timeout_s)
+            response = getattr(stub, method)(request, self._rpc_timeout(), metadata=self._metadata)
             self._stats.add(request.ByteSize(), response.ByteSize())
             return response
 
@@ -424,6 +558,11 @@ class EtcdClient:
 
     def grant_lease(self, ttl_s: int) -> LeaseGrant:
         """A new lease; keys attached to it vanish ``ttl_s`` after its last keep-alive."""
+        if type(ttl_s) is not int or ttl_s < 1:
+            # etcd would silently grant its minimum TTL (about 2 s) for 0 or -1.
+            raise InvalidLeaseTtlError(
+                f"lease TTL {ttl_s!r} must be a whole number of seconds >= 1 (e.g. 10)"
+            )
         resp = self._unary(
             "lease grant", "leasestub", "LeaseGrant", etcdrpc.LeaseGrantRequest(TTL=ttl_s)
         )
@@ -436,7 +575,9 @@ class EtcdClient:
         req = etcdrpc.LeaseKeepAliveRequest(ID=lease_id)
 
         def attempt() -> int:
-            stream = self._raw.leasestub.LeaseKeepAlive(iter([req]), self.rpc_timeout_s)
+            stream = self._raw.leasestub.LeaseKeepAlive(
+                iter([req]), self._rpc_timeout(), metadata=self._metadata
+            )
             try:
                 resp = next(iter(stream))
             finally:
@@ -537,8 +678,24 @@ def _watch_event(event: Any) -> WatchEvent:
     return WatchEvent(kind, KeyValue._of(event._event.kv))
 
 
-def _translate(what: str, exc: grpc.RpcError) -> MetastoreError:
+_AUTH_HINT = (
+    "pass the etcd user and password (connect(..., user=..., password=...); the CLI's "
+    "--etcd-user and the CDC_DAGSTER_ETCD_PASSWORD variable)"
+)
+
+
+def _translate(what: str, exc: grpc.RpcError, endpoints: Sequence[str] = ()) -> MetastoreError:
     details = exc.details() or ""
+    if "user name is empty" in details:
+        return EtcdAuthError(
+            f"etcd at {list(endpoints)} has authentication enabled and no user was given "
+            f"({what}: {details}); {_AUTH_HINT}"
+        )
+    if "authentication failed" in details or "permission denied" in details:
+        return EtcdAuthError(
+            f"etcd at {list(endpoints)} refused {what}: {details}; check the user's password "
+            "and its role's permissions on the cluster prefix"
+        )
     if exc.code() == grpc.StatusCode.NOT_FOUND and "lease" in details:
         return LeaseExpiredError(
             f"etcd {what}: {details}; the lease has expired: register or campaign again"

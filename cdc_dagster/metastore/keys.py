@@ -18,17 +18,19 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from cdc_dagster.metastore.errors import InvalidArgumentError, InvalidKeySegmentError
+
 DEFAULT_ROOT = "/cdc-dagster"
 DEFAULT_CLUSTER = "default"
 
 # Ids become one path segment: no "/", nothing that would need escaping.
-_SEGMENT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}$")
+_SEGMENT = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}")  # fullmatch: "$" allows "\n"
 
 
 def check_segment(kind: str, value: str) -> str:
-    """Return ``value`` if it can be one key segment, else raise ValueError saying why."""
-    if not isinstance(value, str) or not _SEGMENT.match(value):
-        raise ValueError(
+    """Return ``value`` if it can be one key segment, else InvalidKeySegmentError saying why."""
+    if not isinstance(value, str) or not _SEGMENT.fullmatch(value):
+        raise InvalidKeySegmentError(
             f"{kind} {value!r} cannot be an etcd key segment: use 1-128 characters from "
             "[A-Za-z0-9._:@-], starting with a letter or digit"
         )
@@ -53,7 +55,7 @@ class KeyLayout:
     def __post_init__(self) -> None:
         check_segment("cluster_id", self.cluster_id)
         if not self.root.startswith("/") or self.root.endswith("/") or "//" in self.root:
-            raise ValueError(
+            raise InvalidArgumentError(
                 f"root {self.root!r} must start with '/', not end with '/' and have no empty "
                 "segment, e.g. '/cdc-dagster'"
             )

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from cdc_dagster.metastore.errors import CorruptValueError
+from cdc_dagster.metastore.errors import CorruptValueError, InvalidArgumentError
 from scheduler_core.errors import InvalidMessageError
 from scheduler_core.messages import Liveness, TableStatusBatch
 from scheduler_core.ts import MAX_TS
@@ -50,11 +50,11 @@ class TaskStatus:
         for name in ("owner_rev", "changefeed_epoch"):
             value = getattr(self, name)
             if type(value) is not int or not 0 <= value < 2**64:
-                raise ValueError(f"{name} must be an int in [0, 2^64), got {value!r}")
+                raise InvalidArgumentError(f"{name} must be an int in [0, 2^64), got {value!r}")
         if not isinstance(self.liveness, Liveness):
-            raise ValueError(f"liveness must be a Liveness, got {self.liveness!r}")
+            raise InvalidArgumentError(f"liveness must be a Liveness, got {self.liveness!r}")
         if not isinstance(self.tables, TableStatusBatch):
-            raise ValueError(f"tables must be a TableStatusBatch, got {self.tables!r}")
+            raise InvalidArgumentError(f"tables must be a TableStatusBatch, got {self.tables!r}")
 
 
 def sorted_batch(batch: TableStatusBatch) -> TableStatusBatch:

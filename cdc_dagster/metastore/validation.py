@@ -24,11 +24,23 @@ from cdc_dagster.metastore.errors import (
     StartTsInFutureError,
     UnknownSinkSchemeError,
 )
-from scheduler_core.ts import MAX_TS, format_ts, physical_ms
+from cdc_dagster.secrets import SecretReferenceError, redact_uri, references
+from scheduler_core.ts import MAX_TS, compose, format_ts, physical_ms
 
 SINK_SCHEMES = ("delta", "file", "postgres", "postgresql", "blackhole")
-_CHANGEFEED_ID = re.compile(r"^[A-Za-z0-9]+(-[A-Za-z0-9]+)*$")
-_PATTERN = re.compile(r"^[A-Za-z0-9_$*?-]+$")
+# fullmatch, never match with "$": "$" also matches before a trailing newline.
+_CHANGEFEED_ID = re.compile(r"[A-Za-z0-9]+(-[A-Za-z0-9]+)*")
+_PATTERN = re.compile(r"[A-Za-z0-9_$*?-]+")
+
+# What one changefeed config may hold: the owner reads configs into memory, and each is
+# one etcd value.
+MAX_SINK_URI_CHARS = 2048
+MAX_FILTER_RULES = 256
+MAX_FILTER_RULE_CHARS = 256
+MIN_SYNC_POINT_INTERVAL_S = 1
+MAX_SYNC_POINT_INTERVAL_S = 86_400
+# A start ts whose physical time is before 2000-01-01 is not a TS (milliseconds, or seconds).
+EARLIEST_START_MS = 946_684_800_000
 
 
 def validate_changefeed_id(changefeed_id: str) -> str:
@@ -36,7 +48,7 @@ def validate_changefeed_id(changefeed_id: str) -> str:
     if (
         not isinstance(changefeed_id, str)
         or len(changefeed_id) > 128
-        or not _CHANGEFEED_ID.match(changefeed_id)
+        or not _CHANGEFEED_ID.fullmatch(changefeed_id)
     ):
         raise InvalidChangefeedIdError(
             f"changefeed id {changefeed_id!r} is invalid: use letters and digits in groups "
@@ -46,18 +58,36 @@ def validate_changefeed_id(changefeed_id: str) -> str:
 
 
 def validate_sink_uri(sink_uri: str) -> str:
-    """Return the URI if its scheme is one we write to and it names a target."""
+    """Return the URI if its scheme is one we write to and it names a target.
+
+    A password may be a ``${ENV_VAR}`` reference (stored as written, resolved by the
+    process that connects); messages show the URI redacted.
+    """
     if not isinstance(sink_uri, str) or not sink_uri.strip():
-        raise InvalidSinkUriError(f"sink URI {sink_uri!r} is empty; e.g. delta:///data/lake")
+        raise InvalidSinkUriError(
+            f"sink URI {redact_uri(sink_uri)!r} is empty; e.g. delta:///data/lake"
+        )
+    shown = redact_uri(sink_uri)
+    if len(sink_uri) > MAX_SINK_URI_CHARS:
+        raise InvalidSinkUriError(
+            f"sink URI {shown[:60]!r}... has {len(sink_uri)} characters; at most "
+            f"{MAX_SINK_URI_CHARS} are allowed"
+        )
+    if any(c in sink_uri for c in "\r\n\0"):
+        raise InvalidSinkUriError(f"sink URI {shown!r} contains a line break or NUL")
+    try:
+        references(sink_uri)
+    except SecretReferenceError as exc:
+        raise InvalidSinkUriError(str(exc)) from exc
     parts = urllib.parse.urlsplit(sink_uri)
     scheme = parts.scheme.lower()
     supported = ", ".join(f"{s}://" for s in SINK_SCHEMES)
     if scheme not in SINK_SCHEMES:
         what = f"scheme {scheme!r}" if scheme else "no scheme"
-        raise UnknownSinkSchemeError(f"sink URI {sink_uri!r} has {what}; supported: {supported}")
+        raise UnknownSinkSchemeError(f"sink URI {shown!r} has {what}; supported: {supported}")
     if scheme in ("delta", "file") and not (parts.netloc + parts.path).strip("/"):
         raise InvalidSinkUriError(
-            f"sink URI {sink_uri!r} names no directory; e.g. {scheme}:///data/lake"
+            f"sink URI {shown!r} names no directory; e.g. {scheme}:///data/lake"
         )
     if scheme in ("postgres", "postgresql"):
         _check_postgres(sink_uri, parts)
@@ -65,6 +95,7 @@ def validate_sink_uri(sink_uri: str) -> str:
 
 
 def _check_postgres(sink_uri: str, parts: urllib.parse.SplitResult) -> None:
+    sink_uri = redact_uri(sink_uri)
     try:
         port = parts.port
     except ValueError as exc:
@@ -108,6 +139,11 @@ class TableFilter:
             raise MalformedTableFilterError(
                 f"table filter {rules!r} must be a non-empty list of rules like 'shop.*'"
             )
+        if len(rules) > MAX_FILTER_RULES:
+            raise MalformedTableFilterError(
+                f"table filter has {len(rules)} rules; at most {MAX_FILTER_RULES} are allowed "
+                "(use wildcards, e.g. 'shop.order_*')"
+            )
         parsed = tuple(_parse_rule(rule) for rule in rules)
         if all(rule.exclude for rule in parsed):
             raise MalformedTableFilterError(
@@ -127,6 +163,11 @@ class TableFilter:
 def _parse_rule(rule: str) -> FilterRule:
     if not isinstance(rule, str):
         raise MalformedTableFilterError(f"table filter rule {rule!r} is not a string")
+    if len(rule) > MAX_FILTER_RULE_CHARS:
+        raise MalformedTableFilterError(
+            f"table filter rule {rule[:40]!r}... has {len(rule)} characters; at most "
+            f"{MAX_FILTER_RULE_CHARS} are allowed"
+        )
     body = rule[1:] if rule.startswith("!") else rule
     why = None
     if not body:
@@ -137,7 +178,7 @@ def _parse_rule(rule: str) -> FilterRule:
         schema, table = body.split(".")
         if not schema or not table:
             why = "the schema or the table part is empty"
-        elif not _PATTERN.match(schema) or not _PATTERN.match(table):
+        elif not _PATTERN.fullmatch(schema) or not _PATTERN.fullmatch(table):
             why = "it has characters other than letters, digits, '_', '$', '-', '*' and '?'"
     if why is not None:
         raise MalformedTableFilterError(
@@ -155,8 +196,17 @@ def check_ts(name: str, ts: int) -> int:
 
 
 def validate_start_ts(start_ts: int, gc_safepoint: int, now_ms: int) -> int:
-    """Return ``start_ts`` if the change log still has it and it is not in the future."""
+    """Return ``start_ts`` if it is a TS, the change log still has it, and it is not in the future."""
     check_ts("start_ts", start_ts)
+    if physical_ms(start_ts) < EARLIEST_START_MS:
+        ms = start_ts if EARLIEST_START_MS <= start_ts <= now_ms else now_ms
+        raise InvalidTsError(
+            f"start_ts {start_ts} is not a TS: its physical time is "
+            f"{physical_ms(start_ts)} ms after 1970-01-01 (before 2000). A TS is milliseconds "
+            "since the epoch shifted left by 18 bits: scheduler_core.ts.compose(ms), e.g. "
+            f"compose({ms}) = {compose(ms)}; omit "
+            "start_ts to start from now"
+        )
     if physical_ms(start_ts) > now_ms:
         raise StartTsInFutureError(
             f"start_ts {format_ts(start_ts)} is in the future (now is {now_ms} ms since the "
@@ -182,9 +232,12 @@ def validate_target_ts(target_ts: int, start_ts: int) -> int:
 
 
 def validate_sync_point_interval(interval_s: int) -> int:
-    """Return the syncpoint interval if it is 0 (off) or at least one second."""
-    if type(interval_s) is not int or interval_s < 0:
+    """Return the syncpoint interval if it is 0 (off) or within [1 s, 1 day]."""
+    if type(interval_s) is not int or not (
+        interval_s == 0 or MIN_SYNC_POINT_INTERVAL_S <= interval_s <= MAX_SYNC_POINT_INTERVAL_S
+    ):
         raise InvalidChangefeedOptionError(
-            f"sync_point_interval_s {interval_s!r} must be an int >= 0 (0 turns syncpoints off)"
+            f"sync_point_interval_s {interval_s!r} must be 0 (syncpoints off) or an int from "
+            f"{MIN_SYNC_POINT_INTERVAL_S} to {MAX_SYNC_POINT_INTERVAL_S} seconds"
         )
     return interval_s

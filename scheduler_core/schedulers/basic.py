@@ -6,6 +6,7 @@ import logging
 
 import numpy as np
 
+from scheduler_core.errors import ConfigError
 from scheduler_core.schedulers.base import ScheduleContext
 from scheduler_core.tasks import BurstAddTask, BurstTask, RemoveTableTask, Task
 
@@ -19,7 +20,7 @@ class BasicScheduler:
 
     def __init__(self, *, add_table_batch_size: int = 50) -> None:
         if add_table_batch_size < 1:
-            raise ValueError(f"add_table_batch_size must be >= 1, got {add_table_batch_size}")
+            raise ConfigError(f"add_table_batch_size must be >= 1, got {add_table_batch_size}")
         self.add_table_batch_size = add_table_batch_size
 
     def schedule(self, ctx: ScheduleContext) -> list[Task]:

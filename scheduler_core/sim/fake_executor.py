@@ -1,10 +1,13 @@
 """FakeUpstream, FakeDownstream and FakeExecutor: an in-memory data plane.
 
-A "change" is only its commit TS here: a batch is ``(checkpoint, batch_end_ts]`` of one
-table, and the downstream keeps per table the committed checkpoint and the current sink
-fencing token. That is enough to check the protocol's correctness properties: no double
-write (a write with an old token is refused, see :attr:`FakeDownstream.log`), exactly-once
-effect (a replayed batch end is a no-op) and monotonic checkpoints.
+A "change" is only its commit TS here: every table changes at every upstream tick
+(:func:`change_ts`), each change writing one of :data:`KEYS` keys. A batch is
+``(checkpoint, batch_end_ts]`` of one table, applied change by change; the downstream keeps
+per table the committed checkpoint, the current sink fencing token and each key's version
+(the commit TS that last wrote it). So content is checked, not bookkeeping: a replay that
+writes an older version of a key over a newer one, or any write to a table after a DDL
+dropped it, lands in :attr:`FakeDownstream.violations`; a write with an old token is
+refused (no double write, see :attr:`FakeDownstream.log`).
 """
 
 from __future__ import annotations
@@ -21,6 +24,25 @@ from scheduler_core.model import Checkpoint, TableState, TableStatus, _check_ts
 log = logging.getLogger(__name__)
 
 T = TableState
+
+KEYS = 4  # keys per table: changes at consecutive ticks write different keys
+TICK_PHYSICAL_MS = 10  # the simulator's tick: the upstream changes every table once per tick
+
+
+def change_ts(n: int, start_ms: int) -> int:
+    """Commit TS of the n-th upstream change (n >= 1) of every table."""
+    return (start_ms + n * TICK_PHYSICAL_MS) << 18
+
+
+def _changes(lo: int, hi: int, start_ms: int) -> range:
+    """Indices n of the changes with commit TS in ``(lo, hi]``."""
+    first = max(1, ((lo >> 18) - start_ms) // TICK_PHYSICAL_MS)
+    while change_ts(first, start_ms) <= lo:
+        first += 1
+    last = ((hi >> 18) - start_ms) // TICK_PHYSICAL_MS
+    while last >= first and change_ts(last, start_ms) > hi:
+        last -= 1
+    return range(first, last + 1)
 
 
 class FakeUpstream:
@@ -65,7 +87,13 @@ class FakeDownstream:
     def __init__(self, initial_ts: int = 0) -> None:
         _check_ts("initial_ts", initial_ts)
         self._initial_ts = initial_ts
+        self._start_ms = initial_ts >> 18
+        self._versions: dict[int, list[int]] = {}  # per table, each key's commit TS
+        self._dropped: dict[int, int] = {}  # table -> the DROP DDL's commit TS
+        self.violations: list[str] = []  # content broken: older over newer, write after drop
+        self.handoffs_below_committed: list[tuple[int, str, int, int]] = []
         self._committed: dict[int, int] = {}
+        self._created: dict[int, int] = {}
         self._token: dict[int, int] = {}
         self._token_holder: dict[tuple[int, int], str] = {}
         self.log: list[WriteRecord] = []
@@ -77,6 +105,22 @@ class FakeDownstream:
         if table_id in self._committed:
             raise InvalidMessageError(f"table {table_id} already exists downstream")
         self._committed[table_id] = committed_ts
+        self._created[table_id] = committed_ts
+
+    def drop_table(self, table_id: int, drop_ts: int) -> None:
+        """A DDL dropped the table at ``drop_ts``: any later write to it is a violation."""
+        self._dropped[table_id] = drop_ts
+
+    def version(self, table_id: int, key: int) -> int:
+        """The commit TS of the change that last wrote ``key`` (0: never written)."""
+        return self._versions.get(table_id, [0] * KEYS)[key]
+
+    def note_handoff(self, table_id: int, holder: str, start_ts: int) -> None:
+        """A new primary was told to start at ``start_ts``; below committed, it must skip."""
+        if start_ts < self.committed(table_id):
+            self.handoffs_below_committed.append(
+                (table_id, holder, start_ts, self.committed(table_id))
+            )
 
     def committed(self, table_id: int) -> int:
         """Every change of the table with commit TS <= this is in the downstream."""
@@ -93,11 +137,15 @@ class FakeDownstream:
         self._token_holder[(table_id, token)] = holder
         return token
 
-    def write(self, table_id: int, token: int, batch_end_ts: int, holder: str) -> bool:
-        """Commit ``(committed, batch_end_ts]`` if ``token`` is current; False when fenced.
+    def write(
+        self, table_id: int, token: int, batch_end_ts: int, holder: str, from_ts: int | None = None
+    ) -> bool:
+        """Commit ``(from_ts, batch_end_ts]`` if ``token`` is current; False when fenced.
 
-        A batch ending at or below the committed checkpoint is already in (a replay after a
-        crash): a no-op that returns True without a log entry.
+        ``from_ts`` defaults to the committed checkpoint. Changes apply in commit-TS order;
+        one older than the version its key holds is a violation (a replay below what is
+        already there). A batch ending at or below the committed checkpoint is otherwise a
+        no-op that returns True without a log entry.
         """
         _check_ts("batch_end_ts", batch_end_ts)
         if token != self.current_token(table_id):
@@ -116,11 +164,36 @@ class FakeDownstream:
                 f"{holder!r} wrote table {table_id} with token {token} acquired by "
                 f"{self._token_holder[(table_id, token)]!r}: tokens are not transferable"
             )
+        self._apply_changes(table_id, holder, from_ts, batch_end_ts)
         if batch_end_ts <= self.committed(table_id):
             return True
         self._committed[table_id] = batch_end_ts
         self.log.append(WriteRecord(table_id, token, holder, batch_end_ts))
         return True
+
+    def _apply_changes(self, table_id: int, holder: str, from_ts: int | None, end: int) -> None:
+        committed = self.committed(table_id)
+        lo = committed if from_ts is None else from_ts
+        dropped = self._dropped.get(table_id)
+        if dropped is not None and end > dropped:
+            self.violations.append(
+                f"{holder} wrote table {table_id} up to {end} after a DDL dropped it at {dropped}"
+            )
+        versions = self._versions.setdefault(table_id, [0] * KEYS)
+        for n in _changes(lo, end, self._start_ms):
+            ts = change_ts(n, self._start_ms)
+            if ts <= self._created_at(table_id):
+                continue  # before the table existed downstream (its snapshot holds it)
+            key = n % KEYS
+            if ts < versions[key]:
+                self.violations.append(
+                    f"{holder} wrote table {table_id} key {key} version {ts} over the newer "
+                    f"{versions[key]} (a replay from {lo} below committed {committed})"
+                )
+            versions[key] = max(versions[key], ts)
+
+    def _created_at(self, table_id: int) -> int:
+        return self._created.get(table_id, self._initial_ts)
 
 
 class _Table:
@@ -207,8 +280,12 @@ class FakeExecutor:
                 f"checkpoint {start}: the previous primary's writes are not readable yet"
             )
         table.token = self.downstream.acquire(table_id, self.capture_id)
+        self.downstream.note_handoff(table_id, self.capture_id, start)
         table.state = T.REPLICATING
-        table.checkpoint_ts = start
+        # DESIGN "Sink commits": a new primary starts after the downstream's committed ts,
+        # never below it (below it only after a crash lost the old primary's last report).
+        table.checkpoint_ts = max(start, committed)
+        start = table.checkpoint_ts
         table.resolved_ts = max(table.resolved_ts, start)
 
     def remove(self, table_id: int) -> None:
@@ -266,7 +343,9 @@ class FakeExecutor:
         target = min(table.resolved_ts, self.barrier.barrier_ts(table_id))
         if target <= table.checkpoint_ts:
             return True
-        if not self.downstream.write(table_id, table.token, target, self.capture_id):
+        if not self.downstream.write(
+            table_id, table.token, target, self.capture_id, from_ts=table.checkpoint_ts
+        ):
             log.warning(
                 "capture %s: write of table %s fenced at checkpoint %s: another capture owns it",
                 self.capture_id,
@@ -304,6 +383,11 @@ class FakeExecutor:
             np.fromiter((t.checkpoint_ts for t in tables), np.int64, n),
             np.fromiter((t.resolved_ts for t in tables), np.int64, n),
         )
+
+    def sinking(self) -> list[int]:
+        """Tables this executor may still write: it holds their fencing token (REPLICATING,
+        or STOPPING and still flushing)."""
+        return [t for t, table in self._tables.items() if table.token]
 
     def held(self) -> int:
         """How many tables this executor holds."""

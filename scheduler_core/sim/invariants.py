@@ -10,7 +10,7 @@ from collections import Counter
 from typing import TYPE_CHECKING
 
 from scheduler_core.errors import SchedulerError
-from scheduler_core.model import ReplicationSetState, TableState
+from scheduler_core.model import ReplicationSetState, Role, TableState
 
 if TYPE_CHECKING:
     from scheduler_core.sim.simulator import Simulator
@@ -21,15 +21,18 @@ class InvariantViolation(SchedulerError, AssertionError):
 
 
 class NoDoubleWrite:
-    """At most one capture that may still write (not crashed, not a fenced zombie) sinks a table."""
+    """At most one capture that may still write (not crashed, not a fenced zombie) sinks a table.
+
+    A capture sinks a table while it holds its fencing token: REPLICATING, or STOPPING and
+    still flushing its last batches.
+    """
 
     name = "no-double-write"
 
     def check(self, sim: Simulator) -> None:
         sinking: Counter[int] = Counter()
         for cap in sim.writers():
-            batch = cap.executor.statuses()
-            for tid in batch.table_ids[batch.states == TableState.REPLICATING].tolist():
+            for tid in cap.executor.sinking():
                 sinking[tid] += 1
         doubled = {t: n for t, n in sinking.items() if n > 1}
         if doubled:
@@ -131,6 +134,96 @@ class ReplicationSetShape:
                 raise InvariantViolation(f"step {sim.now}: table {tid} replicating, no primary")
 
 
+class DownstreamContent:
+    """What the downstream holds is right: no key rewritten with an older version, no write
+    to a dropped table (the fake downstream records each as it happens)."""
+
+    name = "downstream-content"
+
+    def check(self, sim: Simulator) -> None:
+        if sim.downstream.violations:
+            raise InvariantViolation(f"step {sim.now}: {sim.downstream.violations[0]}")
+
+
+class ExactHandoff:
+    """Where every final checkpoint reaches the owner (no loss, no crash, no reorder), a new
+    primary starts exactly at the old one's final checkpoint: never below what is downstream."""
+
+    name = "exact-handoff"
+
+    def check(self, sim: Simulator) -> None:
+        if sim.cfg.exact_handoff and sim.downstream.handoffs_below_committed:
+            tid, holder, start, committed = sim.downstream.handoffs_below_committed[0]
+            raise InvariantViolation(
+                f"step {sim.now}: {holder} was told to start table {tid} at {start}, below its "
+                f"downstream committed {committed}: a replay the sink had to skip"
+            )
+
+
+class DDLSafeCheckpoint:
+    """The persisted checkpoint never passes a DDL that has not run (a new owner resumes
+    from it and would never run that DDL)."""
+
+    name = "ddl-safe-checkpoint"
+
+    def check(self, sim: Simulator) -> None:
+        cp = sim.persisted.checkpoint_ts
+        for ev in sim.pending_ddls:
+            if cp > ev.commit_ts:
+                raise InvariantViolation(f"step {sim.now}: checkpoint {cp} passed pending {ev}")
+
+
+class Coverage:
+    """Not a check: notes which table states, set states and roles the schedule reached."""
+
+    name = "coverage"
+
+    def __init__(self) -> None:
+        self.table_states: set[TableState] = set()
+        self.set_states: set[ReplicationSetState] = set()
+        self.roles: set[Role] = set()
+
+    def check(self, sim: Simulator) -> None:
+        for cap in sim.captures.values():
+            if not cap.crashed:
+                self.table_states.update(TableState(int(s)) for s in cap.executor.statuses().states)
+        owner = sim.owner
+        if owner is None:
+            return
+        for rs in owner.replications.active().values():
+            self.set_states.add(rs.state)
+            self.roles.update(rs.captures.values())
+        if len(owner.replications) > len(owner.replications.active()):
+            self.set_states.add(ReplicationSetState.REPLICATING)  # steady rows
+            self.roles.add(Role.PRIMARY)
+
+    def merge(self, other: Coverage) -> None:
+        """Add what another schedule reached."""
+        self.table_states |= other.table_states
+        self.set_states |= other.set_states
+        self.roles |= other.roles
+
+    def missing(self) -> list[str]:
+        """What no schedule reached yet (ABSENT is what a capture reports for what it lacks)."""
+        out = [
+            f"table state {s.name}"
+            for s in TableState
+            if s not in self.table_states | {TableState.ABSENT}
+        ]
+        out += [f"set state {s.name}" for s in ReplicationSetState if s not in self.set_states]
+        out += [f"role {r.name}" for r in Role if r not in self.roles]
+        return out
+
+
 def default_validators() -> list:
-    """The validators every fault-injecting test runs."""
-    return [NoDoubleWrite(), NoLostTable(), Monotonic(), ReplicationSetShape()]
+    """The validators every fault-injecting test runs (Coverage last: it only records)."""
+    return [
+        NoDoubleWrite(),
+        NoLostTable(),
+        Monotonic(),
+        ReplicationSetShape(),
+        DownstreamContent(),
+        ExactHandoff(),
+        DDLSafeCheckpoint(),
+        Coverage(),
+    ]

@@ -3,8 +3,14 @@
 Faults: message delay / drop / duplicate / reorder; capture crash and restart (new epoch);
 a partitioned capture that keeps writing after its lease expired (a zombie, stopped by
 the sink's fencing token); owner crash and re-election with a higher owner_rev; a zombie
-owner that keeps sending; tables added and dropped at a barrier. After every step the
-validators in :mod:`scheduler_core.sim.invariants` run.
+owner that keeps sending; tables added and dropped at a barrier; DDLs on one or several
+tables, dropping tables. After every step the validators in
+:mod:`scheduler_core.sim.invariants` run.
+
+:data:`PROFILES` are the configurations the soak runs: the default timing, prepare and
+stop taking several ticks (so Preparing / Stopping are reported and an owner switch finds
+Undetermined captures), permanent capture loss, DDL-heavy schedules with multi-table DDLs
+and dropped tables, and a lossless network where every hand-over must be exact.
 """
 
 from __future__ import annotations
@@ -39,6 +45,7 @@ class SimCapture:
     registration: str
     crashed: bool = False
     partitioned: bool = False
+    lost: bool = False  # crashed for good: never restarted
     renewed_at: int = 0
 
 
@@ -52,6 +59,7 @@ class SimConfig:
     election_ticks: int = 2  # ticks between an owner crash and the next owner
     prepare_ticks: int = 1
     stop_ticks: int = 1
+    exact_handoff: bool = False  # no loss or crash: a new primary must start at committed
     coordinator: CoordinatorConfig = field(
         default_factory=lambda: CoordinatorConfig(balance_interval_ticks=10)
     )
@@ -84,6 +92,7 @@ class Simulator:
         self.zombies: list[Coordinator] = []
         self.owner_down_until = 0
         self.validators = default_validators()
+        self.quiesced_in = 0
         self._elect()
 
     # ------------------------------------------------------------------ world
@@ -139,16 +148,23 @@ class Simulator:
         return [c for c in self.captures.values() if c.capture_id in alive]
 
     # ------------------------------------------------------------------ faults
-    def crash_capture(self, cid: str) -> None:
-        """The process dies: no more writes, no more messages; its lease runs out."""
+    def crash_capture(self, cid: str, *, permanent: bool = False) -> None:
+        """The process dies: no more writes, no more messages; its lease runs out.
+
+        ``permanent``: the machine is gone; the capture never comes back (at least one
+        capture always stays, or nothing could replicate).
+        """
         cap = self.captures[cid]
+        if permanent and sum(not c.lost for c in self.captures.values()) <= 1:
+            permanent = False
         cap.crashed = True
+        cap.lost = cap.lost or permanent
         self.bus.drop_for(cid)
 
     def restart_capture(self, cid: str) -> None:
         """A crashed or partitioned capture comes back as a new process (new epoch)."""
         cap = self.captures[cid]
-        if not (cap.crashed or cap.partitioned):
+        if cap.lost or not (cap.crashed or cap.partitioned):
             return
         self.bus.drop_for(cid)
         self._start_capture(cid)
@@ -191,6 +207,28 @@ class Simulator:
         ts = self.upstream.resolved_ts(tid) + 1
         return self._ddl(DDLEvent(ts, DDLKind.CREATE_TABLE, f"CREATE TABLE t{tid}", creates=(tid,)))
 
+    def ddl_tables(self) -> list[int]:
+        """Tables a new DDL may touch: current, not on their way out."""
+        going = {t for ev in self.pending_ddls for t in ev.drops}
+        going |= {t for _, remove, _ in self.pending_changes for t in remove}
+        return sorted(self.tables - going)
+
+    def drop_tables_ddl(self, tids: list[int]) -> DDLEvent:
+        """DROP TABLE of one or several tables: the dropped tables leave at its commit ts."""
+        ts = self.upstream.resolved_ts(0) + 1
+        names = ", ".join(f"t{t}" for t in tids)
+        return self._ddl(
+            DDLEvent(ts, DDLKind.DROP_TABLE, f"DROP TABLE {names}", table_ids=tuple(tids))
+        )
+
+    def multi_table_ddl(self, tids: list[int]) -> DDLEvent:
+        """A DDL touching several tables (a global barrier)."""
+        ts = self.upstream.resolved_ts(0) + 1
+        names = ", ".join(f"t{t}" for t in tids)
+        return self._ddl(
+            DDLEvent(ts, DDLKind.MULTI_TABLE, f"ALTER TABLES {names}", table_ids=tuple(tids))
+        )
+
     def _ddl(self, ev: DDLEvent) -> DDLEvent:
         if any((p.commit_ts, p.query) == (ev.commit_ts, ev.query) for p in self.pending_ddls):
             return ev  # the same DDL twice from the stream: the manager ignores it too
@@ -212,6 +250,8 @@ class Simulator:
                     )
             for tid in ev.creates:
                 self.downstream.create_table(tid, ev.commit_ts)
+            for tid in ev.drops:
+                self.downstream.drop_table(tid, ev.commit_ts)
             owner.ddl_done(ev)
             self.pending_ddls.remove(ev)
             self.ddls_done += 1
@@ -288,6 +328,8 @@ class Simulator:
         """Stop all faults, bring every capture back; ticks until converged (raises if not)."""
         self.bus.faults = Faults()
         for cap in list(self.captures.values()):
+            if cap.partitioned and cap.lost:
+                cap.crashed = True  # a lost machine's zombie dies with it
             if cap.crashed or cap.partitioned:
                 self.restart_capture(cap.capture_id)
         for n in range(1, max_ticks + 1):
@@ -311,28 +353,94 @@ class Simulator:
         }
 
 
-def run_schedule(seed: int, steps: int = 150, config: SimConfig | None = None) -> int:
-    """A random fault schedule for ``seed``; returns the ticks liveness took afterwards."""
+@dataclass(frozen=True, slots=True)
+class Profile:
+    """One soak configuration: cluster timing and which faults and workloads to draw."""
+
+    config: SimConfig
+    lossy: bool = True  # message drop / duplicate / delay, crashes, partitions, owner loss
+    permanent_loss: float = 0.0  # of capture crashes, the share that never come back
+    ddl_heavy: bool = False  # multi-table DDLs and DROP TABLE DDLs, more often
+    moves: float = 0.01  # chance per step of a manual move
+    owner_churn: float = 0.0  # extra chance per step of an owner crash
+    quick_restarts: float = 0.0  # chance per step a capture process restarts at once
+    max_delay: int = 3  # the largest message delay drawn, in ticks
+    faults: Faults | None = None  # fixed network faults instead of drawn ones
+
+
+def _slow(prepare: int, stop: int, **kw) -> SimConfig:
+    return SimConfig(prepare_ticks=prepare, stop_ticks=stop, **kw)
+
+
+PROFILES: dict[str, Profile] = {
+    "default": Profile(SimConfig()),
+    "slow_phases": Profile(_slow(3, 3)),
+    "slow_stop_owner_churn": Profile(_slow(2, 8, captures=4), moves=0.05, owner_churn=0.04),
+    "capture_loss": Profile(_slow(3, 3, captures=4), permanent_loss=0.5),
+    "ddl_heavy": Profile(_slow(2, 2), ddl_heavy=True),
+    "lossless_moves": Profile(_slow(3, 3, exact_handoff=True), lossy=False, moves=0.08),
+    # A process restarts while its last reports are still on the wire: they carry the
+    # previous capture epoch and must not count.
+    "stale_reports": Profile(
+        SimConfig(captures=2, tables=4),
+        quick_restarts=0.1,
+        moves=0.05,
+        faults=Faults(drop=0.3, max_delay=10),
+    ),
+    "quick_restarts": Profile(
+        SimConfig(), quick_restarts=0.06, moves=0.04, faults=Faults(drop=0.2, max_delay=8)
+    ),
+}
+
+
+def run_schedule(
+    seed: int, steps: int = 150, config: SimConfig | None = None, profile: str = "default"
+) -> Simulator:
+    """A random fault schedule for ``seed`` under ``profile``; liveness checked at the end.
+
+    Returns the simulator (``sim.quiesced_in``: the ticks liveness took).
+    """
+    prof = PROFILES[profile]
     rng = random.Random(seed ^ 0x5EED)
     faults = Faults(
         drop=rng.choice([0.0, 0.05, 0.2]),
         duplicate=rng.choice([0.0, 0.05, 0.2]),
-        max_delay=rng.choice([0, 1, 3]),
+        max_delay=rng.choice([0, 1, prof.max_delay]),
     )
-    sim = Simulator(seed, config, faults)
+    if not prof.lossy:
+        faults = Faults(duplicate=faults.duplicate)
+    elif prof.faults is not None:
+        faults = prof.faults
+    sim = Simulator(seed, config or prof.config, faults)
     for _ in range(steps):
-        _random_fault(sim, rng)
+        _random_fault(sim, rng, prof)
         sim.step()
-    return sim.quiesce(max_ticks=200)
+    sim.quiesced_in = sim.quiesce(max_ticks=200)
+    return sim
 
 
-def _random_fault(sim: Simulator, rng: random.Random) -> None:
+def _random_fault(sim: Simulator, rng: random.Random, prof: Profile) -> None:
     r = rng.random()
     cids = sorted(sim.captures)
     cid = rng.choice(cids)
     cap = sim.captures[cid]
-    if r < 0.02:
+    if prof.ddl_heavy and rng.random() < 0.06:
+        _random_ddl(sim, rng)
+        return
+    if rng.random() < prof.moves and sim.owner is not None and sim.tables:
+        sim.owner.move_table(rng.choice(sorted(sim.tables)), rng.choice(cids))
+        return
+    if not prof.lossy and r < 0.07:
+        return  # no crash, partition or owner loss
+    if rng.random() < prof.quick_restarts and not cap.crashed:
         sim.crash_capture(cid)
+        sim.restart_capture(cid)
+        return
+    if rng.random() < prof.owner_churn:
+        sim.crash_owner(zombie=rng.random() < 0.3)
+        return
+    if r < 0.02:
+        sim.crash_capture(cid, permanent=rng.random() < prof.permanent_loss)
     elif r < 0.05 and (cap.crashed or cap.partitioned):
         sim.restart_capture(cid)
     elif r < 0.06:
@@ -343,8 +451,8 @@ def _random_fault(sim: Simulator, rng: random.Random) -> None:
         sim.add_table()
     elif r < 0.10 and len(sim.tables) > 1:
         sim.drop_table(rng.choice(sorted(sim.tables)))
-    elif r < 0.105:
-        sim.alter_table(rng.choice(sorted(sim.tables)))
+    elif r < 0.105 and sim.ddl_tables():
+        sim.alter_table(rng.choice(sim.ddl_tables()))
     elif r < 0.108:
         sim.create_table_ddl()
     elif r < 0.11 and sim.owner is not None:
@@ -354,4 +462,17 @@ def _random_fault(sim: Simulator, rng: random.Random) -> None:
         sim.owner.move_table(tid, rng.choice(cids))
 
 
-__all__ = ["SimCapture", "SimConfig", "Simulator", "run_schedule"]
+def _random_ddl(sim: Simulator, rng: random.Random) -> None:
+    tables = sim.ddl_tables()
+    r = rng.random()
+    if r < 0.3 and len(tables) >= 2:
+        sim.multi_table_ddl(rng.sample(tables, 2))
+    elif r < 0.55 and len(tables) >= 3:
+        sim.drop_tables_ddl(sorted(rng.sample(tables, rng.choice([1, 2]))))
+    elif r < 0.8 and tables:
+        sim.alter_table(rng.choice(tables))
+    else:
+        sim.create_table_ddl()
+
+
+__all__ = ["PROFILES", "Profile", "SimCapture", "SimConfig", "Simulator", "run_schedule"]

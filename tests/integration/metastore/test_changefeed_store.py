@@ -241,3 +241,18 @@ def test_create_racing_a_safepoint_advance_rechecks_start_ts_and_writes_nothing(
     with pytest.raises(e.StartTsBelowGcSafepointError):
         store.create("orders", "delta:///lake", start_ts=start)
     assert store.list() == []
+
+
+def test_a_password_reference_is_stored_as_written_and_a_literal_one_never_shown(
+    store: ChangefeedStore, metastore: Metastore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PG_PASSWORD", "resolved-secret")
+    store.create("ref", "postgres://etl:${PG_PASSWORD}@db:5432/wh")
+    raw = metastore.client.get(metastore.layout.changefeed_info("ref")).value
+    assert b"${PG_PASSWORD}" in raw and b"resolved-secret" not in raw
+
+    store.create("lit", "postgres://etl:hunter2@db:5432/wh")
+    with pytest.raises(e.ChangefeedExistsError) as raised:
+        store.create("lit", "blackhole://")
+    assert "hunter2" not in str(raised.value)
+    assert "hunter2" not in repr(store.get("lit"))

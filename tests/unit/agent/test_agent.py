@@ -445,3 +445,29 @@ def test_registry_owner_rev_not_above_the_adopted_one_changes_nothing() -> None:
     epoch = rig.agent.epoch
     rig.agent.observe_owner_rev(3)
     assert (rig.agent.owner_id, rig.agent.epoch) == (OWNER, epoch)
+
+
+def test_delayed_commit_older_than_a_later_dispatch_is_dropped() -> None:
+    # Simulator (quick_restarts seed 67): a commit the owner re-sent was delayed on the
+    # wire past the table's move away; arriving after the capture forgot the table, it made
+    # the capture prepare and sink it again next to the new primary.
+    rig = Rig(stop_ticks=0)
+    rig.connect()
+    a = rig.agent
+    commit = add(1, 100, secondary=False)
+    first = DispatchTableRequest(Header(1, a.epoch, 1, seq=10), OWNER, CAP, (commit,))
+    a.handle([first])
+    a.tick()
+    a.handle(
+        [
+            DispatchTableRequest(
+                Header(1, a.epoch, 1, seq=20), OWNER, CAP, (RemoveTableRequest(CAP, 1),)
+            )
+        ]
+    )
+    a.tick()  # stopped, reported once, forgotten
+    assert rig.executor.status(1).state == T.ABSENT
+    a.handle([first])  # the delayed duplicate of the commit
+    a.tick()
+    assert rig.executor.status(1).state == T.ABSENT
+    assert a.stats.rejected_stale_seq == 1

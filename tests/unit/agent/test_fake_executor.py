@@ -8,7 +8,14 @@ from scheduler_core.errors import ExecutorContractError, InvalidMessageError
 from scheduler_core.executor import TableExecutor
 from scheduler_core.messages import Barrier, TableStatusBatch
 from scheduler_core.model import Checkpoint, TableState, TableStatus
-from scheduler_core.sim.fake_executor import FakeDownstream, FakeExecutor, FakeUpstream, WriteRecord
+from scheduler_core.sim.fake_executor import (
+    KEYS,
+    FakeDownstream,
+    FakeExecutor,
+    FakeUpstream,
+    WriteRecord,
+    change_ts,
+)
 
 T = TableState
 
@@ -205,3 +212,68 @@ def test_statuses_cover_every_held_table_with_checkpoint_at_most_resolved() -> N
         ]
     )
     assert (batch.checkpoint_ts <= batch.resolved_ts).all()
+
+
+# --------------------------------------------------------------------- content (issue 10)
+START_MS = 1_000_000
+T0 = START_MS << 18
+
+
+def content_rig() -> FakeDownstream:
+    return FakeDownstream(T0)
+
+
+def test_downstream_keeps_each_keys_version() -> None:
+    down = content_rig()
+    token = down.acquire(1, "c1")
+    assert down.write(1, token, change_ts(6, START_MS), "c1")
+    for n in range(3, 7):
+        assert down.version(1, n % KEYS) == change_ts(n, START_MS)
+
+
+def test_replay_from_below_committed_writing_older_versions_is_a_violation() -> None:
+    down = content_rig()
+    token = down.acquire(1, "c1")
+    down.write(1, token, change_ts(8, START_MS), "c1")
+    assert down.violations == []
+    # A sink that started below what is downstream rewrites keys 2..5 with older versions.
+    down.write(1, token, change_ts(9, START_MS), "c1", from_ts=change_ts(1, START_MS))
+    assert down.violations and "over the newer" in down.violations[0]
+
+
+def test_write_after_the_table_was_dropped_is_a_violation() -> None:
+    down = content_rig()
+    token = down.acquire(1, "c1")
+    down.write(1, token, change_ts(2, START_MS), "c1")
+    down.drop_table(1, change_ts(2, START_MS) + 1)
+    down.write(1, token, change_ts(2, START_MS), "c1")  # nothing new: fine
+    assert down.violations == []
+    down.write(1, token, change_ts(3, START_MS), "c1")
+    assert down.violations and "after a DDL dropped it" in down.violations[0]
+
+
+def test_commit_below_committed_starts_at_committed_and_is_noted() -> None:
+    upstream = FakeUpstream(change_ts(10, START_MS))
+    down = content_rig()
+    old = FakeExecutor("c0", down, upstream)
+    replicating(old, 1, T0)
+    old.set_barrier(Barrier())
+    old.advance()  # c0 sinks to change 10, then is lost without reporting it
+    ex = FakeExecutor("c1", down, upstream)
+    ex.set_barrier(Barrier())
+    replicating(ex, 1, T0)  # told the last checkpoint the owner heard of
+    assert ex.status(1).checkpoint.checkpoint_ts == change_ts(10, START_MS)
+    assert down.handoffs_below_committed == [(1, "c1", T0, change_ts(10, START_MS))]
+    upstream.advance(change_ts(12, START_MS))
+    ex.advance()
+    assert down.violations == []  # it skipped what is already there
+
+
+def test_stopping_table_that_still_holds_its_token_counts_as_sinking() -> None:
+    ex, _, _ = rig(stop_ticks=3)
+    replicating(ex, 1)
+    ex.remove(1)
+    assert ex.status(1).state == T.STOPPING and ex.sinking() == [1]
+    for _ in range(3):
+        ex.advance()
+    assert ex.status(1).state == T.STOPPED and ex.sinking() == []

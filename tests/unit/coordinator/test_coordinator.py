@@ -11,12 +11,13 @@ from scheduler_core import Checkpoint, ConfigError, Coordinator, DDLEvent, DDLKi
 from scheduler_core.coordinator import CoordinatorConfig
 from scheduler_core.messages import (
     DispatchTableRequest,
+    DispatchTableResponse,
     Header,
     Heartbeat,
     HeartbeatResponse,
     TableStatusBatch,
 )
-from scheduler_core.model import TableStatus
+from scheduler_core.model import ReplicationSetState, Role, TableStatus
 from scheduler_core.ts import MAX_TS
 
 OWNER = "owner-1"
@@ -202,3 +203,179 @@ def test_capture_leaving_makes_its_tables_absent_and_they_are_re_added() -> None
     readded = [r.table_id for r in dispatched(result, stay.cid)]
     assert 1 in readded
     assert np.isin(readded, [t for t, c in placement.items() if c == gone]).all()
+
+
+# --------------------------------------------------------------------------- issue 10
+def late(cap: Capture, epoch: str, *statuses: TableStatus, seq: int = 10_000):
+    """A message of another incarnation of ``cap`` (same id and registration, other epoch)."""
+    header = Header(5, epoch, 1, seq)
+    return HeartbeatResponse(
+        header, cap.cid, OWNER, TableStatusBatch.of(statuses), registration=cap.reg
+    )
+
+
+def test_report_from_a_stale_capture_epoch_does_not_move_a_table_checkpoint() -> None:
+    co = coordinator(tables=(1,))
+    a = Capture("a")
+    replicate_all(co, [a])
+    msg = late(a, "a-old", st(1, TableState.REPLICATING, 5000, 6000))
+    co.tick({"a": a.reg}, [msg])
+    assert co.stats.dropped_wrong_epoch == 1
+    assert co.replications.table_checkpoint(1) == 1000
+    assert co.checkpoint == Checkpoint.at(1000)
+
+
+def test_stopped_report_from_a_stale_capture_epoch_does_not_free_the_table() -> None:
+    co = coordinator(tables=(1,))
+    a = Capture("a")
+    replicate_all(co, [a])
+    msg = DispatchTableResponse(
+        Header(5, "a-old", 1, 10_000), "a", OWNER, (st(1, TableState.STOPPED),)
+    )
+    result = co.tick({"a": a.reg}, [msg])
+    assert co.stats.dropped_wrong_epoch == 1
+    view = co.replications.view(1)
+    assert view.state == ReplicationSetState.REPLICATING and view.primary == "a"
+    assert not dispatched(result, "a")  # no re-add: a still sinks it
+
+
+def test_stale_epoch_report_is_not_used_by_the_owner_switch_rebuild() -> None:
+    # A new owner hears a's current incarnation first; a late report of its previous
+    # incarnation (still claiming table 1 Replicating) must not make a second primary.
+    co = coordinator(tables=(1,))
+    a, b = Capture("a"), Capture("b")
+    alive = {"a": a.reg, "b": b.reg}
+    co.tick(alive, [a.report(), b.report(st(1, TableState.REPLICATING, 1200))])
+    co.tick(alive, [late(a, "a-old", st(1, TableState.REPLICATING, 1500))])
+    view = co.replications.view(1)
+    assert view.primary == "b" and dict(view.captures) == {"b": Role.PRIMARY}
+    assert co.replications.table_checkpoint(1) == 1200
+
+
+def test_older_seq_of_the_current_epoch_is_dropped() -> None:
+    co = coordinator(tables=(1,))
+    a = Capture("a")
+    replicate_all(co, [a])
+    old = a.report(st(1, TableState.STOPPED, 1000))
+    new = a.report(st(1, TableState.REPLICATING, 1400))
+    co.tick({"a": a.reg}, [new, old])
+    assert co.replications.view(1).state == ReplicationSetState.REPLICATING
+    assert co.stats.dropped_wrong_epoch == 1
+
+
+def test_table_ddl_waits_while_its_table_moves_even_if_the_primary_reached_it() -> None:
+    co = coordinator(tables=(1, 2))
+    a, b = Capture("a"), Capture("b")
+    placement = replicate_all(co, [a, b])
+    src = placement[1]
+    dst = "b" if src == "a" else "a"
+    caps = {"a": a, "b": b}
+    co.add_ddl(DDLEvent(1300, DDLKind.ALTER_TABLE, "ALTER TABLE t1", table_ids=(1,)))
+    co.move_table(1, dst)
+    alive = {"a": a.reg, "b": b.reg}
+
+    def reports(t1_src: TableState, t1_dst: TableState | None) -> list:
+        out = []
+        for cid, cap in caps.items():
+            rows = [
+                st(t, TableState.REPLICATING, 1300, 2000)
+                for t, c in placement.items()
+                if c == cid and t != 1
+            ]
+            if cid == src:
+                rows.append(st(1, t1_src, 1300, 2000))
+            elif t1_dst is not None:
+                rows.append(st(1, t1_dst, 1000, 2000))
+            out.append(cap.report(*rows))
+        return out
+
+    co.tick(alive, reports(TableState.REPLICATING, None))
+    assert co.replications.view(1).state != ReplicationSetState.REPLICATING
+    result = co.tick(alive, reports(TableState.REPLICATING, TableState.PREPARING))
+    assert co.replications.table_checkpoint(1) == 1300
+    assert result.ready_ddls == ()  # the table is in a move: its checkpoint does not count
+
+
+def test_rebuilt_move_ddl_not_released_by_a_stopping_capture_ahead_of_the_primary() -> None:
+    # Issue 10: rebuilt {b Replicating at 1100, a Stopping}; a reports Stopped at 1500.
+    co = coordinator(tables=(1,))
+    a, b = Capture("a"), Capture("b")
+    alive = {"a": a.reg, "b": b.reg}
+    co.add_ddl(DDLEvent(1400, DDLKind.ALTER_TABLE, "ALTER TABLE t1", table_ids=(1,)))
+    co.tick(
+        alive,
+        [
+            a.report(st(1, TableState.STOPPING, 1050)),
+            b.report(st(1, TableState.REPLICATING, 1100, 2000)),
+        ],
+    )
+    result = co.tick(
+        alive,
+        [
+            a.report(st(1, TableState.STOPPED, 1500, 2000)),
+            b.report(st(1, TableState.REPLICATING, 1100, 2000)),
+        ],
+    )
+    assert co.replications.table_checkpoint(1) == 1100
+    assert result.ready_ddls == ()
+
+
+def test_one_tables_multiple_primary_error_puts_the_changefeed_in_error_not_the_tick() -> None:
+    # A new owner hears two captures sink table 1 (rebuild raised for every table).
+    co = coordinator(tables=(1, 2))
+    a, b = Capture("a"), Capture("b")
+    alive = {"a": a.reg, "b": b.reg}
+    r1 = st(1, TableState.REPLICATING, 1500, 2000)
+    r2 = st(2, TableState.REPLICATING, 1500, 2000)
+    result = co.tick(alive, [a.report(r1, r2), b.report(r1)])
+    assert result.error is not None and result.error.table_id == 1
+    assert "MultiplePrimaryError" in str(result.error) and "several captures" in str(result.error)
+    assert co.replications.table_checkpoint(2) == 1500  # the other table kept going
+    assert co.checkpoint == Checkpoint.at(1000)  # never past the failed table
+    r2 = st(2, TableState.REPLICATING, 1700, 2000)
+    result = co.tick(alive, [a.report(r1, r2), b.report(r1)])
+    assert result.error is not None and result.scheduler is None and result.dispatches == 0
+    assert co.replications.table_checkpoint(2) == 1700
+    assert co.checkpoint == Checkpoint.at(1000)
+
+
+def test_secondary_sinking_before_commit_fails_its_table_only() -> None:
+    co = coordinator(tables=(1, 2))
+    a, b = Capture("a"), Capture("b")
+    alive = {"a": a.reg, "b": b.reg}
+    r2 = st(2, TableState.REPLICATING, 1500, 2000)
+    co.tick(
+        alive, [a.report(st(1, TableState.REPLICATING), r2), b.report(st(1, TableState.PREPARED))]
+    )
+    result = co.tick(
+        alive,
+        [a.report(st(1, TableState.REPLICATING), r2), b.report(st(1, TableState.REPLICATING))],
+    )
+    assert result.error is not None and result.error.table_id == 1
+    assert co.replications.table_checkpoint(2) == 1500
+
+
+def test_one_tables_error_while_a_capture_leaves_does_not_keep_other_tables_on_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from scheduler_core.replication import ReplicationSet, ReplicationSetInvariantError
+
+    co = coordinator(tables=(1, 2, 3))
+    a, b = Capture("a"), Capture("b")
+    replicate_all(co, [a])
+    co.tick(
+        {"a": a.reg, "b": b.reg},
+        [a.report(*(st(t, TableState.REPLICATING) for t in (1, 2, 3))), b.report()],
+    )
+    real = ReplicationSet.handle_capture_shutdown
+
+    def broken(self, capture_id):
+        if self.table_id == 1:
+            raise ReplicationSetInvariantError("invariant broken: planted")
+        return real(self, capture_id)
+
+    monkeypatch.setattr(ReplicationSet, "handle_capture_shutdown", broken)
+    result = co.tick({"b": b.reg}, [])
+    assert result.error is not None and result.error.table_id == 1
+    for tid in (2, 3):
+        assert co.replications.view(tid).state == ReplicationSetState.ABSENT

@@ -303,7 +303,7 @@ def test_only_undetermined_after_rebuild_goes_absent_when_it_stops() -> None:
     rs = ReplicationSet.rebuild(TID, CP, {"a": st(T.STOPPING)})
     assert rs.state == S.REMOVING
     rs.poll(st(T.STOPPED), "a")
-    assert rs.removed
+    assert rs.state == S.ABSENT and not rs.removed  # re-added, not dropped
 
 
 # --------------------------------------------------------------------------- progress
@@ -356,3 +356,109 @@ def test_random_walk_keeps_invariants(seed: int) -> None:
         last = rs.checkpoint
         if rs.removed:
             rs = ReplicationSet.rebuild(TID, last, {})
+
+
+# --------------------------------------------------------------------------- issue 10: stall
+def test_secondary_stops_in_prepare_while_undetermined_remains_and_no_primary() -> None:
+    # Rebuilt after an owner switch mid-move: the old primary is stopping, the destination
+    # prepares. The destination then stops (or restarts): it leaves the set exactly once.
+    rs = ReplicationSet.rebuild(TID, CP, {"a": st(T.STOPPING, 12), "b": st(T.PREPARING)})
+    assert rs.state == S.PREPARE
+    assert rs.poll(st(T.STOPPED, 10), "b") == []  # raised KeyError: "b" deleted twice
+    assert dict(rs.captures) == {"a": Role.UNDETERMINED}
+    assert rs.state == S.REMOVING and not rs.removed
+    rs.poll(st(T.STOPPED, 14), "a")
+    # Not a table removal: the table goes Absent at a's final checkpoint, to be re-added.
+    assert rs.state == S.ABSENT and not rs.removed
+    assert rs.checkpoint == Checkpoint(14, 14)
+
+
+def test_secondary_absent_in_prepare_with_undetermined_gets_the_add_again() -> None:
+    rs = ReplicationSet.rebuild(TID, CP, {"a": st(T.STOPPING, 12), "b": st(T.PREPARING)})
+    assert rs.poll(st(T.ABSENT), "b") == [add("b", True, 12)]  # the add was lost: re-send
+
+
+@pytest.mark.parametrize("report", [T.STOPPED, T.ABSENT])
+def test_secondary_stops_in_commit_while_undetermined_remains_and_no_primary(report) -> None:
+    rs = ReplicationSet.rebuild(TID, CP, {"a": st(T.STOPPING, 12), "b": st(T.PREPARED)})
+    assert rs.state == S.COMMIT
+    assert rs.poll(st(report, 10), "b") == []
+    assert dict(rs.captures) == {"a": Role.UNDETERMINED}
+
+
+def test_destination_capture_gone_while_undetermined_remains_and_no_primary() -> None:
+    rs = ReplicationSet.rebuild(TID, CP, {"a": st(T.STOPPING, 12), "b": st(T.PREPARED)})
+    assert rs.handle_capture_shutdown("b") == ([], True)
+    assert dict(rs.captures) == {"a": Role.UNDETERMINED}
+    assert rs.handle_capture_shutdown("a") == ([], True)
+    assert rs.state == S.ABSENT
+
+
+def test_removed_table_whose_last_undetermined_capture_stops_is_removed() -> None:
+    rs = ReplicationSet.rebuild(TID, CP, {"a": st(T.REPLICATING), "b": st(T.STOPPING)})
+    assert rs.handle_remove_table() == [rm("a")]
+    rs.poll(st(T.STOPPED), "a")
+    assert not rs.removed
+    rs.poll(st(T.STOPPED), "b")
+    assert rs.removed
+
+
+# --------------------------------------------------------------------------- issue 10: checkpoint
+def test_stopped_report_of_undetermined_capture_does_not_raise_checkpoint_past_primary() -> None:
+    rs = ReplicationSet.rebuild(TID, CP, {"b": st(T.REPLICATING, 100), "a": st(T.STOPPING, 90)})
+    assert rs.checkpoint == Checkpoint(100, 100)
+    rs.poll(st(T.STOPPED, 150), "a")  # "b" sinks the table and is only at 100
+    assert rs.checkpoint == Checkpoint(100, 100)
+
+
+def test_rebuild_takes_checkpoint_only_from_primary_when_there_is_one() -> None:
+    rs = ReplicationSet.rebuild(TID, CP, {"b": st(T.REPLICATING, 100), "a": st(T.STOPPING, 150)})
+    assert rs.checkpoint == Checkpoint(100, 100)
+
+
+def test_undetermined_final_checkpoint_is_where_the_next_primary_starts() -> None:
+    rs = ReplicationSet.rebuild(TID, CP, {"a": st(T.STOPPING, 12), "b": st(T.PREPARED)})
+    assert rs.poll(st(T.STOPPED, 16), "a") == []
+    assert rs.checkpoint == Checkpoint(16, 16)
+    assert rs.poll(st(T.PREPARED), "b") == [add("b", False, 16, 16)]
+
+
+def test_absent_report_carries_no_progress() -> None:
+    rs = ReplicationSet.rebuild(TID, CP, {"a": st(T.STOPPING, 12)})
+    rs.poll(st(T.ABSENT, 50), "a")
+    assert rs.checkpoint == Checkpoint(12, 12)
+
+
+def test_replicating_report_of_non_primary_while_removing_carries_no_progress() -> None:
+    rs = ReplicationSet.rebuild(TID, CP, {"a": st(T.REPLICATING), "b": st(T.STOPPING)})
+    rs.handle_remove_table()
+    assert rs.poll(st(T.REPLICATING, 50), "b") == [rm("b")]
+    assert rs.checkpoint == CP
+
+
+@pytest.mark.parametrize("order", ["prepared_first", "preparing_first"])
+def test_rebuild_keeps_the_more_advanced_of_two_secondaries(order: str) -> None:
+    reports = {"a": st(T.PREPARING, 10), "b": st(T.PREPARED, 10)}
+    if order == "prepared_first":
+        reports = dict(reversed(reports.items()))
+    rs = ReplicationSet.rebuild(TID, CP, reports)
+    assert dict(rs.captures) == {"a": Role.UNDETERMINED, "b": Role.SECONDARY}
+    assert rs.state == S.COMMIT
+
+
+def test_rebuild_keeps_the_higher_checkpoint_of_two_preparing_secondaries() -> None:
+    rs = ReplicationSet.rebuild(TID, CP, {"a": st(T.PREPARING, 10), "b": st(T.PREPARING, 12)})
+    assert dict(rs.captures) == {"a": Role.UNDETERMINED, "b": Role.SECONDARY}
+
+
+def test_rebuild_with_no_primary_starts_the_next_primary_at_a_stopped_final_checkpoint() -> None:
+    # The old primary stopped (its one Stopped report reached the new owner) and the
+    # destination is prepared: the destination must sink from the final checkpoint.
+    rs = ReplicationSet.rebuild(TID, CP, {"a": st(T.STOPPED, 150), "b": st(T.PREPARED, 100)})
+    assert rs.checkpoint == Checkpoint(150, 150)
+    assert rs.poll(st(T.PREPARED, 100), "b") == [add("b", False, 150)]
+
+
+def test_rebuild_with_a_primary_ignores_a_stopped_report() -> None:
+    rs = ReplicationSet.rebuild(TID, CP, {"a": st(T.STOPPED, 150), "b": st(T.REPLICATING, 100)})
+    assert rs.checkpoint == Checkpoint(100, 100)

@@ -1,0 +1,691 @@
+"""Delta Lake sink: fenced, exactly-once primary-key MERGE per table and batch (deltalake).
+
+Layout (docs/dataplane.md, section 3): one Delta table per upstream table at
+``<root>/<database>/<table>`` (components encoded by ``delta_paths``), syncpoints under
+``<root>/_cdc_dagster/syncpoints/<changefeed>/<ts:020d>.json``.
+
+Every commit of this sink carries Delta application transactions (``txn`` actions):
+``cdc-dagster/<changefeed>/fence`` (version = fencing token) always, plus
+``.../checkpoint`` (version = committed ts) on a write and ``.../ddl`` (version = DDL
+commit ts) on a DDL. delta-rs's conflict checker refuses a commit when a commit that
+landed after its read version carries an application id the committing transaction also
+carries (``CommitFailedError: Concurrent transaction failed``; verified for deltalake
+1.6.6 in tests/unit/sinks/test_delta_fencing.py). Since every commit carries the fence id,
+any commit between our read version and our commit makes ours fail; we then reload and
+check the token again. So the fence is checked against exactly the version the commit
+is validated against: an ``acquire`` racing a stale ``write`` cannot both land.
+
+Never read through ``to_pyarrow_table()``/``to_pyarrow_dataset()`` (the interpreter
+aborts at exit, delta-rs#2184): ``read_table_at`` reads a pinned version's
+``file_uris()`` with pyarrow.parquet.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import random
+import shutil
+import time
+import urllib.parse
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypeVar
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+from deltalake import DeltaTable, write_deltalake
+from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
+from deltalake.transaction import CommitProperties, Transaction
+
+from cdc_dagster.sinks.base import (
+    COMMIT_TS_COLUMN,
+    OP_COLUMN,
+    OP_DELETE,
+    OP_UPSERT,
+    Committed,
+    FencedError,
+    SinkDDLError,
+    SinkError,
+    SinkGapError,
+    SinkSchemaError,
+    SyncpointRecord,
+)
+from cdc_dagster.sinks.delta_ddl import evolve, plain_type, same_schema
+from cdc_dagster.sinks.delta_paths import META_DIR, encode_component, table_location, table_path
+from cdc_dagster.upstream.schema import DdlRecord, TableSchema, arrow_type
+
+APP_PREFIX = "cdc-dagster"
+MAX_COMMIT_ATTEMPTS = 50
+_T = TypeVar("_T")
+
+
+def app_id(changefeed_id: str, what: str) -> str:
+    """The Delta application id of one changefeed's ``fence``/``checkpoint``/``ddl`` marker."""
+    return f"{APP_PREFIX}/{changefeed_id}/{what}"
+
+
+# -- the type map as it lands in Delta --------------------------------------------------
+
+
+def delta_type(logical: str) -> pa.DataType:
+    """The Arrow type a logical column type has in Delta (decimal(p>38) lands as string)."""
+    t = arrow_type(logical)
+    if pa.types.is_decimal256(t):
+        return pa.string()  # Delta decimals stop at precision 38; canonical text instead
+    return t
+
+
+def delta_schema(table: TableSchema) -> pa.Schema:
+    """The Delta schema of a table: its columns by name; key columns NOT NULL, others nullable."""
+    keys = set(table.primary_key)
+    return pa.schema(
+        [pa.field(c.name, delta_type(c.type), nullable=c.id not in keys) for c in table.columns]
+    )
+
+
+def _table_description(table: TableSchema) -> str:
+    """Delta metadata description: the upstream table id (the name is the metadata name)."""
+    return json.dumps({"cdc_dagster_table_id": table.table_id})
+
+
+def _quote(name: str) -> str:
+    """A DataFusion SQL identifier (double quotes, embedded quotes doubled)."""
+    return '"' + name.replace('"', '""') + '"'
+
+
+def _where(changefeed_id: str, table: TableSchema) -> str:
+    return f"changefeed {changefeed_id}, table {table.qualified_name} (id {table.table_id})"
+
+
+def _local_path(uri: str) -> str:
+    """A local path from a ``file_uris()`` entry (delta-rs percent-encodes some)."""
+    if uri.startswith("file://"):
+        return urllib.parse.unquote(urllib.parse.urlparse(uri).path)
+    if "%" in uri:
+        return urllib.parse.unquote(uri)  # our paths never hold a literal '%'
+    return uri
+
+
+def _schema_of(dt: DeltaTable) -> pa.Schema:
+    return pa.schema(dt.schema().to_arrow())
+
+
+def _empty_commit(dt: DeltaTable, txns: list[Transaction]) -> None:
+    """A commit with no data: only application transactions (acquire, empty batch, DDL mark)."""
+    dt.create_write_transaction(
+        [], "append", dt.schema(), commit_properties=CommitProperties(app_transactions=txns)
+    )
+
+
+def _with_retries(attempt: Callable[[], _T], what: str) -> _T:
+    """Run ``attempt`` until it commits; a concurrent commit makes it reload and re-check.
+
+    Any other deltalake error becomes a ``SinkError`` naming ``what`` (nothing committed).
+    """
+    for n in range(MAX_COMMIT_ATTEMPTS):
+        try:
+            return attempt()
+        except CommitFailedError:
+            time.sleep(random.uniform(0.002, 0.02) * min(n + 1, 10))
+        except DeltaError as exc:
+            raise SinkError(f"{what}: deltalake refused it: {exc}; nothing was written") from exc
+    raise SinkError(
+        f"{what}: {MAX_COMMIT_ATTEMPTS} commits in a row lost to concurrent commits; "
+        "nothing was written — is another capture writing this table? retry later"
+    )
+
+
+class DeltaSink:
+    """The Delta Lake downstream under ``root`` (``delta:///abs/path``); picklable (root only)."""
+
+    def __init__(self, root: str) -> None:
+        if not os.path.isabs(root):
+            raise SinkError(f"Delta sink root must be an absolute path, got {root!r}")
+        self.root = os.path.normpath(root)
+
+    def __repr__(self) -> str:
+        return f"DeltaSink({self.root!r})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, DeltaSink) and other.root == self.root
+
+    def __hash__(self) -> int:
+        return hash(("DeltaSink", self.root))
+
+    @property
+    def uri(self) -> str:
+        return f"delta://{self.root}"
+
+    def path(self, table: TableSchema) -> str:
+        """The directory of ``table``'s Delta table."""
+        return table_path(self.root, table.database, table.table)
+
+    # -- opening -------------------------------------------------------------------------
+
+    def _open(self, changefeed_id: str, table: TableSchema) -> DeltaTable | None:
+        """The latest snapshot of the table, None when it does not exist; checks the table id."""
+        try:
+            dt = DeltaTable(self.path(table))
+        except TableNotFoundError:
+            return None
+        self._check_identity(changefeed_id, table, dt)
+        return dt
+
+    def _check_identity(self, changefeed_id: str, table: TableSchema, dt: DeltaTable) -> None:
+        found = _table_id_of(dt)
+        if found != table.table_id:
+            raise SinkError(
+                f"{_where(changefeed_id, table)}: the Delta table at {self.path(table)} belongs "
+                f"to table id {found!r}; move it away or fix the table mapping"
+            )
+
+    def _create(self, changefeed_id: str, table: TableSchema, txns: list[Transaction]) -> bool:
+        """Create the empty table (version 0); False when it already exists (lost a race)."""
+        path = self.path(table)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        try:
+            DeltaTable.create(
+                path,
+                delta_schema(table),
+                mode="error",
+                name=table.qualified_name,
+                description=_table_description(table),
+                commit_properties=CommitProperties(app_transactions=txns),
+            )
+        except DeltaError as exc:  # delta-rs raises a bare DeltaError for "already exists"
+            if DeltaTable.is_deltatable(path):
+                return False
+            raise SinkError(
+                f"{_where(changefeed_id, table)}: cannot create the Delta table at {path}: {exc}"
+            ) from exc
+        return True
+
+    # -- the fenced protocol -------------------------------------------------------------
+
+    def committed(self, changefeed_id: str, table: TableSchema) -> Committed:
+        """The table's committed ts and current token ((0, 0) for a table never written)."""
+        dt = self._open(changefeed_id, table)
+        if dt is None:
+            return Committed(0, 0)
+        return Committed(
+            dt.transaction_version(app_id(changefeed_id, "checkpoint")) or 0,
+            dt.transaction_version(app_id(changefeed_id, "fence")) or 0,
+        )
+
+    def acquire(self, changefeed_id: str, table: TableSchema) -> int:
+        """Commit token = current + 1 (creating the empty table if missing); return it."""
+        fence = app_id(changefeed_id, "fence")
+
+        def attempt() -> int:
+            dt = self._open(changefeed_id, table)
+            if dt is None:
+                if self._create(changefeed_id, table, [Transaction(fence, 1)]):
+                    return 1
+                raise CommitFailedError("table created concurrently")
+            token = (dt.transaction_version(fence) or 0) + 1
+            _empty_commit(dt, [Transaction(fence, token)])
+            return token
+
+        return _with_retries(attempt, f"{_where(changefeed_id, table)}: acquire")
+
+    def write(
+        self,
+        changefeed_id: str,
+        table: TableSchema,
+        batch: pa.Table,
+        start_ts: int,
+        end_ts: int,
+        token: int,
+    ) -> int:
+        """MERGE the batch and ``(end_ts, token)`` in one Delta commit; return the committed ts."""
+        where = _where(changefeed_id, table)
+        if not 0 <= start_ts <= end_ts:
+            raise SinkError(f"{where}: bad batch range ({start_ts}, {end_ts}]")
+        source = prepare_batch(where, table, batch)
+
+        def attempt() -> int:
+            dt = self._open(changefeed_id, table)
+            current = 0 if dt is None else dt.transaction_version(app_id(changefeed_id, "fence"))
+            if dt is None or token != (current or 0):
+                raise FencedError(
+                    f"{where}: write of ({start_ts}, {end_ts}] with fencing token {token} "
+                    f"refused, the table's token is {current or 0}"
+                    f"{' (no Delta table at ' + self.path(table) + ')' if dt is None else ''}; "
+                    "nothing was written — another capture owns this table: stop it here"
+                )
+            committed = dt.transaction_version(app_id(changefeed_id, "checkpoint")) or 0
+            if end_ts <= committed:
+                return committed  # replay after a crash: already in
+            if committed > 0 and start_ts > committed:
+                raise SinkGapError(
+                    f"{where}: batch ({start_ts}, {end_ts}] starts above the committed ts "
+                    f"{committed}; changes in between would be lost — restart the table "
+                    f"from {committed}"
+                )
+            self._check_table_schema(where, table, dt)
+            txns = [
+                Transaction(app_id(changefeed_id, "fence"), token),
+                Transaction(app_id(changefeed_id, "checkpoint"), end_ts),
+            ]
+            if source.num_rows:
+                _merge(dt, table, source, txns)
+            else:
+                _empty_commit(dt, txns)
+            return end_ts
+
+        return _with_retries(attempt, f"{where}: write ({start_ts}, {end_ts}]")
+
+    def _check_table_schema(self, where: str, table: TableSchema, dt: DeltaTable) -> None:
+        have = _schema_of(dt)
+        want = delta_schema(table)
+        for f in want:
+            i = have.get_field_index(f.name)
+            if i < 0:
+                raise SinkSchemaError(
+                    f"{where}: column {f.name!r} is not in the Delta table at {self.path(table)} "
+                    f"(it has {have.names}); was a DDL not applied? apply it, then retry"
+                )
+            if plain_type(have.field(i).type) != plain_type(f.type):
+                raise SinkSchemaError(
+                    f"{where}: column {f.name!r} is {have.field(i).type} in Delta but "
+                    f"{f.type} in the batch's schema; was a DDL not applied? apply it, then retry"
+                )
+        extra = [n for n in have.names if want.get_field_index(n) < 0]
+        if extra:
+            raise SinkSchemaError(
+                f"{where}: the Delta table has columns {extra} the table schema lacks; "
+                "was a DDL not applied? apply it, then retry"
+            )
+
+    # -- DDL -----------------------------------------------------------------------------
+
+    def apply_ddl(
+        self, changefeed_id: str, record: DdlRecord, before: Mapping[int, TableSchema | None]
+    ) -> None:
+        """Apply one DDL record exactly once per table (see ``docs/dataplane.md``, 3.2).
+
+        Drops and renames are directory moves (a table that is already gone or already at
+        its new place is done); every other change is one commit per table carrying the
+        ``ddl`` marker (version = the DDL's commit ts) and is skipped when the table's
+        marker is already at or past it, so a crash between apply and record is harmless.
+        """
+        where = _ddl_where(changefeed_id, record)
+        try:
+            self._apply_ddl(changefeed_id, record, before, where)
+        except SinkDDLError:
+            raise
+        except SinkError as exc:
+            raise SinkDDLError(f"{where}: {exc}") from exc
+        except (OSError, ValueError, pa.ArrowException, DeltaError) as exc:
+            raise SinkDDLError(
+                f"{where}: {exc}; the DDL is not recorded as applied — fix the downstream "
+                "table (or the record), then run the DDL again"
+            ) from exc
+
+    def _apply_ddl(
+        self,
+        changefeed_id: str,
+        record: DdlRecord,
+        before: Mapping[int, TableSchema | None],
+        where: str,
+    ) -> None:
+        for table_id in record.drops:
+            self._drop(changefeed_id, _need_schema(before, table_id, "before", where))
+        kept = [t for t in record.table_ids if t not in record.drops]
+        pairs = [
+            (
+                _need_schema(before, t, "before", where),
+                _need_schema(record.tables, t, "after", where),
+            )
+            for t in kept
+        ]
+        moves = [(b, a) for b, a in pairs if self.path(b) != self.path(a)]
+        if moves:
+            self._relocate(changefeed_id, record, moves, where)
+        for table_id in record.creates:
+            self._create_for_ddl(
+                changefeed_id, record, _need_schema(record.tables, table_id, "after", where)
+            )
+        for b, a in pairs:
+            self._alter(changefeed_id, record, b, a, where)
+        if record.action == "drop_schema" and record.schema:
+            with contextlib.suppress(OSError):  # only if empty: tables of other feeds stay
+                os.rmdir(os.path.join(self.root, encode_component(record.schema)))
+
+    def _drop(self, changefeed_id: str, table: TableSchema) -> None:
+        path = self.path(table)
+        try:
+            dt = DeltaTable(path)
+        except TableNotFoundError:
+            return  # dropped already (replay) or never written
+        if _table_id_of(dt) != table.table_id:
+            return  # another table took the name after this drop: not ours to drop
+        trash = os.path.join(self.root, META_DIR, "trash", uuid.uuid4().hex)
+        os.makedirs(os.path.dirname(trash), exist_ok=True)
+        os.rename(path, trash)  # atomic: readers see the whole table or none
+        shutil.rmtree(trash, ignore_errors=True)
+
+    def _relocate(
+        self,
+        changefeed_id: str,
+        record: DdlRecord,
+        moves: list[tuple[TableSchema, TableSchema]],
+        where: str,
+    ) -> None:
+        """RENAME TABLE(s): move every source aside first, then into place (swaps work)."""
+        stage_dir = os.path.join(
+            self.root, META_DIR, "renaming", encode_component(changefeed_id), str(record.commit_ts)
+        )
+        staged = {b.table_id: os.path.join(stage_dir, str(b.table_id)) for b, _ in moves}
+        for b, _ in moves:
+            src = self.path(b)
+            if os.path.isdir(src) and _table_id_at(src) == b.table_id:
+                os.makedirs(stage_dir, exist_ok=True)
+                os.rename(src, staged[b.table_id])
+        for b, a in moves:
+            dst = self.path(a)
+            if os.path.isdir(staged[b.table_id]):
+                if os.path.exists(dst):
+                    raise SinkDDLError(
+                        f"{where}: cannot rename {b.qualified_name} to {a.qualified_name}: "
+                        f"{dst} is taken (table id {_table_id_at(dst)}); the table waits at "
+                        f"{staged[b.table_id]} — move the other table away and run the DDL again"
+                    )
+                os.makedirs(os.path.dirname(dst), exist_ok=True)
+                os.rename(staged[b.table_id], dst)
+            elif not (os.path.isdir(dst) and _table_id_at(dst) == a.table_id):
+                raise SinkDDLError(
+                    f"{where}: table {b.qualified_name} (id {b.table_id}) is neither at "
+                    f"{self.path(b)} nor at {dst}; restore it or re-create the table downstream"
+                )
+        with contextlib.suppress(OSError):
+            os.rmdir(stage_dir)
+
+    def _create_for_ddl(self, changefeed_id: str, record: DdlRecord, table: TableSchema) -> None:
+        marker = Transaction(app_id(changefeed_id, "ddl"), record.commit_ts)
+        if not self._create(changefeed_id, table, [marker]):
+            # exists: a replay, or a new primary's acquire got there first
+            self._alter(changefeed_id, record, table, table, _ddl_where(changefeed_id, record))
+
+    def _alter(
+        self,
+        changefeed_id: str,
+        record: DdlRecord,
+        before: TableSchema,
+        after: TableSchema,
+        where: str,
+    ) -> None:
+        """One commit that brings ``after``'s table to the DDL's effect, with its marker."""
+        ddl, fence = app_id(changefeed_id, "ddl"), app_id(changefeed_id, "fence")
+
+        def attempt() -> None:
+            dt = self._open(changefeed_id, after)
+            if dt is None:
+                raise SinkDDLError(
+                    f"{where}: table {after.qualified_name} (id {after.table_id}) is missing "
+                    f"downstream at {self.path(after)}; re-create it (acquire creates it empty) "
+                    "or filter it out, then run the DDL again"
+                )
+            if (dt.transaction_version(ddl) or 0) >= record.commit_ts:
+                return  # applied already
+            txns = [
+                Transaction(fence, dt.transaction_version(fence) or 0),  # conflicts with writers
+                Transaction(ddl, record.commit_ts),
+            ]
+            target = delta_schema(after)
+            props = CommitProperties(app_transactions=txns)
+            if record.action == "truncate_table":
+                write_deltalake(dt, target.empty_table(), mode="overwrite", commit_properties=props)
+            elif not same_schema(_schema_of(dt), target) or any(
+                c.default is not None and c.id not in {x.id for x in before.columns}
+                for c in after.columns
+            ):
+                data = evolve(_read_snapshot(dt), before, after, target, record.commit_ts)
+                write_deltalake(
+                    dt,
+                    data,
+                    mode="overwrite",
+                    schema_mode="overwrite",
+                    commit_properties=props,
+                )
+            elif dt.metadata().name != after.qualified_name:
+                dt.alter.set_table_name(after.qualified_name, commit_properties=props)
+            else:
+                _empty_commit(dt, txns)  # add/drop index, same-type modify: the marker only
+
+        _with_retries(attempt, "applying it")
+
+    # -- syncpoints ----------------------------------------------------------------------
+
+    def record_syncpoint(
+        self, changefeed_id: str, ts: int, tables: Sequence[TableSchema]
+    ) -> SyncpointRecord:
+        """Write ``_cdc_dagster/syncpoints/<cf>/<ts:020d>.json``: ts -> each table's version.
+
+        Idempotent: a syncpoint already recorded is returned as it is. A table whose
+        committed ts is past ``ts`` cannot be pinned at ``ts`` and raises ``SinkError``.
+        """
+        existing = read_syncpoint(self.root, changefeed_id, ts)
+        if existing is not None:
+            return existing
+        entries: dict[int, dict[str, Any]] = {}
+        for table in tables:
+            dt = self._open(changefeed_id, table)
+            if dt is None:
+                raise SinkError(
+                    f"syncpoint {ts}: {_where(changefeed_id, table)} has no Delta table at "
+                    f"{self.path(table)}; a syncpoint needs every table — acquire it first"
+                )
+            committed = dt.transaction_version(app_id(changefeed_id, "checkpoint")) or 0
+            if committed > ts:
+                raise SinkError(
+                    f"syncpoint {ts}: {_where(changefeed_id, table)} is already committed to "
+                    f"{committed} > {ts}, so no Delta version holds it at {ts}; the syncpoint "
+                    "barrier was passed — record syncpoints before releasing the barrier"
+                )
+            entries[table.table_id] = {
+                "version": dt.version(),
+                "location": table_location(table.database, table.table),
+                "database": table.database,
+                "table": table.table,
+                "committed_ts": committed,
+            }
+        doc = {
+            "changefeed": changefeed_id,
+            "ts": ts,
+            "tables": {str(k): v for k, v in entries.items()},
+        }
+        path = syncpoint_path(self.root, changefeed_id, ts)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        tmp = os.path.join(
+            os.path.dirname(path), f".{os.path.basename(path)}.tmp-{uuid.uuid4().hex}"
+        )
+        with open(tmp, "w", encoding="utf-8") as fh:
+            json.dump(doc, fh, ensure_ascii=False, sort_keys=True)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+        return _syncpoint_record(doc)
+
+
+def prepare_batch(where: str, table: TableSchema, batch: pa.Table) -> pa.Table:
+    """The MERGE source: the table's columns cast to their Delta types, plus ``_cdc_op``.
+
+    Raises ``SinkSchemaError`` naming the column when the batch does not fit the table.
+    """
+    names = set(batch.column_names)
+    wanted = [c.name for c in table.columns]
+    missing = [n for n in [*wanted, OP_COLUMN] if n not in names]
+    extra = sorted(names - set(wanted) - {OP_COLUMN, COMMIT_TS_COLUMN})
+    if missing or extra:
+        raise SinkSchemaError(
+            f"{where}: batch columns do not fit the table (missing {missing}, unexpected "
+            f"{extra}); was a DDL skipped? nothing was written"
+        )
+    schema = delta_schema(table)
+    arrays = []
+    for f in schema:
+        try:
+            arrays.append(batch.column(f.name).cast(f.type, safe=True))
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
+            raise SinkSchemaError(
+                f"{where}: column {f.name!r} of type {batch.column(f.name).type} does not fit "
+                f"{f.type}: {exc}; nothing was written"
+            ) from exc
+    op = batch.column(OP_COLUMN)
+    try:
+        op = op.cast(pa.int8())
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+        raise SinkSchemaError(f"{where}: column {OP_COLUMN!r} is not int8: {exc}") from exc
+    if (
+        batch.num_rows
+        and not pc.all(pc.is_in(op, pa.array([OP_UPSERT, OP_DELETE], pa.int8()))).as_py()
+    ):
+        raise SinkSchemaError(
+            f"{where}: column {OP_COLUMN!r} holds values other than {OP_UPSERT} (upsert) "
+            f"and {OP_DELETE} (delete); nothing was written"
+        )
+    source = pa.Table.from_arrays(
+        [*arrays, op],
+        schema=pa.schema(
+            [*(f.with_nullable(True) for f in schema), pa.field(OP_COLUMN, pa.int8())]
+        ),
+    )
+    _check_keys(where, table, source)
+    return source
+
+
+def _check_keys(where: str, table: TableSchema, source: pa.Table) -> None:
+    keys = [c.name for c in table.key_columns]
+    for k in keys:
+        if source.column(k).null_count:
+            raise SinkSchemaError(
+                f"{where}: primary-key column {k!r} is null in {source.column(k).null_count} "
+                "rows; nothing was written"
+            )
+    if source.num_rows and source.group_by(keys).aggregate([]).num_rows != source.num_rows:
+        raise SinkSchemaError(
+            f"{where}: the batch holds a primary key more than once (not collapsed to the last "
+            "change per key); nothing was written"
+        )
+
+
+def _merge(dt: DeltaTable, table: TableSchema, source: pa.Table, txns: list[Transaction]) -> None:
+    """One MERGE commit: delete where ``_cdc_op`` = 1, upsert where 0, with ``txns``."""
+    on = " AND ".join(f"t.{_quote(c.name)} = s.{_quote(c.name)}" for c in table.key_columns)
+    sets = {_quote(c.name): f"s.{_quote(c.name)}" for c in table.columns}
+    upsert = f"s.{_quote(OP_COLUMN)} = {OP_UPSERT}"
+    (
+        dt.merge(
+            source,
+            on,
+            source_alias="s",
+            target_alias="t",
+            commit_properties=CommitProperties(app_transactions=txns),
+        )
+        .when_matched_delete(predicate=f"s.{_quote(OP_COLUMN)} = {OP_DELETE}")
+        .when_matched_update(updates=sets, predicate=upsert)
+        .when_not_matched_insert(updates=sets, predicate=upsert)
+        .execute()
+    )
+
+
+# -- reading -------------------------------------------------------------------------------
+
+
+def _need_schema(
+    schemas: Mapping[int, TableSchema | None], table_id: int, which: str, where: str
+) -> TableSchema:
+    schema = schemas.get(table_id)
+    if schema is None:
+        raise SinkDDLError(
+            f"{where}: no schema {which} the DDL for table id {table_id}; the DDL record or "
+            "the schema history is incomplete — fix the change log, then run the DDL again"
+        )
+    return schema
+
+
+def _ddl_where(changefeed_id: str, record: DdlRecord) -> str:
+    names = [f"{t.qualified_name} (id {i})" for i, t in record.tables.items() if t]
+    return (
+        f"changefeed {changefeed_id}: DDL {record.action} at {record.commit_ts} on "
+        f"{names or list(record.table_ids)} ({record.query[:200]!r})"
+    )
+
+
+def _table_id_of(dt: DeltaTable) -> int | None:
+    desc = dt.metadata().description
+    try:
+        return int(json.loads(desc)["cdc_dagster_table_id"]) if desc else None
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+def _table_id_at(path: str) -> int | None:
+    try:
+        return _table_id_of(DeltaTable(path))
+    except TableNotFoundError:
+        return None
+
+
+def _read_snapshot(dt: DeltaTable) -> pa.Table:
+    """The rows of ``dt``'s loaded version (``file_uris()`` + pyarrow, never to_pyarrow_*)."""
+    schema = pa.schema([f.with_type(plain_type(f.type)) for f in _schema_of(dt)])
+    parts = [pq.read_table(_local_path(u)) for u in dt.file_uris()]
+    parts = [p.select(schema.names).cast(schema) for p in parts if p.num_rows]
+    return pa.concat_tables(parts) if parts else schema.empty_table()
+
+
+def read_table_at(root: str, table: TableSchema | str, version: int | None = None) -> pa.Table:
+    """The content of a Delta table at ``version`` (latest if None), via ``file_uris()``.
+
+    ``table`` is a TableSchema or a location relative to ``root`` (as in a syncpoint).
+    """
+    path = (
+        os.path.join(root, table)
+        if isinstance(table, str)
+        else table_path(root, table.database, table.table)
+    )
+    return _read_snapshot(DeltaTable(path, version=version))
+
+
+# -- syncpoint files -------------------------------------------------------------------------
+
+
+def syncpoint_path(root: str, changefeed_id: str, ts: int) -> str:
+    """``<root>/_cdc_dagster/syncpoints/<changefeed>/<ts:020d>.json`` (changefeed encoded)."""
+    return os.path.join(
+        root, META_DIR, "syncpoints", encode_component(changefeed_id), f"{ts:020d}.json"
+    )
+
+
+def _syncpoint_record(doc: Mapping[str, Any]) -> SyncpointRecord:
+    tables = doc["tables"]
+    return SyncpointRecord(
+        changefeed_id=doc["changefeed"],
+        ts=int(doc["ts"]),
+        versions={int(k): int(v["version"]) for k, v in tables.items()},
+        locations={int(k): v["location"] for k, v in tables.items()},
+    )
+
+
+def read_syncpoint(root: str, changefeed_id: str, ts: int) -> SyncpointRecord | None:
+    """The syncpoint recorded at ``ts``, None if there is none."""
+    try:
+        with open(syncpoint_path(root, changefeed_id, ts), encoding="utf-8") as fh:
+            return _syncpoint_record(json.load(fh))
+    except FileNotFoundError:
+        return None
+
+
+def list_syncpoints(root: str, changefeed_id: str) -> list[int]:
+    """The ts of every syncpoint recorded for ``changefeed_id``, ascending."""
+    d = os.path.dirname(syncpoint_path(root, changefeed_id, 0))
+    try:
+        names = os.listdir(d)
+    except FileNotFoundError:
+        return []
+    return sorted(int(n[:-5]) for n in names if n.endswith(".json") and not n.startswith("."))

@@ -1,0 +1,635 @@
+"""The change log, format version 1 (docs/dataplane.md sections 1-2): reader, writer, GC.
+
+A directory tree of Parquet data files, resolved marks and DDL records. Every file is
+written under a dot-prefixed temporary name in its own directory, fsynced, then renamed
+into place, so a reader never sees a partial file. Readers validate what they read: a
+malformed or vanished file is a typed ``ChangeLogError`` naming the file and what to do.
+"""
+
+from __future__ import annotations
+
+import bisect
+import io
+import itertools
+import json
+import os
+import re
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from cdc_dagster.upstream.schema import (
+    ColumnSchema,
+    DdlRecord,
+    IndexSchema,
+    SchemaError,
+    TableSchema,
+    arrow_type,
+)
+from scheduler_core.ts import LOGICAL_BITS, MAX_TS, physical_ms
+
+__all__ = [
+    "OP_DELETE",
+    "OP_INSERT",
+    "OP_UPDATE",
+    "ChangeLog",
+    "ChangeLogError",
+    "ChangeLogWriter",
+    "ColumnSchema",
+    "CorruptChangeLogError",
+    "DataFile",
+    "DdlOrderError",
+    "DdlRecord",
+    "IndexSchema",
+    "MissingChangeLogFileError",
+    "ResolvedRegressionError",
+    "RowSchemaMismatchError",
+    "TableSchema",
+    "UnknownTableError",
+    "arrow_type",
+    "data_file_schema",
+]
+
+FORMAT_NAME = "cdc-dagster-changelog"
+FORMAT_VERSION = 1
+OP_INSERT, OP_UPDATE, OP_DELETE = 1, 2, 3
+_MINUTE_MS = 60_000
+_DDL_NAME = re.compile(r"(\d{20})-(\d{4})\.json")
+_DATA_NAME = re.compile(r"(\d{20})-(\d{20})-s(\d+)-([0-9a-f]{8})\.parquet")
+_MINUTE_DIR = re.compile(r"minute=(\d+)")
+_META_COLUMNS: tuple[tuple[str, pa.DataType], ...] = (
+    ("_commit_ts", pa.int64()),
+    ("_seq", pa.int32()),
+    ("_op", pa.int8()),
+    ("_schema_version", pa.int64()),
+)
+
+
+# ----------------------------------------------------------------------------- errors
+class ChangeLogError(Exception):
+    """Base of the change log's errors; the message names the file or table and what to do."""
+
+
+class CorruptChangeLogError(ChangeLogError):
+    """A change-log file exists but cannot be read or breaks the format."""
+
+
+class MissingChangeLogFileError(ChangeLogError):
+    """A change-log file that must exist is gone (not written yet, deleted, or GC'd)."""
+
+
+class UnknownTableError(ChangeLogError):
+    """The table has no ``meta.json``: no create_table DDL for it was written."""
+
+
+class ResolvedRegressionError(ChangeLogError):
+    """A resolved mark would go back."""
+
+
+class RowSchemaMismatchError(ChangeLogError):
+    """Rows handed to the writer do not fit the declared schema version."""
+
+
+class DdlOrderError(ChangeLogError):
+    """A DDL record arrives at or below what the log already promised for its tables."""
+
+
+# ----------------------------------------------------------------------------- records
+@dataclass(frozen=True, slots=True)
+class DataFile:
+    """One data file: rows of one table, shard and schema version with first_ts..last_ts."""
+
+    path: str
+    table_id: int
+    shard: int
+    first_ts: int
+    last_ts: int
+
+
+def data_file_schema(table: TableSchema) -> pa.Schema:
+    """The exact Arrow schema of a data file for ``table`` (meta, ``c<id>``, ``b<pk id>``)."""
+    fields = [pa.field(name, typ, nullable=False) for name, typ in _META_COLUMNS]
+    fields += [pa.field(f"c{c.id}", c.arrow) for c in table.columns]
+    fields += [pa.field(f"b{c.id}", c.arrow) for c in table.key_columns]
+    return pa.schema(fields)
+
+
+# ----------------------------------------------------------------------------- file helpers
+def _atomic_write(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` so that a reader sees the old file, the new one, or none."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.parent / f".{path.name}.tmp-{uuid.uuid4().hex}"
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    _fsync_dir(path.parent)
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_json(path: Path, obj: Any) -> None:
+    _atomic_write(path, json.dumps(obj, ensure_ascii=False, sort_keys=True).encode())
+
+
+def _read_json(path: Path, *, missing_ok: bool = False) -> Any:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        if missing_ok:
+            return None
+        raise MissingChangeLogFileError(
+            f"change-log file {path} is missing; check the producer wrote it and nothing deleted it"
+        ) from None
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        raise CorruptChangeLogError(
+            f"change-log file {path} is not valid JSON ({exc}); restore it from the producer "
+            "or rewrite it (the format is in docs/dataplane.md section 1)"
+        ) from exc
+
+
+def _read_ts_mark(path: Path) -> int:
+    obj = _read_json(path, missing_ok=True)
+    if obj is None:
+        return 0
+    ts = obj.get("resolved_ts") if isinstance(obj, dict) else None
+    if type(ts) is not int or not 0 <= ts <= MAX_TS:
+        raise CorruptChangeLogError(
+            f"resolved mark {path} holds {obj!r}, expected {{'resolved_ts': <int TS>}}; "
+            "rewrite it with the producer's last durable resolved ts"
+        )
+    return ts
+
+
+def _check_ts_arg(name: str, value: int) -> None:
+    if type(value) is not int or not 0 <= value <= MAX_TS:
+        raise ValueError(f"{name} must be an int TS in [0, 2^63), got {value!r}")
+
+
+def _scandir(path: Path) -> Iterator[os.DirEntry[str]]:
+    try:
+        with os.scandir(path) as it:
+            yield from (e for e in it if not e.name.startswith("."))
+    except FileNotFoundError:
+        return
+
+
+# ----------------------------------------------------------------------------- reader
+class ChangeLog:
+    """Read side of the change log at ``root``; also GC. Caches parsed DDL records."""
+
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        self.root = Path(root)
+        self._check_format()
+        self._ddl_names: frozenset[str] = frozenset()
+        self._ddl_cache: dict[str, DdlRecord] = {}
+        self._records: list[DdlRecord] = []
+        # table id -> (commit ts list, schema-after list), ascending: the schema history.
+        self._history: dict[int, tuple[list[int], list[TableSchema | None]]] = {}
+
+    def _check_format(self) -> None:
+        path = self.root / "FORMAT"
+        obj = _read_json(path)
+        want = {"format": FORMAT_NAME, "version": FORMAT_VERSION}
+        if obj != want:
+            raise CorruptChangeLogError(
+                f"{path} holds {obj!r}, expected {want}: {self.root} is not a change log of "
+                "format version 1; point the reader at the right directory"
+            )
+
+    # ------------------------------------------------------------------ DDL log
+    def ddl_records(self, after_ts: int = 0, upto_ts: int = MAX_TS) -> list[DdlRecord]:
+        """DDL records with commit_ts in (after_ts, upto_ts], in log order."""
+        records = self._refresh_ddl()
+        keys = [r.commit_ts for r in records]
+        return records[bisect.bisect_right(keys, after_ts) : bisect.bisect_right(keys, upto_ts)]
+
+    def ddl_resolved_ts(self) -> int:
+        """No DDL with commit_ts <= this is still to come (0 when no mark was written)."""
+        return _read_ts_mark(self.root / "ddl" / "resolved.json")
+
+    def schema_at(self, table_id: int, ts: int) -> TableSchema | None:
+        """Table ``table_id``'s schema valid at ``ts``; None when it does not exist then."""
+        entry = self._history_entry(table_id, ts)
+        return None if entry is None else entry[1]
+
+    def schema_version_at(self, table_id: int, ts: int) -> int | None:
+        """The commit ts of the DDL record giving the schema at ``ts`` (None: no table then)."""
+        entry = self._history_entry(table_id, ts)
+        return None if entry is None or entry[1] is None else entry[0]
+
+    def tables_at(self, ts: int) -> dict[int, TableSchema]:
+        """Every table existing at ``ts`` with its schema then."""
+        self._refresh_ddl()
+        out: dict[int, TableSchema] = {}
+        for table_id in self._history:
+            schema = self.schema_at(table_id, ts)
+            if schema is not None:
+                out[table_id] = schema
+        return out
+
+    def _history_entry(self, table_id: int, ts: int) -> tuple[int, TableSchema | None] | None:
+        self._refresh_ddl()
+        hist = self._history.get(table_id)
+        if hist is None:
+            return None
+        i = bisect.bisect_right(hist[0], ts) - 1
+        return None if i < 0 else (hist[0][i], hist[1][i])
+
+    def _refresh_ddl(self) -> list[DdlRecord]:
+        # Listing the directory is cheap; only names not seen before are parsed.
+        ddl_dir = self.root / "ddl"
+        names = frozenset(e.name for e in _scandir(ddl_dir) if _DDL_NAME.fullmatch(e.name))
+        if names == self._ddl_names:
+            return self._records
+        for name in names - self._ddl_cache.keys():
+            self._ddl_cache[name] = self._parse_ddl(ddl_dir / name)
+        for name in self._ddl_cache.keys() - names:
+            del self._ddl_cache[name]
+        self._ddl_names = names
+        self._records = [self._ddl_cache[n] for n in sorted(names)]
+        self._history = {}
+        for rec in self._records:
+            for table_id, schema in rec.tables.items():
+                ts_list, schemas = self._history.setdefault(table_id, ([], []))
+                ts_list.append(rec.commit_ts)
+                schemas.append(schema)
+        return self._records
+
+    @staticmethod
+    def _parse_ddl(path: Path) -> DdlRecord:
+        obj = _read_json(path)
+        try:
+            record = DdlRecord.from_json(obj)
+        except (SchemaError, ValueError) as exc:
+            raise CorruptChangeLogError(
+                f"DDL record {path} is malformed ({exc}); fix or rewrite it from the producer"
+            ) from exc
+        m = _DDL_NAME.fullmatch(path.name)
+        if m is None or int(m.group(1)) != record.commit_ts:
+            raise CorruptChangeLogError(
+                f"DDL record {path} holds commit_ts {record.commit_ts}, but its name says "
+                f"{m.group(1) if m else '?'}; rename or rewrite it"
+            )
+        return record
+
+    # ------------------------------------------------------------------ resolved marks
+    def shards(self, table_id: int) -> int:
+        """The table's shard count from ``meta.json``."""
+        path = self.root / "tables" / str(table_id) / "meta.json"
+        if not path.exists():
+            raise UnknownTableError(
+                f"table {table_id} has no {path}: no create_table DDL was written for it; "
+                "write its create_table record first"
+            )
+        obj = _read_json(path)
+        shards = obj.get("shards") if isinstance(obj, dict) else None
+        if type(shards) is not int or shards < 1 or obj.get("table_id") != table_id:
+            raise CorruptChangeLogError(
+                f"{path} holds {obj!r}, expected {{'table_id': {table_id}, 'shards': <int >= 1>}}"
+            )
+        return shards
+
+    def shard_resolved_ts(self, table_id: int, shard: int) -> int:
+        """Resolved ts of one shard (0 when it has no mark yet)."""
+        return _read_ts_mark(self._resolved_path(table_id, shard))
+
+    def table_resolved_ts(self, table_id: int) -> int:
+        """The table's resolved ts: the min over its shards (a missing mark counts as 0)."""
+        return min(self.shard_resolved_ts(table_id, s) for s in range(self.shards(table_id)))
+
+    def _resolved_path(self, table_id: int, shard: int) -> Path:
+        return self.root / "tables" / str(table_id) / "resolved" / f"{shard}.json"
+
+    # ------------------------------------------------------------------ data files
+    def data_files(self, table_id: int, after_ts: int, upto_ts: int) -> list[DataFile]:
+        """Data files that may hold rows with commit_ts in (after_ts, upto_ts], by first_ts."""
+        _check_ts_arg("after_ts", after_ts)
+        _check_ts_arg("upto_ts", upto_ts)
+        if upto_ts <= after_ts:
+            return []
+        # A file never spans a minute boundary, so the minute prunes both ends.
+        lo, hi = physical_ms(after_ts) // _MINUTE_MS, physical_ms(upto_ts) // _MINUTE_MS
+        files = [
+            f
+            for f in self._all_files(table_id, lo, hi)
+            if f.last_ts > after_ts and f.first_ts <= upto_ts
+        ]
+        return sorted(files, key=lambda f: (f.first_ts, f.shard, f.path))
+
+    def _all_files(self, table_id: int, lo_minute: int, hi_minute: int) -> Iterator[DataFile]:
+        data_dir = self.root / "tables" / str(table_id) / "data"
+        for d in _scandir(data_dir):
+            m = _MINUTE_DIR.fullmatch(d.name)
+            if m is None:
+                raise CorruptChangeLogError(
+                    f"unexpected entry {d.path} in a data directory (want minute=<n>); move it away"
+                )
+            if lo_minute <= int(m.group(1)) <= hi_minute:
+                yield from (self._parse_name(table_id, f.path) for f in _scandir(Path(d.path)))
+
+    @staticmethod
+    def _parse_name(table_id: int, path: str) -> DataFile:
+        m = _DATA_NAME.fullmatch(os.path.basename(path))
+        if m is None or int(m.group(1)) > int(m.group(2)):
+            raise CorruptChangeLogError(
+                f"unexpected file {path} in a data directory (want "
+                "<first_ts:020d>-<last_ts:020d>-s<shard>-<uuid8>.parquet); move it away"
+            )
+        return DataFile(path, table_id, int(m.group(3)), int(m.group(1)), int(m.group(2)))
+
+    def read_data_file(self, file: DataFile) -> pa.Table:
+        """The rows of ``file``, validated against its name and the format's meta columns."""
+        try:
+            table = pq.read_table(file.path)
+        except FileNotFoundError:
+            raise MissingChangeLogFileError(
+                f"data file {file.path} of table {file.table_id} is missing (deleted or GC'd "
+                "below a checkpoint that still needs it); restore it or restart the changefeed "
+                "above the GC safepoint"
+            ) from None
+        except (pa.ArrowException, OSError) as exc:
+            raise CorruptChangeLogError(
+                f"data file {file.path} of table {file.table_id} cannot be read ({exc}); "
+                "restore it from the producer or rewrite that commit-ts range"
+            ) from exc
+        _check_data_file(file, table)
+        return table
+
+    # ------------------------------------------------------------------ GC
+    def gc(self, safepoint_ts: int) -> int:
+        """Delete data files with last_ts <= ``safepoint_ts`` (nothing else); how many went."""
+        _check_ts_arg("safepoint_ts", safepoint_ts)
+        hi = physical_ms(safepoint_ts) // _MINUTE_MS
+        deleted = 0
+        for t in _scandir(self.root / "tables"):
+            if not t.name.isdigit():
+                continue
+            for f in list(self._all_files(int(t.name), 0, hi)):
+                if f.last_ts <= safepoint_ts:
+                    Path(f.path).unlink(missing_ok=True)
+                    deleted += 1
+        return deleted
+
+
+def _check_data_file(file: DataFile, table: pa.Table) -> None:
+    def corrupt(what: str) -> CorruptChangeLogError:
+        return CorruptChangeLogError(
+            f"data file {file.path} of table {file.table_id}: {what}; restore it from the "
+            "producer or rewrite that commit-ts range"
+        )
+
+    for name, typ in _META_COLUMNS:
+        if name not in table.column_names or table.schema.field(name).type != typ:
+            raise corrupt(f"column {name} missing or not {typ}")
+        if table[name].null_count:
+            raise corrupt(f"column {name} has nulls")
+    if table.num_rows == 0:
+        raise corrupt("no rows")
+    lo, hi = pc.min_max(table["_commit_ts"]).values()
+    if lo.as_py() < file.first_ts or hi.as_py() > file.last_ts:
+        raise corrupt(
+            f"_commit_ts spans {lo.as_py()}..{hi.as_py()}, outside its name's "
+            f"{file.first_ts}..{file.last_ts}"
+        )
+
+
+# ----------------------------------------------------------------------------- writer
+class ChangeLogWriter:
+    """Write side (generator, binlog puller): DDL records, data files, resolved marks.
+
+    One writer per change log at a time. It refuses what would break a reader's
+    assumptions: rows not fitting their schema version, rows at or below a shard's
+    resolved mark, a DDL at or below what was promised, a resolved mark going back.
+    """
+
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        self.root = Path(root)
+        fmt = self.root / "FORMAT"
+        if not fmt.exists():
+            _write_json(fmt, {"format": FORMAT_NAME, "version": FORMAT_VERSION})
+        (self.root / "ddl").mkdir(parents=True, exist_ok=True)
+        (self.root / "tables").mkdir(parents=True, exist_ok=True)
+        self.log = ChangeLog(self.root)
+        self._max_row_ts: dict[int, int] = {}
+
+    # ------------------------------------------------------------------ DDL
+    def write_ddl(self, record: DdlRecord) -> Path:
+        """Append a DDL record (idempotent for an identical record); create tables' meta.json."""
+        same_ts = self.log.ddl_records(record.commit_ts - 1, record.commit_ts)
+        if record in same_ts:
+            return self.root / "ddl" / _ddl_name(record.commit_ts, same_ts.index(record))
+        self._check_ddl_order(record)
+        for table_id in record.creates:
+            schema = record.tables[table_id]
+            assert schema is not None  # DdlRecord checks a created table has a schema
+            meta = self.root / "tables" / str(table_id) / "meta.json"
+            if not meta.exists():
+                _write_json(meta, {"table_id": table_id, "shards": schema.shards})
+        path = self.root / "ddl" / _ddl_name(record.commit_ts, len(same_ts))
+        _atomic_write(path, record.dumps().encode())
+        return path
+
+    def _check_ddl_order(self, record: DdlRecord) -> None:
+        ddl_resolved = self.log.ddl_resolved_ts()
+        if record.commit_ts <= ddl_resolved:
+            raise DdlOrderError(
+                f"DDL {record.query!r} at commit_ts {record.commit_ts} is at or below the DDL "
+                f"log's resolved ts {ddl_resolved}; a producer must write DDLs before resolving"
+            )
+        last = self.log.ddl_records()[-1:]
+        if last and record.commit_ts < last[0].commit_ts:
+            raise DdlOrderError(
+                f"DDL {record.query!r} at commit_ts {record.commit_ts} is below the last DDL "
+                f"record ({last[0].commit_ts}); write DDLs in commit-ts order"
+            )
+        for table_id in (*record.table_ids, *record.creates):
+            floor = self._table_floor(table_id)
+            if record.commit_ts <= floor:
+                raise DdlOrderError(
+                    f"DDL {record.query!r} at commit_ts {record.commit_ts} touches table "
+                    f"{table_id}, which already has rows or a resolved mark at {floor}; write "
+                    "each DDL before any row or resolved mark above it"
+                )
+
+    def _table_floor(self, table_id: int) -> int:
+        floor = self._max_row_ts.get(table_id, 0)
+        resolved_dir = self.root / "tables" / str(table_id) / "resolved"
+        for e in _scandir(resolved_dir):
+            floor = max(floor, _read_ts_mark(Path(e.path)))
+        return floor
+
+    def advance_ddl_resolved(self, ts: int) -> None:
+        """Promise no DDL with commit_ts <= ``ts`` is still to come."""
+        self._advance_mark(self.root / "ddl" / "resolved.json", ts, "the DDL log")
+
+    # ------------------------------------------------------------------ rows
+    def write_rows(
+        self, table_id: int, shard: int, schema_version: int, rows: pa.Table
+    ) -> list[DataFile]:
+        """Write rows of one table, shard and schema version (one file per minute touched)."""
+        if rows.num_rows == 0:
+            return []
+        schema = self._check_target(table_id, shard, schema_version)
+        rows = _conform(schema, schema_version, rows)
+        self._check_rows_in_version(schema, shard, schema_version, rows)
+        rows = rows.sort_by([("_commit_ts", "ascending"), ("_seq", "ascending")])
+        out = [self._write_file(table_id, shard, part) for part in _split_by_minute(rows)]
+        hi = out[-1].last_ts
+        self._max_row_ts[table_id] = max(self._max_row_ts.get(table_id, 0), hi)
+        return out
+
+    def _check_target(self, table_id: int, shard: int, schema_version: int) -> TableSchema:
+        shards = self.log.shards(table_id)
+        if type(shard) is not int or not 0 <= shard < shards:
+            raise RowSchemaMismatchError(
+                f"table {table_id}: shard {shard!r} out of range 0..{shards - 1}"
+            )
+        if self.log.schema_version_at(table_id, schema_version) != schema_version:
+            raise RowSchemaMismatchError(
+                f"table {table_id}: schema version {schema_version} is not the commit ts of a "
+                "DDL record giving its schema; pass the version from schema_version_at()"
+            )
+        schema = self.log.schema_at(table_id, schema_version)
+        assert schema is not None
+        return schema
+
+    def _check_rows_in_version(
+        self, schema: TableSchema, shard: int, schema_version: int, rows: pa.Table
+    ) -> None:
+        where = f"table {schema.qualified_name} (id {schema.table_id}) shard {shard}"
+        lo, hi = (v.as_py() for v in pc.min_max(rows["_commit_ts"]).values())
+        if (
+            lo <= schema_version
+            or self.log.schema_version_at(schema.table_id, hi) != schema_version
+        ):
+            raise RowSchemaMismatchError(
+                f"{where}: rows with commit ts {lo}..{hi} do not all lie in schema version "
+                f"{schema_version} (after it and before the table's next DDL); cut the rows "
+                "at the DDL and write each part with its own version"
+            )
+        resolved = self.log.shard_resolved_ts(schema.table_id, shard)
+        if lo <= resolved:
+            raise RowSchemaMismatchError(
+                f"{where}: rows at commit ts {lo} are at or below the shard's resolved ts "
+                f"{resolved}; a resolved mark promises no more rows there"
+            )
+
+    def _write_file(self, table_id: int, shard: int, rows: pa.Table) -> DataFile:
+        first, last = rows["_commit_ts"][0].as_py(), rows["_commit_ts"][-1].as_py()
+        minute = physical_ms(first) // _MINUTE_MS
+        name = f"{first:020d}-{last:020d}-s{shard}-{uuid.uuid4().hex[:8]}.parquet"
+        path = self.root / "tables" / str(table_id) / "data" / f"minute={minute}" / name
+        buf = io.BytesIO()
+        pq.write_table(rows, buf)
+        _atomic_write(path, buf.getvalue())
+        return DataFile(str(path), table_id, shard, first, last)
+
+    # ------------------------------------------------------------------ resolved
+    def advance_resolved(self, table_id: int, shard: int, ts: int) -> None:
+        """Promise every row of the shard with commit_ts <= ``ts`` is durable (never goes back)."""
+        shards = self.log.shards(table_id)
+        if type(shard) is not int or not 0 <= shard < shards:
+            raise ValueError(f"table {table_id}: shard {shard!r} out of range 0..{shards - 1}")
+        path = self.log._resolved_path(table_id, shard)
+        self._advance_mark(path, ts, f"table {table_id} shard {shard}")
+
+    @staticmethod
+    def _advance_mark(path: Path, ts: int, what: str) -> None:
+        _check_ts_arg("resolved ts", ts)
+        current = _read_ts_mark(path)
+        if ts < current:
+            raise ResolvedRegressionError(
+                f"resolved ts of {what} would go back from {current} to {ts}; resolved marks "
+                "never go back: pass a ts >= the current mark"
+            )
+        if ts > current:
+            _write_json(path, {"resolved_ts": ts})
+
+
+def _ddl_name(commit_ts: int, n: int) -> str:
+    return f"{commit_ts:020d}-{n:04d}.json"
+
+
+def _conform(schema: TableSchema, schema_version: int, rows: pa.Table) -> pa.Table:
+    """``rows`` in the exact data-file layout, or RowSchemaMismatchError naming the column."""
+    want = data_file_schema(schema)
+    where = f"table {schema.qualified_name} (id {schema.table_id}) schema version {schema_version}"
+    extra = sorted(set(rows.column_names) - set(want.names))
+    if extra:
+        raise RowSchemaMismatchError(
+            f"{where}: unknown columns {extra}; the schema has "
+            f"{[f'c{c.id} ({c.name})' for c in schema.columns]}"
+        )
+    cols = []
+    for f in want:
+        if f.name not in rows.column_names:
+            if f.name.startswith("b"):  # a before image may be left out: null everywhere
+                cols.append(pa.nulls(rows.num_rows, f.type))
+                continue
+            raise RowSchemaMismatchError(f"{where}: column {_describe(schema, f.name)} is missing")
+        col = rows[f.name]
+        if col.type != f.type:
+            raise RowSchemaMismatchError(
+                f"{where}: column {_describe(schema, f.name)} has type {col.type}, "
+                f"expected {f.type}"
+            )
+        if not f.nullable and col.null_count:
+            raise RowSchemaMismatchError(f"{where}: column {f.name} has nulls")
+        cols.append(col)
+    out = pa.Table.from_arrays(cols, schema=want)
+    _check_values(schema, where, schema_version, out)
+    return out
+
+
+def _check_values(schema: TableSchema, where: str, version: int, rows: pa.Table) -> None:
+    if not pc.all(pc.equal(rows["_schema_version"], version)).as_py():
+        raise RowSchemaMismatchError(f"{where}: _schema_version differs from {version}")
+    if not pc.all(pc.is_in(rows["_op"], pa.array([1, 2, 3], pa.int8()))).as_py():
+        raise RowSchemaMismatchError(f"{where}: _op must be 1 (insert), 2 (update), 3 (delete)")
+    live = rows.filter(pc.not_equal(rows["_op"], OP_DELETE))
+    for c in schema.columns:
+        if (not c.nullable or c.id in schema.primary_key) and live[f"c{c.id}"].null_count:
+            raise RowSchemaMismatchError(
+                f"{where}: column c{c.id} ({c.name!r}) is not nullable but an insert/update has null"
+            )
+    deletes = rows.filter(pc.equal(rows["_op"], OP_DELETE))
+    for c in schema.key_columns:
+        if deletes[f"b{c.id}"].null_count:
+            raise RowSchemaMismatchError(
+                f"{where}: a delete has no before image b{c.id} ({c.name!r}) of its key"
+            )
+
+
+def _describe(schema: TableSchema, name: str) -> str:
+    try:
+        return f"{name} ({schema.column(int(name[1:])).name!r})"
+    except (SchemaError, ValueError):
+        return name
+
+
+def _split_by_minute(rows: pa.Table) -> list[pa.Table]:
+    """Cut sorted rows at minute boundaries: a file never spans two ``minute=`` directories."""
+    minutes = (rows["_commit_ts"].to_numpy() >> LOGICAL_BITS) // _MINUTE_MS
+    cuts = [0, *(np.flatnonzero(np.diff(minutes)) + 1).tolist(), rows.num_rows]
+    return [rows.slice(a, b - a) for a, b in itertools.pairwise(cuts)]

@@ -1,0 +1,92 @@
+"""Planted bugs: each is a known-wrong variant of one protocol rule, switched on in a test.
+
+The soak must find a violation with each of them on (tests/unit/sim/test_planted_bugs.py);
+a validator that misses a planted bug checks bookkeeping, not behaviour. Every plant is a
+context manager that patches one function and restores it on exit; nothing here runs in
+production.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+
+from scheduler_core import checkpoint as checkpoint_mod
+from scheduler_core.captures import CaptureManager
+from scheduler_core.ddl import DDLEvent, DDLKind
+from scheduler_core.messages import AddTableRequest
+from scheduler_core.replication import ReplicationSet
+
+
+@contextlib.contextmanager
+def _patched(owner: object, name: str, value: object) -> Iterator[None]:
+    old = getattr(owner, name)
+    setattr(owner, name, value)
+    try:
+        yield
+    finally:
+        setattr(owner, name, old)
+
+
+def cap_ignores_table_barriers() -> contextlib.AbstractContextManager[None]:
+    """The changefeed checkpoint is capped by the global barrier only."""
+    return _patched(checkpoint_mod, "barrier_cap", lambda barrier: barrier.global_barrier_ts)
+
+
+def multi_table_drop_blocks_first_table_only() -> contextlib.AbstractContextManager[None]:
+    """A DROP of several tables holds back only the first of them."""
+    real = DDLEvent.blocks_only
+
+    def blocks_only(self: DDLEvent, current_tables) -> int | None:
+        if self.kind is DDLKind.DROP_TABLE and self.table_ids[0] in current_tables:
+            return self.table_ids[0]
+        return real(self, current_tables)
+
+    return _patched(DDLEvent, "blocks_only", blocks_only)
+
+
+def owner_accepts_stale_capture_epochs() -> contextlib.AbstractContextManager[None]:
+    """The owner checks a report's seq but not its capture epoch."""
+
+    def accept(self: CaptureManager, capture_id: str, epoch: str, seq: int) -> bool:
+        st = self.captures.get(capture_id)
+        return st is not None and (not st.epoch or epoch != st.epoch or seq > st.last_seq)
+
+    return _patched(CaptureManager, "accept", accept)
+
+
+@contextlib.contextmanager
+def new_primary_starts_at_its_prepare_checkpoint() -> Iterator[None]:
+    """A promoted secondary is told to sink from where it prepared, not from the old
+    primary's final checkpoint."""
+    prepared: dict[tuple[int, str], object] = {}
+    real_poll: Callable = ReplicationSet.poll
+
+    def poll(self: ReplicationSet, status, from_capture: str):
+        out = real_poll(self, status, from_capture)
+        fixed = []
+        for msg in out:
+            key = (msg.table_id, msg.to)
+            if isinstance(msg, AddTableRequest) and msg.is_secondary:
+                prepared[key] = msg.checkpoint
+            elif isinstance(msg, AddTableRequest) and key in prepared:
+                msg = AddTableRequest(msg.to, msg.table_id, False, prepared[key])  # type: ignore[arg-type]
+            fixed.append(msg)
+        return fixed
+
+    with _patched(ReplicationSet, "poll", poll):
+        yield
+
+
+def promote_while_undetermined() -> contextlib.AbstractContextManager[None]:
+    """A secondary is promoted although an Undetermined capture may still be writing."""
+    return _patched(ReplicationSet, "has_undetermined", lambda self: False)
+
+
+PLANTS: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
+    "cap_ignores_table_barriers": cap_ignores_table_barriers,
+    "multi_table_drop_blocks_first_table_only": multi_table_drop_blocks_first_table_only,
+    "owner_accepts_stale_capture_epochs": owner_accepts_stale_capture_epochs,
+    "new_primary_starts_at_its_prepare_checkpoint": new_primary_starts_at_its_prepare_checkpoint,
+    "promote_while_undetermined": promote_while_undetermined,
+}
