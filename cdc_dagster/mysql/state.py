@@ -10,12 +10,13 @@ doubled.
 from __future__ import annotations
 
 import json
+import os
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from cdc_dagster.mysql.catalog import IdRegistry
-from cdc_dagster.mysql.changelog_io import _atomic_write
 from cdc_dagster.upstream.schema import TableSchema
 from scheduler_core.ts import compose
 
@@ -58,6 +59,22 @@ class PullerState:
             {int(k): v for k, v in obj["versions"].items()},
             IdRegistry.from_json(obj["ids"]),
         )
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    """Write to a temp name, fsync, rename into place, fsync the directory."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.parent / f".{path.name}.tmp-{uuid.uuid4().hex}"
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def state_path(root: str | Path) -> Path:

@@ -13,6 +13,7 @@ import pytest
 
 from cdc_dagster.mysql.puller import PullerConfig, PullerError, run_puller
 from cdc_dagster.mysql.upstream import UpstreamError, check_upstream, parse_uri
+from cdc_dagster.upstream.changelog import ChangeLog
 from cdc_dagster.upstream.schema import DdlRecord
 
 TIMEOUT = 60.0
@@ -139,9 +140,11 @@ def test_multi_table_transactions_ddl_and_restart_land_in_order_exactly_once(
     assert (a[4]["b1"], a[4]["c1"], a[4][f"c{flag.id}"]) == (1, 3, 8)
     final = replay(a, [1])
     assert sorted(final) == [(2,), (3,), (4,)]
-    # resolved marks cover everything written
-    resolved = json.loads((root / "tables" / str(acc) / "resolved" / "0.json").read_text())
-    assert resolved["resolved_ts"] >= a[-1]["_commit_ts"]
+    # the shared reader sees the same history and resolved marks
+    log = ChangeLog(root)
+    assert log.table_resolved_ts(acc) >= a[-1]["_commit_ts"]
+    assert log.schema_at(acc, a[-1]["_commit_ts"]) == ren.tables[acc]
+    assert log.schema_at(acc, a[3]["_commit_ts"]) == recs[0].tables[acc]
 
 
 def test_crash_after_data_files_before_state_rewrites_nothing_twice(mariadb, mydb, tmp_path):
@@ -150,9 +153,14 @@ def test_crash_after_data_files_before_state_rewrites_nothing_twice(mariadb, myd
     pull_until_caught_up(mariadb, root, mydb)
     tid = table_id(root, "t")
     execute(mariadb, mydb, *[f"INSERT INTO t VALUES ({i}, {i})" for i in range(50)])
-    state = (root / "puller" / "state.json").read_bytes()
+    # the crash point: data files renamed into place, the state write (and so the resolved
+    # marks after it) never happened
+    marks = [root / "puller" / "state.json", root / "ddl" / "resolved.json",
+             root / "tables" / str(tid) / "resolved" / "0.json"]  # fmt: skip
+    saved = [m.read_bytes() for m in marks]
     pull_until_caught_up(mariadb, root, mydb)
-    (root / "puller" / "state.json").write_bytes(state)  # as if the state write was lost
+    for m, b in zip(marks, saved, strict=True):
+        m.write_bytes(b)
     pull_until_caught_up(mariadb, root, mydb)
     rows = changes(root, tid)
     assert sorted(r["c1"] for r in rows) == list(range(50))
