@@ -54,6 +54,8 @@ def run(role: str, root: str, rounds: int, barrier, tasks, results) -> None:
         barrier.wait()
         key = 2 * rnd + (role == "acquirer")
         time.sleep(jitter.uniform(0, 0.03))  # vary who gets ahead
+        if role == "acquirer" and rnd % 4 == 0:
+            time.sleep(0.06)  # every 4th round the zombie gets a clear lead: it lands first
         merges[0] = 0
         try:
             if role == "acquirer":
