@@ -13,33 +13,14 @@ import urllib.parse
 from dataclasses import dataclass
 from typing import Any
 
-_ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+from cdc_dagster.secrets import SecretReferenceError, redact_uri, resolve_uri
 
 
 class UpstreamError(Exception):
     """The upstream URI, settings or privileges are wrong (the message says what to change)."""
 
 
-def redact(uri: str) -> str:
-    """The URI with a literal password replaced by ``***`` (``${VAR}`` references stay)."""
-    parts = urllib.parse.urlsplit(uri)
-    if parts.password is None or _ENV_REF.fullmatch(urllib.parse.unquote(parts.password)):
-        return uri
-    host = parts.netloc.rsplit("@", 1)[1]
-    return urllib.parse.urlunsplit(parts._replace(netloc=f"{parts.username or ''}:***@{host}"))
-
-
-def _resolve(text: str) -> str:
-    def sub(m: re.Match[str]) -> str:
-        value = os.environ.get(m.group(1))
-        if value is None:
-            raise UpstreamError(
-                f"the upstream URI refers to ${{{m.group(1)}}}, which is not set in this "
-                "process's environment: export it where the puller runs"
-            )
-        return value
-
-    return _ENV_REF.sub(sub, text)
+redact = redact_uri
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,12 +39,17 @@ class UpstreamConfig:
         return f"UpstreamConfig({redact(self.uri)!r})"
 
     def connect_kwargs(self) -> dict[str, Any]:
-        """pymysql arguments, ``${ENV}`` resolved now."""
+        """pymysql arguments, ``${ENV}`` resolved now (from this process's environment)."""
+        try:
+            parts = urllib.parse.urlsplit(resolve_uri(self.uri, os.environ))
+        except SecretReferenceError as exc:
+            raise UpstreamError(f"{exc} (the upstream URI, where the puller runs)") from None
+        un = urllib.parse.unquote
         return {
-            "host": _resolve(self.host),
+            "host": un(parts.hostname or ""),
             "port": self.port,
-            "user": _resolve(self.user),
-            "password": _resolve(self.password) if self.password is not None else "",
+            "user": un(parts.username or ""),
+            "password": un(parts.password) if parts.password is not None else "",
         }
 
 

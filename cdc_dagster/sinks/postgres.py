@@ -16,7 +16,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import re
 import urllib.parse
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -25,6 +24,7 @@ import psycopg
 import pyarrow as pa
 from psycopg import sql
 
+from cdc_dagster.secrets import SecretReferenceError, redact_uri, resolve_uri
 from cdc_dagster.sinks import pg_ddl
 from cdc_dagster.sinks.base import (
     COMMIT_TS_COLUMN,
@@ -40,7 +40,6 @@ from cdc_dagster.sinks.base import (
 from cdc_dagster.upstream.schema import DdlRecord, TableSchema
 
 META_SCHEMA = "cdc_dagster"
-_ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
 _BOOTSTRAP = [
     f"CREATE SCHEMA IF NOT EXISTS {META_SCHEMA}",
@@ -61,32 +60,13 @@ _BOOTSTRAP = [
 ]
 
 
-def redact_uri(uri: str) -> str:
-    """The URI with a literal password replaced by ``***`` (``${VAR}`` references stay)."""
-    parts = urllib.parse.urlsplit(uri)
-    if parts.password is None or _ENV_REF.fullmatch(urllib.parse.unquote(parts.password)):
-        return uri
-    user = parts.username or ""
-    host = parts.netloc.rsplit("@", 1)[1]
-    return urllib.parse.urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
-
-
-def _resolve(text: str, what: str) -> str:
-    def sub(m: re.Match[str]) -> str:
-        value = os.environ.get(m.group(1))
-        if value is None:
-            raise SinkError(
-                f"{what} refers to ${{{m.group(1)}}}, which is not set in this process's "
-                "environment: export it where the capture runs"
-            )
-        return value
-
-    return _ENV_REF.sub(sub, text)
-
-
 def connect_kwargs(uri: str, resolve: bool = True) -> dict[str, Any]:
     """psycopg connection arguments of a ``postgresql://`` URI, ``${ENV}`` resolved now."""
-    _resolve_fn = _resolve if resolve else (lambda text, what: text)
+    if resolve:
+        try:
+            uri = resolve_uri(uri, os.environ)
+        except SecretReferenceError as exc:
+            raise SinkError(str(exc)) from None
     parts = urllib.parse.urlsplit(uri)
     if parts.scheme not in ("postgresql", "postgres"):
         raise SinkError(f"not a PostgreSQL URI: {redact_uri(uri)!r} (want postgresql://...)")
@@ -97,18 +77,18 @@ def connect_kwargs(uri: str, resolve: bool = True) -> dict[str, Any]:
     except ValueError as exc:
         raise SinkError(f"bad port in sink URI {redact_uri(uri)!r}: {exc}") from None
     if parts.hostname:
-        kw["host"] = _resolve_fn(un(parts.hostname), "the sink URI's host")
+        kw["host"] = un(parts.hostname)
     if port:
         kw["port"] = port
     if parts.username:
-        kw["user"] = _resolve_fn(un(parts.username), "the sink URI's user")
+        kw["user"] = un(parts.username)
     if parts.password is not None:
-        kw["password"] = _resolve_fn(un(parts.password), "the sink URI's password")
+        kw["password"] = un(parts.password)
     db = un(parts.path.lstrip("/"))
     if db:
-        kw["dbname"] = _resolve_fn(db, "the sink URI's database")
+        kw["dbname"] = db
     for k, v in urllib.parse.parse_qsl(parts.query):
-        kw[k] = _resolve_fn(v, f"the sink URI's {k}")
+        kw[k] = v
     return kw
 
 
