@@ -69,6 +69,11 @@ class PullerStats:
     position: str = ""
     started: float = field(default_factory=time.monotonic)
 
+    @property
+    def rows_per_s(self) -> float:
+        """Rows pulled per second of this run (for the run's metadata)."""
+        return self.rows / max(time.monotonic() - self.started, 1e-9)
+
 
 _Change = tuple[int, int, dict[int, Any] | None, dict[int, Any] | None]  # tid, op, after, before
 
@@ -305,12 +310,7 @@ class Puller:
             return
         self.writer.write_ddl(record)
         for tid, schema in record.tables.items():
-            if schema is None:
-                self.state.tables.pop(tid, None)
-                self.state.versions.pop(tid, None)
-            else:
-                self.state.tables[tid] = schema
-                self.state.versions[tid] = record.commit_ts
+            self.state.set_table(tid, schema, record.commit_ts)
             self._conv.pop(tid, None)
         self.stats.ddls += 1
         self.flush(force=True)

@@ -60,8 +60,7 @@ def bootstrap(puller: Puller, conn: Any) -> PullerState:
             query = f"CREATE TABLE {_q(db)}.{_q(name)} /* existing at changefeed start */"
             puller.writer.write_ddl(DdlRecord(ts, DDLKind.CREATE_TABLE, "create_table", query,
                                               creates=(tid,), tables={tid: schema}))  # fmt: skip
-            state.tables[tid] = schema
-            state.versions[tid] = ts
+            state.set_table(tid, schema, ts)
         snapshot_ts = alloc.issue(now)
         if puller.config.snapshot:
             for tid, schema in state.tables.items():

@@ -30,16 +30,27 @@ class PullerState:
     tables: dict[int, TableSchema] = field(default_factory=dict)
     versions: dict[int, int] = field(default_factory=dict)  # table id -> schema version ts
     ids: IdRegistry = field(default_factory=IdRegistry)
+    _by_name: dict[tuple[str, str], int] | None = field(default=None, repr=False, compare=False)
 
     @property
     def gtid(self) -> str:
         return ",".join(self.position[d] for d in sorted(self.position))
 
     def table_id(self, database: str, table: str) -> int | None:
-        for tid, t in self.tables.items():
-            if t.database == database and t.table == table:
-                return tid
-        return None
+        """The id of the table now called ``database.table`` (None: not replicated)."""
+        if self._by_name is None:
+            self._by_name = {(t.database, t.table): tid for tid, t in self.tables.items()}
+        return self._by_name.get((database, table))
+
+    def set_table(self, table_id: int, schema: TableSchema | None, version: int) -> None:
+        """Record a table's schema after a DDL (None: dropped)."""
+        if schema is None:
+            self.tables.pop(table_id, None)
+            self.versions.pop(table_id, None)
+        else:
+            self.tables[table_id] = schema
+            self.versions[table_id] = version
+        self._by_name = None
 
     def to_json(self) -> dict[str, Any]:
         return {

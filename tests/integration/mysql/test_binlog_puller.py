@@ -378,3 +378,18 @@ def test_killed_binlog_connection_resumes_at_the_last_transaction_not_the_start(
     target["t"] = gtid_now(mariadb)
     th.join(TIMEOUT + 10)
     assert sorted(r["c1"] for r in changes(root, tid)) == list(range(30))
+
+
+def test_validate_changefeed_names_every_keyless_table(mariadb, mydb):
+    from cdc_dagster.mysql.checks import validate_changefeed
+
+    execute(mariadb, mydb, "CREATE TABLE ok1 (id INT PRIMARY KEY)",
+            "CREATE TABLE ok2 (u INT NOT NULL, UNIQUE KEY uk (u))",
+            "CREATE TABLE bad1 (a INT)", "CREATE TABLE bad2 (u INT NULL, UNIQUE KEY uk (u))",
+            "CREATE TABLE tmp_x (a INT)")  # fmt: skip
+    with pytest.raises(UpstreamError) as err:
+        validate_changefeed(mariadb.uri(), [f"{mydb}.*", f"!{mydb}.tmp_*"])
+    assert f"{mydb}.bad1, {mydb}.bad2;" in str(err.value)
+    assert validate_changefeed(mariadb.uri(), [f"{mydb}.ok*"]) == [f"{mydb}.ok1", f"{mydb}.ok2"]
+    forced = mariadb.uri(query="force-replicate=true")
+    assert len(validate_changefeed(forced, [f"{mydb}.*"])) == 5
