@@ -147,6 +147,7 @@ def test_multi_table_transactions_ddl_and_restart_land_in_order_exactly_once(
     assert log.schema_at(acc, a[3]["_commit_ts"]) == recs[0].tables[acc]
 
 
+@pytest.mark.slow
 def test_crash_after_data_files_before_state_rewrites_nothing_twice(mariadb, mydb, tmp_path):
     root = tmp_path / "cl"
     execute(mariadb, mydb, "CREATE TABLE t (id INT PRIMARY KEY, v INT)")
@@ -284,6 +285,7 @@ def test_upstream_uri_errors_and_redaction(monkeypatch):
     assert env.connect_kwargs()["password"] == "pw"
 
 
+@pytest.mark.slow
 def test_upstream_restart_mid_stream_rotates_the_binlog_and_loses_nothing(mariadb, mydb, tmp_path):
     root = tmp_path / "cl"
     execute(mariadb, mydb, "CREATE TABLE r (id INT PRIMARY KEY, v INT)")
@@ -318,6 +320,7 @@ def test_upstream_restart_mid_stream_rotates_the_binlog_and_loses_nothing(mariad
     assert [r["c2"] for r in rows if r["_op"] == 2] == [-1]
 
 
+@pytest.mark.slow
 def test_purged_binlog_is_a_clear_error_saying_how_to_resnapshot(mariadb, mydb, tmp_path):
     root = tmp_path / "cl"
     execute(mariadb, mydb, "CREATE TABLE p (id INT PRIMARY KEY)")
@@ -342,6 +345,7 @@ def test_purged_binlog_is_a_clear_error_saying_how_to_resnapshot(mariadb, mydb, 
         run_puller(cfg, stop_after=20)
 
 
+@pytest.mark.slow
 def test_killed_binlog_connection_resumes_at_the_last_transaction_not_the_start(
     mariadb, mydb, tmp_path
 ):

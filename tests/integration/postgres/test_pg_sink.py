@@ -364,6 +364,7 @@ def test_syncpoint_table(pg_uri, pg_conn):
     assert rows == [(CF, 1234, {"7": "bank.accounts"})]
 
 
+@pytest.mark.slow
 def test_postgres_restart_between_commits_loses_and_doubles_nothing(pg_server, pg_db, pg_uri):
     sink, t = PostgresSink(pg_uri), accounts()
     token = sink.acquire(CF, t)
