@@ -104,8 +104,7 @@ def _chunks(conn: Any, t: TableSchema, chunk: int, puller: Puller):
     while True:
         where, args = "", ()
         if last is not None:
-            where = f" WHERE ({key_sql}) > ({', '.join(['%s'] * len(keys))})"
-            args = tuple(last[i] for i in key_pos)
+            where, args = _after_key([_q(k.name) for k in keys], [last[i] for i in key_pos])
         with conn.cursor() as cur:
             cur.execute(f"SELECT {cols} FROM {table}{where} ORDER BY {key_sql} LIMIT {chunk}", args)
             rows = cur.fetchall()
@@ -124,3 +123,14 @@ def _chunks(conn: Any, t: TableSchema, chunk: int, puller: Puller):
         ]
         if len(rows) < chunk:
             return
+
+
+def _after_key(cols: list[str], values: list[Any]) -> tuple[str, tuple]:
+    """``WHERE`` for keys after ``values`` in key order, as OR of prefixes (an index range
+    scan in every MariaDB/MySQL version, unlike a row-constructor comparison)."""
+    terms, args = [], []
+    for i in range(len(cols)):
+        eq = [f"{c} = %s" for c in cols[:i]]
+        terms.append("(" + " AND ".join([*eq, f"{cols[i]} > %s"]) + ")")
+        args += [*values[:i], values[i]]
+    return " WHERE " + " OR ".join(terms), tuple(args)

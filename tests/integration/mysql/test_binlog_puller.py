@@ -397,3 +397,13 @@ def test_validate_changefeed_names_every_keyless_table(mariadb, mydb):
     assert validate_changefeed(mariadb.uri(), [f"{mydb}.ok*"]) == [f"{mydb}.ok1", f"{mydb}.ok2"]
     forced = mariadb.uri(query="force-replicate=true")
     assert len(validate_changefeed(forced, [f"{mydb}.*"])) == 5
+
+
+def test_snapshot_of_a_composite_key_table_in_chunks(mariadb, mydb, tmp_path):
+    rows = [f"({a}, '{b}', {a * 10 + len(b)})" for a in range(7) for b in ("", "a", "b", "ü")]
+    execute(mariadb, mydb, "CREATE TABLE ck (a INT, b VARCHAR(3), v INT, PRIMARY KEY (a, b))",
+            f"INSERT INTO ck VALUES {', '.join(rows)}")  # fmt: skip
+    root = tmp_path / "cl"
+    pull_until_caught_up(mariadb, root, mydb, snapshot_chunk_rows=3)
+    got = changes(root, table_id(root, "ck"))
+    assert len(got) == 28 and len({(r["c1"], r["c2"]) for r in got}) == 28
