@@ -417,6 +417,9 @@ class EtcdClient:
         token = self._retrying(f"authenticate as {self._user!r}", attempt, reauth=False)
         self._metadata = (("token", token),)
         self._raw.metadata = self._metadata  # for the watch streams pyetcd opens
+        watcher = self._raw._stubs.get("watcher")
+        if watcher is not None:  # its next stream (after a break) carries the new token
+            watcher._metadata = self._metadata
 
     @contextlib.contextmanager
     def deadline(self, timeout_s: float) -> Iterator[None]:

@@ -192,14 +192,13 @@ def _read_owner_snapshot(
     captures, listed, changed, statuses, ddls, gc, *rest = result.reads
     drops = _Drops()
     configs = _configs(layout, listed, changed if since else listed, cache, result.revision)
+    changefeeds = _changefeeds(layout, configs, statuses, drops)
     return OwnerSnapshot(
         revision=result.revision,
         captures=MappingProxyType(_captures(layout, captures, drops)),
-        changefeeds=MappingProxyType(_changefeeds(layout, configs, statuses, drops)),
+        changefeeds=MappingProxyType(changefeeds),
         tasks=MappingProxyType(_tasks(layout, rest[0] if rest else (), drops)),
-        ddl=MappingProxyType(
-            {layout.last_segment(kv.key): DdlState.decode(kv.value) for kv in ddls}
-        ),
+        ddl=MappingProxyType(_ddls(layout, ddls, changefeeds, drops)),
         gc_safepoint=int(gc[0].value) if gc else 0,
         capture_errors=MappingProxyType(drops.captures),
         changefeed_errors=MappingProxyType(drops.changefeeds),
@@ -275,6 +274,21 @@ def _changefeeds(
         out[cf_id] = Changefeed(
             info, status, info_revision, kv.mod_revision, frozenset({w_info, w_status})
         )
+    return out
+
+
+def _ddls(
+    layout: KeyLayout, kvs: Sequence[KeyValue], changefeeds: dict[str, Changefeed], drops: _Drops
+) -> dict[str, DdlState]:
+    """DDL states; a changefeed whose state does not decode leaves the tick (never reset)."""
+    out = {}
+    for kv in kvs:
+        cf_id = layout.last_segment(kv.key)
+        try:
+            out[cf_id] = DdlState.decode(kv.value)
+        except CorruptValueError as exc:
+            drops.changefeed(cf_id, f"DDL state: {exc}")
+            changefeeds.pop(cf_id, None)
     return out
 
 

@@ -199,6 +199,8 @@ def decode(data: bytes) -> TaskStatus:
         checkpoint_ts = body.ts_column(n)
         resolved_ts = body.ts_column(n)
         body.done()
+        for column in (ids, states, checkpoint_ts, resolved_ts):
+            column.flags.writeable = False  # fresh arrays: the batch need not copy them
         tables = TableStatusBatch(ids, states, checkpoint_ts, resolved_ts)
         return TaskStatus(owner_rev, cf_epoch, Liveness(liveness), tables)
     except (struct.error, ValueError, OverflowError, InvalidMessageError) as exc:

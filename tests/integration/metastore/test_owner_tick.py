@@ -255,3 +255,14 @@ def test_a_config_cache_out_of_step_with_etcd_is_reset_not_fatal(metastore: Meta
 
     assert list(snapshot.changefeeds) == ["orders"]
     assert cache.revision == snapshot.revision
+
+
+def test_a_corrupt_ddl_state_drops_that_changefeed_only(metastore: Metastore) -> None:
+    metastore.changefeeds.create("good", "delta:///lake/good")
+    metastore.changefeeds.create("bad", "delta:///lake/bad")
+    metastore.client.put(metastore.layout.ddl("bad"), b"\xff not json")
+
+    snapshot = metastore.read_owner_snapshot()
+
+    assert list(snapshot.changefeeds) == ["good"]
+    assert "DDL state" in snapshot.changefeed_errors["bad"]
