@@ -383,6 +383,12 @@ def ddl_statements(
             sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(pg_ddl.ident(record.schema or ""))
         ]
     stmts: list[sql.Composable] = []
+    missing = [t for t in record.table_ids if before.get(t) is None]
+    if missing:
+        raise pg_ddl.PgDDLError(
+            f"no schema before the DDL for existing tables {missing}: pass each touched "
+            "table's schema at commit_ts - 1 (ChangeLog.schema_at) in `before`"
+        )
     for table_id in sorted({*record.table_ids, *record.creates, *record.tables}):
         old = before.get(table_id)
         new = record.tables.get(table_id)

@@ -82,3 +82,11 @@ def test_truncate_and_drop_schema():
     drop = DdlRecord(9, DDLKind.DROP_SCHEMA, "drop_schema", "DROP DATABASE shop", (3,),
                      schema="shop", tables={3: None})  # fmt: skip
     assert sql(ddl_statements(drop, {3: t})) == ['DROP SCHEMA IF EXISTS "shop" CASCADE']
+
+
+def test_alter_without_the_schema_before_is_refused_not_skipped():
+    rec = DdlRecord(9, DDLKind.ALTER_TABLE, "add_column", "ALTER ...", (3,), tables={3: table()})
+    with pytest.raises(
+        pg_ddl.PgDDLError, match=r"no schema before the DDL for existing tables \[3\]"
+    ):
+        ddl_statements(rec, {})
