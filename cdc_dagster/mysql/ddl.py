@@ -30,6 +30,21 @@ _IGNORED = re.compile(
 )
 
 
+_ADD_INDEX_IF_NOT_EXISTS = re.compile(
+    r"(ADD\s+(?:UNIQUE\s+|FULLTEXT\s+|SPATIAL\s+)?(?:INDEX|KEY))\s+IF\s+NOT\s+EXISTS\b",
+    re.IGNORECASE,
+)
+_CONVERT = re.compile(
+    r"ALTER\s+(?:ONLINE\s+)?(?:IGNORE\s+)?TABLE\s+(\S+)\s+CONVERT\s+TO\s+", re.IGNORECASE
+)
+
+
+def parse_mysql(query: str) -> exp.Expression:
+    """sqlglot's MySQL AST of one statement (MariaDB's ADD INDEX IF NOT EXISTS normalised:
+    sqlglot cannot read it, and adding an index that exists changes no schema)."""
+    return sqlglot.parse_one(_ADD_INDEX_IF_NOT_EXISTS.sub(r"\1", query), read="mysql")
+
+
 class UnsupportedDDLError(ValueError):
     """A DDL statement the puller cannot translate (the message quotes it and says why)."""
 
@@ -74,9 +89,14 @@ def _name(t: exp.Table, default_db: str | None, query: str) -> Name:
 def parse_ddl(query: str, default_db: str | None) -> ParsedDDL:
     """Parse one MySQL DDL statement (``default_db``: the session's database)."""
     try:
-        stmt = sqlglot.parse_one(query, read="mysql")
+        stmt = parse_mysql(query)
     except (ParseError, TokenError) as exc:
         raise UnsupportedDDLError(f"cannot parse DDL {query[:300]!r}: {exc}") from exc
+    m = _CONVERT.match(_strip_comments(query))
+    if isinstance(stmt, exp.Command) and m:
+        # CONVERT TO CHARACTER SET: every text column stays a logical string
+        table = exp.to_table(m.group(1), dialect="mysql")
+        return ParsedDDL("modify_column", tables=(_name(table, default_db, query),), is_alter=True)
     if isinstance(stmt, exp.Command) and stmt.name.upper() == "RENAME":
         return _rename_tables(query, str(stmt.expression.this), default_db)
     if isinstance(stmt, exp.TruncateTable):
@@ -150,6 +170,10 @@ def _alter(stmt: exp.Alter, default_db: str | None, query: str) -> ParsedDDL:
         elif isinstance(a, exp.Drop):
             kinds.append("drop_column" if (a.args.get("kind") or "").upper() == "COLUMN"
                          else "drop_index")  # fmt: skip
+        elif isinstance(a, exp.RenameIndex):
+            kinds.append("add_index")
+        elif isinstance(a, exp.Property):
+            kinds.append("modify_column")  # a table option (FORCE, ...): no column change
         elif isinstance(a, exp.AddConstraint):
             kinds.append("add_index")
         elif isinstance(a, exp.DropPrimaryKey):

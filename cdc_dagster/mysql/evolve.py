@@ -10,11 +10,10 @@ from __future__ import annotations
 
 import re
 
-import sqlglot
 from sqlglot import exp
 
 from cdc_dagster.mysql.catalog import IdRegistry, RawTable, build_schema
-from cdc_dagster.mysql.ddl import UnsupportedDDLError
+from cdc_dagster.mysql.ddl import UnsupportedDDLError, parse_mysql
 from cdc_dagster.mysql.types import default_text, logical_type
 from cdc_dagster.upstream.schema import ColumnSchema, IndexSchema, TableSchema
 
@@ -98,7 +97,7 @@ def created_schema(
     query: str, name: tuple[str, str], table_id: int, ids: IdRegistry, force: bool, mariadb: bool
 ) -> TableSchema:
     """The schema a CREATE TABLE statement defines (NeedsCatalog for LIKE / AS SELECT)."""
-    stmt = sqlglot.parse_one(query, read="mysql")
+    stmt = parse_mysql(query)
     if not isinstance(stmt, exp.Create) or not isinstance(stmt.this, exp.Schema):
         raise NeedsCatalog(query)
     if stmt.args.get("expression") is not None:
@@ -127,7 +126,9 @@ def altered_schema(
     query: str, before: TableSchema, ids: IdRegistry, force: bool, mariadb: bool
 ) -> TableSchema:
     """``before`` with the ALTER TABLE statement's actions applied (column ids kept)."""
-    stmt = sqlglot.parse_one(query, read="mysql")
+    stmt = parse_mysql(query)
+    if isinstance(stmt, exp.Command) and " CONVERT " in f" {query.upper()} ":
+        return before  # CONVERT TO CHARACTER SET: text stays a logical string
     if not isinstance(stmt, exp.Alter):
         raise NeedsCatalog(query)
     raw = _raw_of(before)
@@ -185,6 +186,8 @@ def _apply(
                 raw.keys.pop(n, None)
         elif kind == "PRIMARY KEY" or "PRIMARY" in names:
             raw.keys.pop("PRIMARY", None)
+        elif kind in ("FOREIGN KEY", "CONSTRAINT", "CHECK"):
+            return  # no effect on the replicated schema
         else:
             raise UnsupportedDDLError(f"unsupported DROP {kind} in ALTER TABLE")
     elif isinstance(a, exp.DropPrimaryKey):
@@ -192,6 +195,12 @@ def _apply(
     elif isinstance(a, exp.AddConstraint):
         for c in a.expressions:
             _add_constraint(raw, c)
+    elif isinstance(a, exp.RenameIndex):
+        old, new = a.this.name, a.args["to"].name
+        if old in raw.keys:
+            raw.keys[new] = raw.keys.pop(old)
+    elif isinstance(a, exp.Property):
+        return  # a table option (FORCE, ENGINE, ...): no column change
     elif isinstance(a, exp.AlterRename):
         raw.database = a.this.db or db
         raw.table = a.this.name

@@ -73,3 +73,34 @@ def test_type_map_edges():
     assert default_text("string", "'it''s'") == "it's"
     assert default_text("datetime", "current_timestamp()") is None
     assert default_text("time", "'-01:00:00.5'") == str(-3_600_500_000)
+
+
+@pytest.mark.parametrize(
+    ("query", "columns", "indexes"),
+    [
+        (
+            "ALTER TABLE t ADD COLUMN IF NOT EXISTS y int NOT NULL DEFAULT 3",
+            ["id", "x", "y"],
+            ["a"],
+        ),
+        ("ALTER TABLE t ADD INDEX IF NOT EXISTS ix (x)", ["id", "x"], ["a", "ix"]),
+        ("ALTER TABLE t CONVERT TO CHARACTER SET utf8mb4", ["id", "x"], ["a"]),
+        ("ALTER TABLE t RENAME INDEX a TO b", ["id", "x"], ["b"]),
+        ("ALTER TABLE t DROP FOREIGN KEY fk", ["id", "x"], ["a"]),
+        ("ALTER TABLE t FORCE", ["id", "x"], ["a"]),
+        ("ALTER TABLE t ALGORITHM=INPLACE, DROP INDEX IF EXISTS a", ["id", "x"], []),
+        ("ALTER TABLE t CHANGE x x2 bigint, ADD UNIQUE KEY u (x2)", ["id", "x2"], ["a", "u"]),
+    ],
+)
+def test_alter_statements_evolve_the_schema_from_the_ast(query, columns, indexes):
+    from cdc_dagster.mysql.catalog import IdRegistry
+    from cdc_dagster.mysql.evolve import altered_schema
+    from cdc_dagster.upstream.schema import ColumnSchema, IndexSchema, TableSchema
+
+    before = TableSchema(1, "d", "t", (ColumnSchema(1, "id", "int64", False),
+                         ColumnSchema(2, "x", "int32")), (1,), (IndexSchema("a", (2,)),))  # fmt: skip
+    parse_ddl(query, "d")
+    after = altered_schema(query, before, IdRegistry(2, {1: 3}), False, True)
+    assert [c.name for c in after.columns] == columns
+    assert [i.name for i in after.indexes] == indexes
+    assert after.columns[1].id == 2 or columns[-1] == "y"  # the renamed column keeps its id
