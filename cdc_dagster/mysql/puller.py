@@ -8,10 +8,12 @@ issue a fresh TS and advance every resolved mark to it.
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
@@ -154,6 +156,29 @@ class Puller:
         )  # fmt: skip
 
     def run(self, stop: Callable[[PullerStats], bool]) -> PullerStats:
+        """Pull until ``stop(stats)``; then flush. Holds the change log's puller lock."""
+        lock = self._lock()
+        try:
+            return self._run(stop)
+        finally:
+            lock.close()  # releases the flock
+
+    def _lock(self):
+        """One puller per change log: an exclusive flock on ``<root>/puller/lock``."""
+        path = Path(self.root) / "puller" / "lock"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        f = open(path, "a+")  # noqa: SIM115 - held for the run
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            f.close()
+            raise PullerError(
+                f"another puller is running on {self.root} (it holds {path}); run one per "
+                "upstream and change log"
+            ) from None
+        return f
+
+    def _run(self, stop: Callable[[PullerStats], bool]) -> PullerStats:
         from pymysqlreplication.event import (
             HeartbeatLogEvent,
             MariadbGtidEvent,

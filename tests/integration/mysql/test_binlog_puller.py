@@ -407,3 +407,15 @@ def test_snapshot_of_a_composite_key_table_in_chunks(mariadb, mydb, tmp_path):
     pull_until_caught_up(mariadb, root, mydb, snapshot_chunk_rows=3)
     got = changes(root, table_id(root, "ck"))
     assert len(got) == 28 and len({(r["c1"], r["c2"]) for r in got}) == 28
+
+
+def test_a_second_puller_on_the_same_change_log_is_refused(mariadb, mydb, tmp_path):
+    import fcntl
+
+    root = tmp_path / "cl"
+    (root / "puller").mkdir(parents=True)
+    with open(root / "puller" / "lock", "a+") as held:
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        cfg = PullerConfig(mariadb.uri(), str(root), (f"{mydb}.*",))
+        with pytest.raises(PullerError, match="another puller is running"):
+            run_puller(cfg, stop_after=0)
