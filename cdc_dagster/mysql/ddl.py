@@ -62,6 +62,7 @@ class ParsedDDL:
     schema: str | None = None  # for create/drop schema
     if_exists: bool = False
     is_alter: bool = False  # an ALTER TABLE statement (its actions evolve the schema)
+    replace: bool = False  # CREATE OR REPLACE TABLE
 
 
 def is_ignored(query: str) -> bool:
@@ -129,6 +130,7 @@ def _create(stmt: exp.Create, default_db: str | None, query: str) -> ParsedDDL:
             "create_table",
             creates=(_name(target, default_db, query),),
             if_exists=bool(stmt.args.get("exists")),
+            replace=bool(stmt.args.get("replace")),
         )
     raise UnsupportedDDLError(f"unsupported CREATE {kind}: {query[:300]!r}")
 

@@ -355,8 +355,13 @@ class Puller:
                              schema=p.schema, tables=dict.fromkeys(gone))  # fmt: skip
         if p.action == "create_table":
             (db, name) = p.creates[0]
+            if p.replace and st.table_id(db, name) is not None:
+                raise PullerError(
+                    f"changefeed stopped at {query[:200]!r}: CREATE OR REPLACE of a replicated "
+                    f"table is not supported; use DROP TABLE then CREATE TABLE, or re-snapshot"
+                )
             if not self.filter(db, name) or st.table_id(db, name) is not None:
-                return None
+                return None  # outside the filter, or CREATE TABLE IF NOT EXISTS of one we have
             tid = st.ids.new_table_id()
             try:
                 schema = created_schema(query, (db, name), tid, st.ids, force, self._mariadb)

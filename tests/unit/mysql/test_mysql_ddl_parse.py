@@ -104,3 +104,8 @@ def test_alter_statements_evolve_the_schema_from_the_ast(query, columns, indexes
     assert [c.name for c in after.columns] == columns
     assert [i.name for i in after.indexes] == indexes
     assert after.columns[1].id == 2 or columns[-1] == "y"  # the renamed column keeps its id
+
+
+def test_create_or_replace_is_flagged():
+    assert parse_ddl("CREATE OR REPLACE TABLE t (id int primary key)", "d").replace
+    assert not parse_ddl("CREATE TABLE IF NOT EXISTS t (id int primary key)", "d").replace
