@@ -396,3 +396,29 @@ def test_sink_for_uri_builds_a_working_postgres_sink(pg_uri):
     assert isinstance(sink, PostgresSink)
     t = accounts()
     assert sink.write(CF, t, batch(t, []), 0, 10, sink.acquire(CF, t)) == 10
+
+
+@pytest.mark.slow
+def test_connection_killed_during_a_commit_applies_the_batch_exactly_once(pg_server, pg_db, pg_uri):
+    sink, t = PostgresSink(pg_uri), accounts()
+    token = sink.acquire(CF, t)
+    sink.write(CF, t, batch(t, [{"id": 1, "balance": Decimal(1)}]), 0, 100, token)
+    with psycopg.connect(pg_server.dsn(pg_db), autocommit=True) as admin:
+        # a slow statement trigger holds the batch's transaction open mid-MERGE
+        admin.execute("CREATE FUNCTION slow() RETURNS trigger LANGUAGE plpgsql AS "
+                      "$$ BEGIN PERFORM pg_sleep(1); RETURN NULL; END $$")  # fmt: skip
+        admin.execute('CREATE TRIGGER slow AFTER INSERT ON "bank"."accounts" '
+                      "FOR EACH STATEMENT EXECUTE FUNCTION slow()")  # fmt: skip
+        pid = sink._connect().info.backend_pid
+        killer = threading.Timer(0.4, lambda: psycopg.connect(pg_server.dsn(pg_db), autocommit=True)
+                                 .execute("SELECT pg_terminate_backend(%s)", (pid,)))  # fmt: skip
+        killer.start()
+        b = batch(t, [{"id": 2, "balance": Decimal(2)}, {"id": 1, "op": 1}], 200)
+        try:
+            sink.write(CF, t, b, 100, 200, token)  # killed mid-transaction, then retried
+        except SinkError:
+            sink.write(CF, t, b, 100, 200, token)  # the caller's replay
+        killer.join()
+        sink.write(CF, t, b, 100, 200, token)  # and once more: a no-op
+        assert rows_of(admin, t) == [(2, Decimal("2.00"), None)]
+    assert sink.committed(CF, t) == Committed(200, token)
