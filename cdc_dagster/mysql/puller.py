@@ -1,0 +1,524 @@
+"""The binlog puller: MariaDB/MySQL row binlog -> the change log (docs/mysql-postgres.md).
+
+One transaction = one commit ts (``TsAllocator``). Complete transactions are buffered
+per table and flushed: data files -> DDL records -> state (position, last ts) -> resolved
+marks. A DDL flushes first, so files never span a DDL. While idle, server heartbeats
+issue a fresh TS and advance every resolved mark to it.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pymysql
+
+from cdc_dagster.mysql import catalog
+from cdc_dagster.mysql.catalog import TableFilter, build_schema, read_table
+from cdc_dagster.mysql.changelog_io import truncate_above, writer
+from cdc_dagster.mysql.ddl import ParsedDDL, UnsupportedDDLError, is_ignored, parse_ddl
+from cdc_dagster.mysql.evolve import NeedsCatalog, altered_schema, created_schema, renamed
+from cdc_dagster.mysql.state import (
+    PullerState,
+    TsAllocator,
+    load_state,
+    parse_gtid_pos,
+    save_state,
+)
+from cdc_dagster.mysql.types import converter
+from cdc_dagster.mysql.upstream import UpstreamError, check_upstream, connect, parse_uri
+from cdc_dagster.upstream.schema import DdlRecord, TableSchema, arrow_type
+from scheduler_core.ddl import DDLKind
+
+log = logging.getLogger(__name__)
+
+OP_INSERT, OP_UPDATE, OP_DELETE = 1, 2, 3
+
+
+class PullerError(Exception):
+    """The puller cannot go on for this changefeed (the message says why and what to do)."""
+
+
+@dataclass(frozen=True, slots=True)
+class PullerConfig:
+    """What one puller reads and where it writes."""
+
+    upstream_uri: str
+    changelog_root: str
+    filters: tuple[str, ...] = ()
+    snapshot: bool = True
+    flush_rows: int = 50_000
+    flush_interval_s: float = 1.0
+    heartbeat_s: float = 1.0
+    snapshot_chunk_rows: int = 10_000
+    progress: Callable[[str, int, int], None] | None = None  # (table, rows done, rows total)
+
+
+@dataclass(slots=True)
+class PullerStats:
+    rows: int = 0
+    transactions: int = 0
+    ddls: int = 0
+    snapshot_rows: int = 0
+    flushes: int = 0
+    resolved_ts: int = 0
+    position: str = ""
+    started: float = field(default_factory=time.monotonic)
+
+    @property
+    def rows_per_s(self) -> float:
+        """Rows pulled per second of this run (for the run's metadata)."""
+        return self.rows / max(time.monotonic() - self.started, 1e-9)
+
+
+_Change = tuple[int, int, dict[int, Any] | None, dict[int, Any] | None]  # tid, op, after, before
+
+
+class Puller:
+    """One run of the binlog puller; ``run`` until ``stop`` says so."""
+
+    def __init__(self, config: PullerConfig) -> None:
+        self.config = config
+        self.upstream = parse_uri(config.upstream_uri)
+        self.filter = TableFilter(config.filters)
+        self.root = config.changelog_root
+        self.writer = writer(self.root)
+        self.stats = PullerStats()
+        self.state: PullerState
+        self.alloc: TsAllocator
+        self.buffers: dict[int, list[tuple]] = {}
+        self.buffered = 0
+        self.trx: list[_Change] = []
+        self.trx_gtid: str | None = None
+        self.last_flush = time.monotonic()
+        self._conv: dict[int, dict[str, tuple[int, Callable[[Any], Any]]]] = {}
+
+    # -- start ------------------------------------------------------------------------
+
+    def start(self) -> None:
+        conn = connect(self.upstream)
+        try:
+            self.info = check_upstream(conn)
+            state = load_state(self.root)
+            if state is None:
+                from cdc_dagster.mysql.snapshot import bootstrap
+
+                state = bootstrap(self, conn)
+            else:
+                removed = truncate_above(self.root, state.last_ts)
+                if removed:
+                    log.info("removed %d change-log files above %d (unfinished flush)",
+                             removed, state.last_ts)  # fmt: skip
+            self.state = state
+            self.alloc = TsAllocator(state.last_ts)
+            self._conv.clear()
+        finally:
+            conn.close()
+
+    # -- streaming --------------------------------------------------------------------
+
+    def _stream(self):
+        from pymysqlreplication import BinLogStreamReader
+        from pymysqlreplication.event import (
+            HeartbeatLogEvent,
+            MariadbGtidEvent,
+            QueryEvent,
+            RotateEvent,
+            XidEvent,
+        )
+        from pymysqlreplication.row_event import (
+            DeleteRowsEvent,
+            TableMapEvent,
+            UpdateRowsEvent,
+            WriteRowsEvent,
+        )
+
+        if not self.info.is_mariadb:
+            raise PullerError("MySQL upstreams are not supported yet by this puller: use MariaDB")
+        kw = self.upstream.connect_kwargs()
+        return BinLogStreamReader(
+            connection_settings={**kw, "charset": "utf8mb4"},
+            server_id=self.upstream.server_id,
+            blocking=True,
+            resume_stream=True,
+            is_mariadb=True,
+            auto_position=self.state.gtid or None,
+            slave_heartbeat=self.config.heartbeat_s,
+            only_events=[MariadbGtidEvent, QueryEvent, XidEvent, WriteRowsEvent,
+                         UpdateRowsEvent, DeleteRowsEvent, HeartbeatLogEvent, RotateEvent,
+                         TableMapEvent],
+        )  # fmt: skip
+
+    def run(self, stop: Callable[[PullerStats], bool]) -> PullerStats:
+        """Pull until ``stop(stats)``; then flush. Holds the change log's puller lock."""
+        lock = self._lock()
+        try:
+            return self._run(stop)
+        finally:
+            lock.close()  # releases the flock
+
+    def _lock(self):
+        """One puller per change log: an exclusive flock on ``<root>/puller/lock``."""
+        path = Path(self.root) / "puller" / "lock"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        f = open(path, "a+")  # noqa: SIM115 - held for the run
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            f.close()
+            raise PullerError(
+                f"another puller is running on {self.root} (it holds {path}); run one per "
+                "upstream and change log"
+            ) from None
+        return f
+
+    def _run(self, stop: Callable[[PullerStats], bool]) -> PullerStats:
+        from pymysqlreplication.event import (
+            HeartbeatLogEvent,
+            MariadbGtidEvent,
+            QueryEvent,
+            XidEvent,
+        )
+        from pymysqlreplication.row_event import DeleteRowsEvent, UpdateRowsEvent, WriteRowsEvent
+
+        self.start()
+        retries = 0
+        while not stop(self.stats):
+            stream = self._stream()
+            self._reader = stream
+            try:
+                while not stop(self.stats):
+                    ev = stream.fetchone()
+                    if ev is None:
+                        continue
+                    retries = 0
+                    if isinstance(ev, MariadbGtidEvent):
+                        self.trx, self.trx_gtid = [], ev.gtid
+                    elif isinstance(ev, WriteRowsEvent | UpdateRowsEvent | DeleteRowsEvent):
+                        self._rows(ev)
+                    elif isinstance(ev, XidEvent):
+                        self._commit(ev.timestamp)
+                    elif isinstance(ev, QueryEvent):
+                        self._query(ev)
+                    elif isinstance(ev, HeartbeatLogEvent) and not self.trx:
+                        self.alloc.issue(time.time())
+                        self.flush()
+                    due = time.monotonic() - self.last_flush >= self.config.flush_interval_s
+                    if due and not self.trx:
+                        self.flush()
+            except pymysql.err.OperationalError as exc:
+                code = exc.args[0] if exc.args else None
+                if code == 1236:
+                    raise PullerError(
+                        f"the upstream no longer has the binlog at GTID {self.state.gtid} "
+                        f"({exc.args[1] if len(exc.args) > 1 else exc}): changes after the "
+                        f"change log's end were purged and are lost; re-snapshot: remove "
+                        f"{self.root} (change log and puller/state.json) and start again"
+                    ) from None
+                retries += 1
+                if retries > 30:
+                    raise PullerError(f"lost the upstream connection 30 times: {exc}") from exc
+                log.warning("upstream connection lost (%r); resuming at %s", exc, self.state.gtid)
+                self.trx = []
+                time.sleep(min(1.0 * retries, 5.0))
+            finally:
+                stream.close()
+        self.flush()
+        return self.stats
+
+    def _table_conv(self, tid: int) -> dict[str, tuple[int, Callable[[Any], Any]]]:
+        conv = self._conv.get(tid)
+        if conv is None:
+            t = self.state.tables[tid]
+            conv = {c.name: (c.id, converter(c.type)) for c in t.columns}
+            self._conv[tid] = conv
+        return conv
+
+    def _convert(self, tid: int, values: dict[str, Any]) -> dict[int, Any]:
+        conv = self._table_conv(tid)
+        if len(values) != len(conv) or any(k not in conv for k in values):
+            t = self.state.tables[tid]
+            raise PullerError(
+                f"the binlog's columns of {t.qualified_name} ({sorted(values)}) differ from "
+                f"its schema ({sorted(conv)}): binlog_row_metadata must be FULL, and the "
+                "puller must not lag more than one DDL behind the upstream catalog"
+            )
+        out = {}
+        for name, v in values.items():
+            cid, fn = conv[name]
+            out[cid] = None if v is None else fn(v)
+        return out
+
+    def _rows(self, ev: Any) -> None:
+        from pymysqlreplication.row_event import DeleteRowsEvent, UpdateRowsEvent
+
+        tid = self.state.table_id(ev.schema, ev.table)
+        if tid is None:
+            return
+        key = self.state.tables[tid].primary_key
+        pads = _binary_pads(ev, self.state.tables[tid])
+        for row in ev.rows:
+            if pads:
+                for part in ("values", "before_values", "after_values"):
+                    if part in row:
+                        _pad(row[part], pads)
+            if isinstance(ev, UpdateRowsEvent):
+                after = self._convert(tid, row["after_values"])
+                before = self._convert(tid, row["before_values"])
+                moved = any(before[k] != after[k] for k in key)
+                self.trx.append((tid, OP_UPDATE, after, before if moved else None))
+            elif isinstance(ev, DeleteRowsEvent):
+                self.trx.append((tid, OP_DELETE, None, self._convert(tid, row["values"])))
+            else:
+                self.trx.append((tid, OP_INSERT, self._convert(tid, row["values"]), None))
+
+    def _advance(self, gtid: str) -> None:
+        """Our position moves past ``gtid``; so does the reader's own reconnect position
+        (mysql-replication reconnects by itself after a lost connection, from
+        ``auto_position``, which it never updates: without this it would replay)."""
+        self.state.position.update(parse_gtid_pos(gtid))
+        reader = getattr(self, "_reader", None)
+        if reader is not None:
+            reader.auto_position = self.state.gtid
+
+    def _commit(self, event_time: float) -> None:
+        if self.trx_gtid is not None:
+            self._advance(self.trx_gtid)
+        if self.trx:
+            ts = self.alloc.issue(event_time)
+            for seq, (tid, op, after, before) in enumerate(self.trx):
+                self.buffers.setdefault(tid, []).append((ts, seq, op, after, before))
+            self.buffered += len(self.trx)
+            self.stats.rows += len(self.trx)
+            self.stats.transactions += 1
+        self.trx, self.trx_gtid = [], None
+        if self.buffered >= self.config.flush_rows:
+            self.flush()
+
+    def _query(self, ev: Any) -> None:
+        q = ev.query.strip()
+        if q.upper() == "BEGIN":
+            return
+        if q.upper() == "COMMIT":
+            self._commit(ev.timestamp)
+            return
+        gtid = self.trx_gtid
+        self.trx, self.trx_gtid = [], None
+        if not is_ignored(q):
+            db = ev.schema.decode() if isinstance(ev.schema, bytes) else ev.schema
+            self._ddl(q, db or None, ev.timestamp, gtid)
+        elif gtid is not None:
+            self._advance(gtid)
+
+    # -- DDL --------------------------------------------------------------------------
+
+    def _ddl(self, query: str, default_db: str | None, event_time: float, gtid: str | None) -> None:
+        try:
+            parsed = parse_ddl(query, default_db)
+        except UnsupportedDDLError as exc:
+            raise PullerError(f"changefeed stopped at a DDL it cannot replicate: {exc}") from exc
+        self.flush()
+        conn = connect(self.upstream)
+        try:
+            record = self._ddl_record(conn, parsed, query, lambda: self.alloc.issue(event_time))
+        finally:
+            conn.close()
+        if gtid is not None:  # persisted with (not before) the DDL record's state write
+            self._advance(gtid)
+        if record is None:
+            return
+        self.writer.write_ddl(record)
+        for tid, schema in record.tables.items():
+            self.state.set_table(tid, schema, record.commit_ts)
+            self._conv.pop(tid, None)
+        self.stats.ddls += 1
+        self.flush(force=True)
+
+    def _ddl_record(
+        self, conn: Any, p: ParsedDDL, query: str, issue: Callable[[], int]
+    ) -> DdlRecord | None:
+        st, force = self.state, self.upstream.force_replicate
+        if p.action in ("create_schema", "drop_schema"):
+            assert p.schema is not None
+            if not self.filter(p.schema, "\x00any"):
+                return None
+            if p.action == "create_schema":
+                return DdlRecord(issue(), DDLKind.CREATE_SCHEMA, p.action, query, schema=p.schema)
+            gone = tuple(t for t, s in st.tables.items() if s.database == p.schema)
+            return DdlRecord(issue(), DDLKind.DROP_SCHEMA, p.action, query, gone, drops=gone,
+                             schema=p.schema, tables=dict.fromkeys(gone))  # fmt: skip
+        if p.action == "create_table":
+            (db, name) = p.creates[0]
+            if p.replace and st.table_id(db, name) is not None:
+                raise PullerError(
+                    f"changefeed stopped at {query[:200]!r}: CREATE OR REPLACE of a replicated "
+                    f"table is not supported; use DROP TABLE then CREATE TABLE, or re-snapshot"
+                )
+            if not self.filter(db, name) or st.table_id(db, name) is not None:
+                return None  # outside the filter, or CREATE TABLE IF NOT EXISTS of one we have
+            tid = st.ids.new_table_id()
+            try:
+                schema = created_schema(query, (db, name), tid, st.ids, force, self._mariadb)
+            except NeedsCatalog:
+                raw = read_table(conn, db, name)
+                if raw is None:
+                    return None  # dropped again before we read it: its drop is skipped too
+                schema = build_schema(raw, tid, st.ids, None, force_replicate=force)
+            return DdlRecord(issue(), DDLKind.CREATE_TABLE, p.action, query, creates=(tid,),
+                             tables={tid: schema})  # fmt: skip
+        if p.action == "drop_table":
+            ids = tuple(t for t in (st.table_id(*n) for n in p.drops) if t is not None)
+            if not ids:
+                return None
+            return DdlRecord(issue(), DDLKind.DROP_TABLE, p.action, query, ids,
+                             drops=ids, tables=dict.fromkeys(ids))  # fmt: skip
+        if p.action == "rename_table" and p.renames:
+            return self._rename(conn, p, query, issue)
+        tid = st.table_id(*p.tables[0])
+        if tid is None:
+            return None
+        before = st.tables[tid]
+        if p.action == "truncate_table":
+            return DdlRecord(issue(), DDLKind.TRUNCATE_TABLE, p.action, query, (tid,),
+                             tables={tid: before})  # fmt: skip
+        after = self._altered(conn, query, before, p.column_renames)
+        return DdlRecord(issue(), DDLKind.ALTER_TABLE, p.action, query, (tid,),
+                         tables={tid: after})  # fmt: skip
+
+    def _rename(self, conn: Any, p: ParsedDDL, query: str, issue: Callable[[], int]) -> Any:
+        st = self.state
+        touched, creates, drops, tables = [], [], [], {}
+        for src, dst in p.renames:
+            tid = st.table_id(*src)
+            keep = self.filter(*dst)
+            if tid is None and not keep:
+                continue
+            if tid is None:
+                raw = read_table(conn, *dst)
+                if raw is None:
+                    continue
+                tid = st.ids.new_table_id()
+                creates.append(tid)
+                tables[tid] = build_schema(raw, tid, st.ids, None, force_replicate=True)
+                continue
+            touched.append(tid)
+            if not keep:
+                drops.append(tid)
+                tables[tid] = None
+            else:
+                before = st.tables[tid]
+                if p.is_alter:
+                    tables[tid] = self._altered(conn, query, before, p.column_renames)
+                else:
+                    tables[tid] = renamed(before, *dst)
+        if not touched and not creates:
+            return None
+        kind = DDLKind.RENAME_TABLES if touched else DDLKind.CREATE_TABLE
+        return DdlRecord(issue(), kind, "rename_table" if touched else "create_table", query,
+                         tuple(touched), tuple(creates), tuple(drops), tables=tables)  # fmt: skip
+
+    def _altered(
+        self, conn: Any, query: str, before: TableSchema, renames: dict[str, str]
+    ) -> TableSchema:
+        st, force = self.state, self.upstream.force_replicate
+        try:
+            return altered_schema(query, before, st.ids, force, self._mariadb)
+        except NeedsCatalog:
+            raw = read_table(conn, before.database, before.table)
+            if raw is None:
+                raise PullerError(
+                    f"table {before.qualified_name} vanished after {query!r}"
+                ) from None
+            return build_schema(raw, before.table_id, st.ids, before, renames, force)
+
+    @property
+    def _mariadb(self) -> bool:
+        return getattr(self, "info", None) is None or self.info.is_mariadb
+
+    # -- flush ------------------------------------------------------------------------
+
+    def flush(self, force: bool = False) -> None:
+        """Data files, then state, then resolved marks (the durability order)."""
+        self.last_flush = time.monotonic()
+        if not self.buffered and self.alloc.last == self.state.last_ts and not force:
+            return
+        for tid, rows in self.buffers.items():
+            if rows:
+                self.writer.write_rows(tid, 0, self.state.versions[tid], self._arrow(tid, rows))
+        self.buffers = {}
+        self.buffered = 0
+        self.state.last_ts = self.alloc.last
+        save_state(self.root, self.state)
+        for tid, t in self.state.tables.items():
+            for shard in range(t.shards):
+                self.writer.advance_resolved(tid, shard, self.state.last_ts)
+        self.writer.advance_ddl_resolved(self.state.last_ts)
+        self.stats.flushes += 1
+        self.stats.resolved_ts = self.state.last_ts
+        self.stats.position = self.state.gtid
+
+    def _arrow(self, tid: int, rows: list[tuple]) -> pa.Table:
+        return change_rows(self.state.tables[tid], self.state.versions[tid], rows)
+
+
+def _binary_pads(ev: Any, t: TableSchema) -> dict[str, int]:
+    """BINARY(n) columns: the binlog drops their trailing 0x00 padding; n per column name."""
+    from pymysqlreplication.constants import FIELD_TYPE
+
+    binary = {c.name for c in t.columns if c.type == "binary"}
+    cols = ev.table_map[ev.table_id].columns
+    return {c.name: c.max_length for c in cols if c.type == FIELD_TYPE.STRING and c.name in binary}
+
+
+def _pad(values: dict[str, Any], pads: dict[str, int]) -> None:
+    for name, n in pads.items():
+        v = values.get(name)
+        if v == "":  # mysql-replication gives an empty binary string as str
+            v = b""
+        if isinstance(v, bytes) and len(v) < n:
+            values[name] = v.ljust(n, b"\0")
+
+
+def change_rows(t: TableSchema, version: int, rows: list[tuple]) -> pa.Table:
+    """Rows ``(ts, seq, op, after, before)`` in the change-log column layout."""
+    arrays: dict[str, pa.Array] = {
+        "_commit_ts": pa.array([r[0] for r in rows], pa.int64()),
+        "_seq": pa.array([r[1] for r in rows], pa.int32()),
+        "_op": pa.array([r[2] for r in rows], pa.int8()),
+        "_schema_version": pa.array([version] * len(rows), pa.int64()),
+    }
+    for c in t.columns:
+        arrays[f"c{c.id}"] = pa.array(
+            [r[3].get(c.id) if r[3] is not None else None for r in rows], arrow_type(c.type)
+        )
+    for cid in t.primary_key:
+        c = t.column(cid)
+        arrays[f"b{cid}"] = pa.array(
+            [r[4].get(cid) if r[4] is not None else None for r in rows], arrow_type(c.type)
+        )
+    return pa.table(arrays)
+
+
+def run_puller(
+    config: PullerConfig, stop_after: float | Callable[[PullerStats], bool] | None = None
+) -> PullerStats:
+    """Run the puller until ``stop_after`` (seconds, or a predicate on the stats) says stop."""
+    if stop_after is None:
+        stop: Callable[[PullerStats], bool] = lambda s: False  # noqa: E731
+    elif callable(stop_after):
+        stop = stop_after
+    else:
+        deadline = time.monotonic() + float(stop_after)
+        stop = lambda s: time.monotonic() >= deadline  # noqa: E731
+    try:
+        return Puller(config).run(stop)
+    except UpstreamError:
+        raise
+    except catalog.CatalogError as exc:
+        raise PullerError(str(exc)) from exc

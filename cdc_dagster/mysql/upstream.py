@@ -1,0 +1,147 @@
+"""Upstream URIs (``mysql://user:${PW}@host:port/?server-id=4242``) and the start-up checks.
+
+``${VAR}`` references are resolved from the environment of the process that connects; a
+literal password is never printed (``redact``). ``check_upstream`` verifies the binlog
+settings and privileges and says exactly what to change.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import urllib.parse
+from dataclasses import dataclass
+from typing import Any
+
+from cdc_dagster.secrets import SecretReferenceError, redact_uri, resolve_uri
+
+
+class UpstreamError(Exception):
+    """The upstream URI, settings or privileges are wrong (the message says what to change)."""
+
+
+redact = redact_uri
+
+
+@dataclass(frozen=True, slots=True)
+class UpstreamConfig:
+    """A parsed upstream URI (credentials still as written: resolve with ``connect_kwargs``)."""
+
+    uri: str
+    host: str
+    port: int
+    user: str
+    password: str | None
+    server_id: int
+    force_replicate: bool = False
+
+    def __repr__(self) -> str:
+        return f"UpstreamConfig({redact(self.uri)!r})"
+
+    def connect_kwargs(self) -> dict[str, Any]:
+        """pymysql arguments, ``${ENV}`` resolved now (from this process's environment)."""
+        try:
+            parts = urllib.parse.urlsplit(resolve_uri(self.uri, os.environ))
+        except SecretReferenceError as exc:
+            raise UpstreamError(f"{exc} (the upstream URI, where the puller runs)") from None
+        un = urllib.parse.unquote
+        return {
+            "host": un(parts.hostname or ""),
+            "port": self.port,
+            "user": un(parts.username or ""),
+            "password": un(parts.password) if parts.password is not None else "",
+        }
+
+
+def parse_uri(uri: str) -> UpstreamConfig:
+    """Parse ``mysql://user[:password]@host[:port]/?server-id=N[&force-replicate=true]``."""
+    parts = urllib.parse.urlsplit(uri)
+    shown = redact(uri)
+    if parts.scheme not in ("mysql", "mariadb"):
+        raise UpstreamError(f"upstream URI {shown!r}: scheme must be mysql:// or mariadb://")
+    if not parts.hostname or not parts.username:
+        raise UpstreamError(f"upstream URI {shown!r}: need user@host")
+    try:
+        port = parts.port or 3306
+    except ValueError:
+        raise UpstreamError(f"upstream URI {shown!r}: the port is not a number") from None
+    q = dict(urllib.parse.parse_qsl(parts.query))
+    unknown = set(q) - {"server-id", "force-replicate"}
+    if unknown:
+        raise UpstreamError(f"upstream URI {shown!r}: unknown options {sorted(unknown)}")
+    sid = q.get("server-id", "4242")
+    if not sid.isdigit() or not 1 <= int(sid) < 2**32:
+        raise UpstreamError(
+            f"upstream URI {shown!r}: server-id must be an integer in 1..4294967295, unique "
+            "among the upstream's replicas"
+        )
+    un = urllib.parse.unquote
+    return UpstreamConfig(
+        uri=uri,
+        host=un(parts.hostname),
+        port=port,
+        user=un(parts.username),
+        password=un(parts.password) if parts.password is not None else None,
+        server_id=int(sid),
+        force_replicate=q.get("force-replicate", "false").lower() in ("1", "true", "yes"),
+    )
+
+
+def connect(cfg: UpstreamConfig, **kw: Any):
+    import pymysql
+
+    args = cfg.connect_kwargs()
+    try:
+        return pymysql.connect(**args, autocommit=True, charset="utf8mb4", **kw)
+    except pymysql.MySQLError as exc:
+        msg = str(exc)
+        if args["password"]:
+            msg = msg.replace(args["password"], "***")
+        raise UpstreamError(f"cannot connect to {redact(cfg.uri)}: {msg}") from None
+
+
+@dataclass(frozen=True, slots=True)
+class ServerInfo:
+    version: str
+    is_mariadb: bool
+
+
+def check_upstream(conn) -> ServerInfo:
+    """Binlog settings and privileges the puller needs; raises UpstreamError naming each fix."""
+    with conn.cursor() as cur:
+        cur.execute("SELECT VERSION()")
+        version = cur.fetchone()[0]
+        is_mariadb = "mariadb" in version.lower()
+        want = {"log_bin": "ON", "binlog_format": "ROW", "binlog_row_image": "FULL"}
+        mv = tuple(int(x) for x in re.findall(r"\d+", version)[:2])
+        if (is_mariadb and mv >= (10, 5)) or (not is_mariadb and mv >= (8, 0)):
+            want["binlog_row_metadata"] = "FULL"
+        problems = []
+        for var, value in want.items():
+            cur.execute(f"SELECT @@GLOBAL.{var}")
+            got = str(cur.fetchone()[0]).upper()
+            got = {"1": "ON", "0": "OFF"}.get(got, got)
+            if got != value:
+                how = (
+                    "start the server with --log-bin (binary logging is off)"
+                    if var == "log_bin"
+                    else f"SET GLOBAL {var}={value} and put {var}={value} under [mysqld] "
+                    "in the server's config (sessions opened before keep the old value)"
+                )
+                problems.append(f"{var} is {got}, need {value}: {how}")
+        cur.execute("SHOW GRANTS")
+        grants = " ".join(r[0].upper() for r in cur.fetchall())
+    if "ALL PRIVILEGES ON *.*" not in grants:
+        needs = ["REPLICATION SLAVE", "SELECT"]
+        binlog = "BINLOG MONITOR" if is_mariadb and mv >= (10, 5) else "REPLICATION CLIENT"
+        missing = [n for n in needs if n not in grants]
+        if binlog not in grants and "REPLICATION CLIENT" not in grants and "SUPER" not in grants:
+            missing.append(binlog)
+        if missing:
+            problems.append(
+                f"the user lacks {', '.join(missing)}: GRANT {', '.join(missing)} ON *.* "
+                "TO the puller's user"
+            )
+    if problems:
+        raise UpstreamError("upstream not ready for the binlog puller: " + "; ".join(problems))
+    return ServerInfo(version, is_mariadb)
