@@ -1,3 +1,4 @@
+{{ config(meta={'dagster': {'ref': {'name': 'bank_total_history'}}}) }}
 -- The bank total is the same at every syncpoint built (and equals expected_bank_total when
 -- set): a build that mixed two moments would show money created or destroyed.
 with totals as (
