@@ -135,6 +135,10 @@ class Replica:
         self.write(ORDERS, [self._order(c["id"]) for _ in range(2)])
         self.write(CUSTOMERS, [c])
 
+    def shop_step_orders_only(self) -> None:
+        """Orders of a customer whose own commit has not landed (as between two tables' batches)."""
+        self.write(ORDERS, [self._order(self.next_id[CUSTOMERS.table_id] + 1000)])
+
     def syncpoint(self) -> int:
         """Record a syncpoint at the current ts (every table committed up to it)."""
         self.ts += 1
