@@ -21,6 +21,7 @@ from cdc_dagster.dbt.build import (
     DUCKDB_PATH_ENV,
     PROJECT_DIR,
     build_lock,
+    dbt_executable,
     dbt_vars,
     load_manifest,
     record_build,
@@ -95,6 +96,13 @@ def project_for(project_dir: Path | str = PROJECT_DIR) -> DbtProject:
     if not project.manifest_path.exists():
         load_manifest(Path(project_dir), os.path.join(str(project_dir), "target", "parse.duckdb"))
     return project
+
+
+def dbt_resource(project_dir: Path | str = PROJECT_DIR) -> DbtCliResource:
+    """The ``dbt`` resource of the project (the venv's dbt, the in-project profiles.yml)."""
+    return DbtCliResource(
+        project_dir=str(project_dir), profiles_dir=str(project_dir), dbt_executable=dbt_executable()
+    )
 
 
 def dbt_assets_for(project_dir: Path | str = PROJECT_DIR, name: str = "dbt_downstream") -> dg.AssetsDefinition:
