@@ -122,20 +122,26 @@ def data_file_schema(table: TableSchema) -> pa.Schema:
 
 
 # ----------------------------------------------------------------------------- file helpers
-def _atomic_write(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` so that a reader sees the old file, the new one, or none."""
+def _atomic_write(path: Path, data: bytes, *, fsync: bool = True) -> None:
+    """Write ``data`` to ``path`` so that a reader sees the old file, the new one, or none.
+
+    ``fsync=False`` keeps the atomic rename but skips the flushes to disk: for tests and
+    benchmarks, where a machine crash need not be survived.
+    """
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.parent / f".{path.name}.tmp-{uuid.uuid4().hex}"
     try:
         with open(tmp, "wb") as f:
             f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
+            if fsync:
+                f.flush()
+                os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
-    _fsync_dir(path.parent)
+    if fsync:
+        _fsync_dir(path.parent)
 
 
 def _fsync_dir(directory: Path) -> None:
@@ -146,8 +152,9 @@ def _fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
-def _write_json(path: Path, obj: Any) -> None:
-    _atomic_write(path, json.dumps(obj, ensure_ascii=False, sort_keys=True).encode())
+def _write_json(path: Path, obj: Any, *, fsync: bool = True) -> None:
+    data = json.dumps(obj, ensure_ascii=False, sort_keys=True).encode()
+    _atomic_write(path, data, fsync=fsync)
 
 
 def _read_json(path: Path, *, missing_ok: bool = False) -> Any:
@@ -206,6 +213,9 @@ class ChangeLog:
         self._records: list[DdlRecord] = []
         # table id -> (commit ts list, schema-after list), ascending: the schema history.
         self._history: dict[int, tuple[list[int], list[TableSchema | None]]] = {}
+        # Set by the one ChangeLogWriter of this log: it tells us of every DDL it writes,
+        # so the directory need not be listed again on each call.
+        self._sole_writer = False
 
     def _check_format(self) -> None:
         path = self.root / "FORMAT"
@@ -258,6 +268,8 @@ class ChangeLog:
 
     def _refresh_ddl(self) -> list[DdlRecord]:
         # Listing the directory is cheap; only names not seen before are parsed.
+        if self._sole_writer:
+            return self._records
         ddl_dir = self.root / "ddl"
         names = frozenset(e.name for e in _scandir(ddl_dir) if _DDL_NAME.fullmatch(e.name))
         if names == self._ddl_names:
@@ -275,6 +287,16 @@ class ChangeLog:
                 ts_list.append(rec.commit_ts)
                 schemas.append(schema)
         return self._records
+
+    def _written(self, name: str, record: DdlRecord) -> None:
+        """The writer renamed ``name`` into place: add it without listing the directory."""
+        self._ddl_names = self._ddl_names | {name}
+        self._ddl_cache[name] = record
+        self._records.append(record)  # the writer appends in commit-ts order only
+        for table_id, schema in record.tables.items():
+            ts_list, schemas = self._history.setdefault(table_id, ([], []))
+            ts_list.append(record.commit_ts)
+            schemas.append(schema)
 
     @staticmethod
     def _parse_ddl(path: Path) -> DdlRecord:
@@ -423,14 +445,17 @@ class ChangeLogWriter:
     resolved mark, a DDL at or below what was promised, a resolved mark going back.
     """
 
-    def __init__(self, root: str | os.PathLike[str]) -> None:
+    def __init__(self, root: str | os.PathLike[str], *, fsync: bool = True) -> None:
         self.root = Path(root)
+        self.fsync = fsync
         fmt = self.root / "FORMAT"
         if not fmt.exists():
             _write_json(fmt, {"format": FORMAT_NAME, "version": FORMAT_VERSION})
         (self.root / "ddl").mkdir(parents=True, exist_ok=True)
         (self.root / "tables").mkdir(parents=True, exist_ok=True)
         self.log = ChangeLog(self.root)
+        self.log.ddl_records()
+        self.log._sole_writer = True
         self._max_row_ts: dict[int, int] = {}
 
     # ------------------------------------------------------------------ DDL
@@ -445,9 +470,10 @@ class ChangeLogWriter:
             assert schema is not None  # DdlRecord checks a created table has a schema
             meta = self.root / "tables" / str(table_id) / "meta.json"
             if not meta.exists():
-                _write_json(meta, {"table_id": table_id, "shards": schema.shards})
+                _write_json(meta, {"table_id": table_id, "shards": schema.shards}, fsync=self.fsync)
         path = self.root / "ddl" / _ddl_name(record.commit_ts, len(same_ts))
-        _atomic_write(path, record.dumps().encode())
+        _atomic_write(path, record.dumps().encode(), fsync=self.fsync)
+        self.log._written(path.name, record)
         return path
 
     def _check_ddl_order(self, record: DdlRecord) -> None:
@@ -481,7 +507,7 @@ class ChangeLogWriter:
 
     def advance_ddl_resolved(self, ts: int) -> None:
         """Promise no DDL with commit_ts <= ``ts`` is still to come."""
-        self._advance_mark(self.root / "ddl" / "resolved.json", ts, "the DDL log")
+        self._advance_mark(self.root / "ddl" / "resolved.json", ts, "the DDL log", self.fsync)
 
     # ------------------------------------------------------------------ rows
     def write_rows(
@@ -542,7 +568,7 @@ class ChangeLogWriter:
         path = self.root / "tables" / str(table_id) / "data" / f"minute={minute}" / name
         buf = io.BytesIO()
         pq.write_table(rows, buf)
-        _atomic_write(path, buf.getvalue())
+        _atomic_write(path, buf.getvalue(), fsync=self.fsync)
         return DataFile(str(path), table_id, shard, first, last)
 
     # ------------------------------------------------------------------ resolved
@@ -552,10 +578,10 @@ class ChangeLogWriter:
         if type(shard) is not int or not 0 <= shard < shards:
             raise ValueError(f"table {table_id}: shard {shard!r} out of range 0..{shards - 1}")
         path = self.log._resolved_path(table_id, shard)
-        self._advance_mark(path, ts, f"table {table_id} shard {shard}")
+        self._advance_mark(path, ts, f"table {table_id} shard {shard}", self.fsync)
 
     @staticmethod
-    def _advance_mark(path: Path, ts: int, what: str) -> None:
+    def _advance_mark(path: Path, ts: int, what: str, fsync: bool) -> None:
         _check_ts_arg("resolved ts", ts)
         current = _read_ts_mark(path)
         if ts < current:
@@ -564,7 +590,7 @@ class ChangeLogWriter:
                 "never go back: pass a ts >= the current mark"
             )
         if ts > current:
-            _write_json(path, {"resolved_ts": ts})
+            _write_json(path, {"resolved_ts": ts}, fsync=fsync)
 
 
 def _ddl_name(commit_ts: int, n: int) -> str:
