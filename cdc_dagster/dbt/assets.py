@@ -6,10 +6,9 @@ project's ``sources.yml`` (``["replica", <database>, <table>]``, the control pla
 ``["dbt", <model>]`` in group ``dbt_downstream``; dbt tests are asset checks.
 """
 
-
-
 import json
 import os
+import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -105,7 +104,9 @@ def dbt_resource(project_dir: Path | str = PROJECT_DIR) -> DbtCliResource:
     )
 
 
-def dbt_assets_for(project_dir: Path | str = PROJECT_DIR, name: str = "dbt_downstream") -> dg.AssetsDefinition:
+def dbt_assets_for(
+    project_dir: Path | str = PROJECT_DIR, name: str = "dbt_downstream"
+) -> dg.AssetsDefinition:
     """The dbt models as assets; a run pins one syncpoint (run config) and builds on it.
 
     Needs resources ``dbt`` (``DbtCliResource`` of the same project) and ``cdc_dbt``
@@ -142,6 +143,7 @@ def _build(
 ) -> Iterator[Any]:
     ts = ts or latest_syncpoint(res.delta_root, res.changefeed_id)
     with build_lock(res.duckdb_path):
+        started = time.monotonic()
         pinned = pin_syncpoint(res.duckdb_path, res.delta_root, res.changefeed_id, ts, sources)
         context.log.info(f"building on syncpoint {ts}: Delta versions {pinned.versions()}")
         meta = build_metadata(pinned)
@@ -155,7 +157,7 @@ def _build(
                 event = event.with_metadata({**event.metadata, **meta})
             yield event
         ok = invocation.is_successful()
-        record_build(res.duckdb_path, pinned, ok, 0.0)
+        record_build(res.duckdb_path, pinned, ok, time.monotonic() - started)
     if not ok:
         raise BuildError(
             f"dbt build on syncpoint {ts} of changefeed {res.changefeed_id!r} failed "

@@ -56,7 +56,9 @@ def build_lock(duckdb_path: str) -> Iterator[None]:
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
-def dbt_vars(pinned: PinnedSyncpoint, duckdb_path: str, extra: Mapping[str, Any] | None = None) -> str:
+def dbt_vars(
+    pinned: PinnedSyncpoint, duckdb_path: str, extra: Mapping[str, Any] | None = None
+) -> str:
     """``--vars`` of a build: the DuckDB file and the syncpoint ts the models stamp."""
     return json.dumps({**(extra or {}), "duckdb_path": duckdb_path, "syncpoint_ts": pinned.ts})
 
@@ -69,9 +71,7 @@ def source_tables(manifest: Mapping[str, Any]) -> set[tuple[str, str]]:
 def build_metadata(result_or_pinned: BuildResult | PinnedSyncpoint) -> dict[str, Any]:
     """Plain metadata naming the syncpoint and every table version read."""
     pinned = (
-        result_or_pinned.pinned
-        if isinstance(result_or_pinned, BuildResult)
-        else result_or_pinned
+        result_or_pinned.pinned if isinstance(result_or_pinned, BuildResult) else result_or_pinned
     )
     return {
         "changefeed": pinned.changefeed_id,
@@ -108,9 +108,18 @@ def dbt_executable() -> str:
     return str(here) if here.exists() else "dbt"
 
 
-def _dbt(project_dir: Path, args: list[str], env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess:
+def _dbt(
+    project_dir: Path, args: list[str], env: Mapping[str, str] | None = None
+) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [dbt_executable(), *args, "--project-dir", str(project_dir), "--profiles-dir", str(project_dir)],
+        [
+            dbt_executable(),
+            *args,
+            "--project-dir",
+            str(project_dir),
+            "--profiles-dir",
+            str(project_dir),
+        ],
         cwd=project_dir,
         capture_output=True,
         text=True,

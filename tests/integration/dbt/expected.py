@@ -24,7 +24,17 @@ def expected_models(snapshot: dict[int, dict[int, dict[str, Any]]]) -> dict[str,
     for k, o in snapshot[ORDERS.table_id].items():
         c = customers.get(o["customer_id"])
         day = o["placed_at"].date() if o["placed_at"] else None
-        facts.add((k, o["customer_id"], c["name"] if c else None, o["amount"], o["status"], o["placed_at"], day))
+        facts.add(
+            (
+                k,
+                o["customer_id"],
+                c["name"] if c else None,
+                o["amount"],
+                o["status"],
+                o["placed_at"],
+                day,
+            )
+        )
         daily[day][0] += 1
         daily[day][1].add(o["customer_id"])
         daily[day][2] += o["amount"]
@@ -50,6 +60,8 @@ def built_models(duckdb_path: str, ts: int) -> dict[str, set[tuple]]:
     with duckdb.connect(duckdb_path, read_only=True) as con:
         for name, sql in QUERIES.items():
             rows = con.execute(sql).fetchall()
-            assert {r[-1] for r in rows} <= {ts}, f"{name} rows stamped {set(r[-1] for r in rows)}, not {ts}"
+            assert {r[-1] for r in rows} <= {ts}, (
+                f"{name} rows stamped {set(r[-1] for r in rows)}, not {ts}"
+            )
             out[name] = {tuple(r[:-1]) for r in rows}
     return out

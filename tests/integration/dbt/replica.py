@@ -28,17 +28,25 @@ def _col(cid: int, name: str, logical: str, nullable: bool = True) -> ColumnSche
 
 
 def bank(table_id: int, index: int) -> TableSchema:
-    cols = (_col(1, "id", "int64", False), _col(2, "balance", "decimal(18,2)", False), _col(3, "owner", "string"))
+    cols = (
+        _col(1, "id", "int64", False),
+        _col(2, "balance", "decimal(18,2)", False),
+        _col(3, "owner", "string"),
+    )
     return TableSchema(table_id, "bank", f"accounts_{index}", cols, (1,))
 
 
 CUSTOMERS = TableSchema(
-    3, "shop", "customers",
+    3,
+    "shop",
+    "customers",
     (_col(1, "id", "int64", False), _col(2, "name", "string", False), _col(3, "email", "string")),
     (1,),
 )
 ORDERS = TableSchema(
-    4, "shop", "orders",
+    4,
+    "shop",
+    "orders",
     (
         _col(1, "id", "int64", False),
         _col(2, "customer_id", "int64", False),
@@ -83,7 +91,9 @@ class Replica:
         return {"id": i, "name": f"customer {i} ü'", "email": None}
 
     def _order(self, customer_id: int) -> dict[str, Any]:
-        day = dt.datetime(2026, 1, 1) + dt.timedelta(days=self.rng.randrange(4), seconds=self.rng.randrange(80000))
+        day = dt.datetime(2026, 1, 1) + dt.timedelta(
+            days=self.rng.randrange(4), seconds=self.rng.randrange(80000)
+        )
         return {
             "id": self._id(ORDERS),
             "customer_id": customer_id,
@@ -94,7 +104,11 @@ class Replica:
 
     # -- commits ---------------------------------------------------------------------
     def write(
-        self, t: TableSchema, upserts: list[dict[str, Any]], deletes: list[int] = (), end_ts: int = 0
+        self,
+        t: TableSchema,
+        upserts: list[dict[str, Any]],
+        deletes: list[int] = (),
+        end_ts: int = 0,
     ) -> int:
         """One sink batch for ``t`` ending at ``end_ts`` (the next ts if 0); the model follows."""
         if not end_ts:
@@ -102,13 +116,21 @@ class Replica:
             end_ts = self.ts
         schema = delta_schema(t)
         rows = [{**r, OP_COLUMN: OP_UPSERT} for r in upserts]
-        rows += [{**dict.fromkeys((c.name for c in t.columns)), "id": k, OP_COLUMN: OP_DELETE} for k in deletes]
-        cols = {c.name: pa.array([r[c.name] for r in rows], schema.field(c.name).type) for c in t.columns}
+        rows += [
+            {**dict.fromkeys(c.name for c in t.columns), "id": k, OP_COLUMN: OP_DELETE}
+            for k in deletes
+        ]
+        cols = {
+            c.name: pa.array([r[c.name] for r in rows], schema.field(c.name).type)
+            for c in t.columns
+        }
         cols[OP_COLUMN] = pa.array([r[OP_COLUMN] for r in rows], pa.int8())
         cols[COMMIT_TS_COLUMN] = pa.array([end_ts] * len(rows), pa.int64())
         batch = pa.table(cols)
         start = self.committed[t.table_id]
-        self.committed[t.table_id] = self.sink.write(CF, t, batch, start, end_ts, self.tokens[t.table_id])
+        self.committed[t.table_id] = self.sink.write(
+            CF, t, batch, start, end_ts, self.tokens[t.table_id]
+        )
         model = self.rows[t.table_id]
         for r in upserts:
             model[r["id"]] = dict(r)
@@ -145,10 +167,13 @@ class Replica:
         for t in TABLES:  # the barrier: every table's checkpoint reaches ts (empty batches)
             self.write(t, [], end_ts=self.ts)
         self.sink.record_syncpoint(CF, self.ts, TABLES)
-        self.snapshots[self.ts] = {k: {i: dict(r) for i, r in v.items()} for k, v in self.rows.items()}
+        self.snapshots[self.ts] = {
+            k: {i: dict(r) for i, r in v.items()} for k, v in self.rows.items()
+        }
         return self.ts
 
     def bank_total(self, ts: int) -> Decimal:
         snap = self.snapshots[ts]
-        return sum((r["balance"] for t in TABLES[:2] for r in snap[t.table_id].values()), Decimal(0))
-
+        return sum(
+            (r["balance"] for t in TABLES[:2] for r in snap[t.table_id].values()), Decimal(0)
+        )

@@ -16,7 +16,9 @@ from tests.integration.dbt.replica import BALANCE, CF, TABLES, Replica
 pytestmark = pytest.mark.slow  # each dbt build is a few seconds of subprocess
 
 
-def test_build_ignores_versions_written_between_pin_and_build(replica: Replica, duckdb_path: str) -> None:
+def test_build_ignores_versions_written_between_pin_and_build(
+    replica: Replica, duckdb_path: str
+) -> None:
     replica.transfer()
     replica.shop_step()
     ts = replica.syncpoint()
@@ -28,7 +30,11 @@ def test_build_ignores_versions_written_between_pin_and_build(replica: Replica, 
         replica.transfer_half(True)
         replica.shop_step_orders_only()
         latest = sum(
-            (v for t in TABLES[:2] for v in read_table_at(replica.root, t).column("balance").to_pylist()),
+            (
+                v
+                for t in TABLES[:2]
+                for v in read_table_at(replica.root, t).column("balance").to_pylist()
+            ),
         )
         assert latest != total  # the negative control: the unpinned state is off
 
@@ -36,15 +42,20 @@ def test_build_ignores_versions_written_between_pin_and_build(replica: Replica, 
 
     assert result.success and result.pinned.ts == ts
     assert result.pinned.versions() == {
-        f"{t.database}.{t.table}": v for t, v in zip(TABLES, _syncpoint_versions(replica, ts), strict=True)
+        f"{t.database}.{t.table}": v
+        for t, v in zip(TABLES, _syncpoint_versions(replica, ts), strict=True)
     }
     assert replica.bank_total(ts) == total
     assert built_models(duckdb_path, ts) == expected_models(replica.snapshots[ts])
     with duckdb.connect(duckdb_path, read_only=True) as con:
-        assert con.execute("select syncpoint_ts, success from cdc_meta.syncpoint_builds").fetchall() == [(ts, True)]
+        assert con.execute(
+            "select syncpoint_ts, success from cdc_meta.syncpoint_builds"
+        ).fetchall() == [(ts, True)]
 
 
-def test_builds_while_replication_runs_see_each_syncpoint_whole(replica: Replica, duckdb_path: str) -> None:
+def test_builds_while_replication_runs_see_each_syncpoint_whole(
+    replica: Replica, duckdb_path: str
+) -> None:
     stop = threading.Event()
     errors: list[BaseException] = []
 
@@ -78,7 +89,9 @@ def test_builds_while_replication_runs_see_each_syncpoint_whole(replica: Replica
         writer.join(60)
     assert not errors, errors
     with duckdb.connect(duckdb_path, read_only=True) as con:
-        history = con.execute("select syncpoint_ts, total_balance from main.bank_total_history order by 1").fetchall()
+        history = con.execute(
+            "select syncpoint_ts, total_balance from main.bank_total_history order by 1"
+        ).fetchall()
     assert history == [(ts, BALANCE * 40) for ts in built]
     print(f"build seconds per syncpoint: {[round(s, 2) for s in seconds]}")
 
@@ -91,7 +104,9 @@ def test_pin_views_read_exactly_the_syncpoint_versions(replica: Replica, duckdb_
         for t in TABLES:
             rows = con.execute(f'select count(*) from "{t.database}"."{t.table}"').fetchone()[0]
             assert rows == len(replica.snapshots[ts][t.table_id])
-        recorded = con.execute("select database, table_name, delta_version from cdc_meta.pinned_syncpoint").fetchall()
+        recorded = con.execute(
+            "select database, table_name, delta_version from cdc_meta.pinned_syncpoint"
+        ).fetchall()
     assert {(d, n): v for d, n, v in recorded} == {
         (p.database, p.table): p.version for p in pinned.tables
     }

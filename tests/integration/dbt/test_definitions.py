@@ -52,13 +52,21 @@ def test_lineage_reads_upstream_to_replica_to_model(tmp_path) -> None:
     }
     assert parents[key(["dbt", "stg_orders"])] == {key(["replica", "shop", "orders"])}
     assert parents[key(["dbt", "stg_customers"])] == {key(["replica", "shop", "customers"])}
-    assert parents[key(["dbt", "order_facts"])] == {key(["dbt", "stg_orders"]), key(["dbt", "stg_customers"])}
+    assert parents[key(["dbt", "order_facts"])] == {
+        key(["dbt", "stg_orders"]),
+        key(["dbt", "stg_customers"]),
+    }
     assert parents[key(["dbt", "bank_total"])] == {key(["dbt", "account_balances"])}
     # no dbt source became an asset of its own: every source is a replica
-    assert not [k for k in graph.get_all_asset_keys() if k.path[0] not in ("upstream", "replica", "dbt")]
+    assert not [
+        k for k in graph.get_all_asset_keys() if k.path[0] not in ("upstream", "replica", "dbt")
+    ]
     checks = {(c.asset_key.path[-1], c.name) for c in graph.asset_check_keys}
     assert ("bank_total_history", "assert_bank_total_constant") in checks
-    assert ("stg_orders", "relationships_stg_orders_customer_id__customer_id__ref_stg_customers_") in checks
+    assert (
+        "stg_orders",
+        "relationships_stg_orders_customer_id__customer_id__ref_stg_customers_",
+    ) in checks
     assert defs.get_sensor_def("dbt_syncpoint_sensor")
 
 
@@ -71,7 +79,9 @@ def test_sensor_requests_one_run_per_new_syncpoint() -> None:
 
 
 @pytest.mark.slow
-def test_sensor_run_builds_the_syncpoint_with_its_metadata_and_checks(replica: Replica, duckdb_path: str) -> None:
+def test_sensor_run_builds_the_syncpoint_with_its_metadata_and_checks(
+    replica: Replica, duckdb_path: str
+) -> None:
     ts = replica.syncpoint()
     defs = build_defs(replica.root, duckdb_path)
     sensor = defs.get_sensor_def("dbt_syncpoint_sensor")
@@ -81,8 +91,11 @@ def test_sensor_run_builds_the_syncpoint_with_its_metadata_and_checks(replica: R
         replica.transfer_half(True)  # lands after the syncpoint: the run must not see it
         job = defs.resolve_implicit_global_asset_job_def()
         run = job.execute_in_process(
-            run_config=result.run_requests[0].run_config, instance=instance,
-            asset_selection=[k for k in job.asset_layer.executable_asset_keys if k.path[0] == "dbt"],
+            run_config=result.run_requests[0].run_config,
+            instance=instance,
+            asset_selection=[
+                k for k in job.asset_layer.executable_asset_keys if k.path[0] == "dbt"
+            ],
         )
         assert run.success
         mats = run.get_asset_materialization_events()
@@ -93,11 +106,15 @@ def test_sensor_run_builds_the_syncpoint_with_its_metadata_and_checks(replica: R
             assert meta["delta_version/bank.accounts_0"].value == replica_version(replica, ts, 1)
         checks = run.get_asset_check_evaluations()
         assert checks and all(c.passed for c in checks)
-        again = sensor(dg.build_sensor_context(instance=instance, definitions=defs, cursor=result.cursor))
+        again = sensor(
+            dg.build_sensor_context(instance=instance, definitions=defs, cursor=result.cursor)
+        )
         assert not again.run_requests
     assert built_models(duckdb_path, ts) == expected_models(replica.snapshots[ts])
     with duckdb.connect(duckdb_path, read_only=True) as con:
-        assert con.execute("select syncpoint_ts from cdc_meta.syncpoint_builds").fetchall() == [(ts,)]
+        assert con.execute("select syncpoint_ts from cdc_meta.syncpoint_builds").fetchall() == [
+            (ts,)
+        ]
 
 
 def replica_version(replica: Replica, ts: int, table_id: int) -> int:
