@@ -76,9 +76,12 @@ def _start_webserver(workdir: str) -> tuple[subprocess.Popen, str]:
 
 
 def _dismiss_welcome(page) -> None:
+    """Close the first-visit dialog; it only sometimes shows."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
     try:
         page.get_by_role("button", name="Skip").click(timeout=5000)
-    except Exception:  # noqa: BLE001 (the first-visit dialog only sometimes shows)
+    except PlaywrightTimeout:
         return
 
 
