@@ -23,15 +23,16 @@ def expected_models(snapshot: dict[int, dict[int, dict[str, Any]]]) -> dict[str,
     daily: dict[Any, list] = defaultdict(lambda: [0, set(), Decimal(0)])
     for k, o in snapshot[ORDERS.table_id].items():
         c = customers.get(o["customer_id"])
-        day = o["placed_at"].date() if o["placed_at"] else None
+        placed = o.get("placed_at")  # a DDL may have dropped or renamed it
+        day = placed.date() if placed else None
         facts.add(
             (
                 k,
                 o["customer_id"],
                 c["name"] if c else None,
                 o["amount"],
-                o["status"],
-                o["placed_at"],
+                o.get("status"),
+                placed,
                 day,
             )
         )

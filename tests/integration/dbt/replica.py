@@ -17,7 +17,8 @@ import pyarrow as pa
 
 from cdc_dagster.sinks.base import COMMIT_TS_COLUMN, OP_COLUMN, OP_DELETE, OP_UPSERT
 from cdc_dagster.sinks.delta import DeltaSink, delta_schema
-from cdc_dagster.upstream.schema import ColumnSchema, TableSchema
+from cdc_dagster.upstream.schema import ColumnSchema, DdlRecord, TableSchema
+from scheduler_core.ddl import DDLKind
 
 CF = "cf-dbt"
 BALANCE = Decimal("1000.00")
@@ -72,6 +73,7 @@ class Replica:
         self.committed = {t.table_id: 0 for t in TABLES}
         self.snapshots: dict[int, dict[int, dict[int, dict[str, Any]]]] = {}
         self.next_id = {t.table_id: 1 for t in TABLES}
+        self.schemas = {t.table_id: t for t in TABLES}  # current schemas (DDLs change them)
         for t in TABLES[:2]:
             self.write(t, [self._account(t) for _ in range(accounts)])
         customers = [self._customer() for _ in range(5)]
@@ -121,7 +123,7 @@ class Replica:
             for k in deletes
         ]
         cols = {
-            c.name: pa.array([r[c.name] for r in rows], schema.field(c.name).type)
+            c.name: pa.array([r.get(c.name) for r in rows], schema.field(c.name).type)
             for c in t.columns
         }
         cols[OP_COLUMN] = pa.array([r[OP_COLUMN] for r in rows], pa.int8())
@@ -133,7 +135,7 @@ class Replica:
         )
         model = self.rows[t.table_id]
         for r in upserts:
-            model[r["id"]] = dict(r)
+            model[r["id"]] = {c.name: r.get(c.name) for c in t.columns}
         for k in deletes:
             model.pop(k, None)
         return self.ts
@@ -154,23 +156,45 @@ class Replica:
     def shop_step(self) -> None:
         """A new customer and orders for it: orders commit first, as another table's batch may."""
         c = self._customer()
-        self.write(ORDERS, [self._order(c["id"]) for _ in range(2)])
-        self.write(CUSTOMERS, [c])
+        self.write(self.schemas[ORDERS.table_id], [self._order(c["id"]) for _ in range(2)])
+        self.write(self.schemas[CUSTOMERS.table_id], [c])
 
     def shop_step_orders_only(self) -> None:
         """Orders of a customer whose own commit has not landed (as between two tables' batches)."""
-        self.write(ORDERS, [self._order(self.next_id[CUSTOMERS.table_id] + 1000)])
+        orders = self.schemas[ORDERS.table_id]
+        self.write(orders, [self._order(self.next_id[CUSTOMERS.table_id] + 1000)])
 
     def syncpoint(self) -> int:
         """Record a syncpoint at the current ts (every table committed up to it)."""
         self.ts += 1
-        for t in TABLES:  # the barrier: every table's checkpoint reaches ts (empty batches)
+        for t in self.schemas.values():  # the barrier: every table reaches ts (empty batches)
             self.write(t, [], end_ts=self.ts)
-        self.sink.record_syncpoint(CF, self.ts, TABLES)
+        self.sink.record_syncpoint(CF, self.ts, list(self.schemas.values()))
         self.snapshots[self.ts] = {
             k: {i: dict(r) for i, r in v.items()} for k, v in self.rows.items()
         }
         return self.ts
+
+    def alter(self, action: str, after: TableSchema, query: str) -> None:
+        """Apply a column DDL downstream (the sink rewrites the table) and to the model."""
+        before = self.schemas[after.table_id]
+        self.ts += 1
+        record = DdlRecord(
+            self.ts,
+            DDLKind.ALTER_TABLE,
+            action,
+            query,
+            (after.table_id,),
+            tables={after.table_id: after},
+        )
+        self.sink.apply_ddl(CF, record, {after.table_id: before})
+        self.schemas[after.table_id] = after
+        names = {c.id: c.name for c in after.columns}
+        old = {c.name: c.id for c in before.columns}
+        self.rows[after.table_id] = {
+            k: {names[old[n]]: v for n, v in r.items() if old[n] in names}
+            for k, r in self.rows[after.table_id].items()
+        }
 
     def bank_total(self, ts: int) -> Decimal:
         snap = self.snapshots[ts]

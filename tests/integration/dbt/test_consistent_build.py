@@ -125,3 +125,30 @@ def _syncpoint_versions(replica: Replica, ts: int) -> list[int]:
 
     record = read_syncpoint(replica.root, CF, ts)
     return [record.versions[t.table_id] for t in TABLES]
+
+
+def test_build_survives_upstream_dropping_and_renaming_optional_columns(
+    replica: Replica, duckdb_path: str
+) -> None:
+    from dataclasses import replace
+
+    orders = replica.schemas[4]
+    dropped = replace(orders, columns=tuple(c for c in orders.columns if c.name != "status"))
+    replica.alter("drop_column", dropped, "ALTER TABLE shop.orders DROP COLUMN status")
+    renamed = replace(
+        dropped,
+        columns=tuple(
+            replace(c, name="placed_at~1") if c.name == "placed_at" else c for c in dropped.columns
+        ),
+    )
+    replica.alter(
+        "rename_column", renamed, "ALTER TABLE shop.orders RENAME placed_at TO `placed_at~1`"
+    )
+    replica.shop_step()
+    ts = replica.syncpoint()
+
+    run_build(replica.root, CF, duckdb_path, ts)
+
+    models = built_models(duckdb_path, ts)
+    assert models == expected_models(replica.snapshots[ts])
+    assert {(r[4], r[5]) for r in models["order_facts"]} == {(None, None)}  # status, placed_at
