@@ -8,7 +8,7 @@ import time
 import duckdb
 import pytest
 
-from cdc_dagster.dbt import PinError, SyncpointNotFoundError, pin_syncpoint, run_build
+from cdc_dagster.dbt import run_build
 from cdc_dagster.sinks.delta import read_table_at
 from tests.integration.dbt.expected import built_models, expected_models
 from tests.integration.dbt.replica import BALANCE, CF, TABLES, Replica
@@ -94,30 +94,6 @@ def test_builds_while_replication_runs_see_each_syncpoint_whole(
         ).fetchall()
     assert history == [(ts, BALANCE * 40) for ts in built]
     print(f"build seconds per syncpoint: {[round(s, 2) for s in seconds]}")
-
-
-def test_pin_views_read_exactly_the_syncpoint_versions(replica: Replica, duckdb_path: str) -> None:
-    ts = replica.syncpoint()
-    replica.transfer()
-    pinned = pin_syncpoint(duckdb_path, replica.root, CF, ts)
-    with duckdb.connect(duckdb_path, read_only=True) as con:
-        for t in TABLES:
-            rows = con.execute(f'select count(*) from "{t.database}"."{t.table}"').fetchone()[0]
-            assert rows == len(replica.snapshots[ts][t.table_id])
-        recorded = con.execute(
-            "select database, table_name, delta_version from cdc_meta.pinned_syncpoint"
-        ).fetchall()
-    assert {(d, n): v for d, n, v in recorded} == {
-        (p.database, p.table): p.version for p in pinned.tables
-    }
-
-
-def test_pin_refuses_unknown_syncpoints_and_tables(replica: Replica, duckdb_path: str) -> None:
-    ts = replica.syncpoint()
-    with pytest.raises(SyncpointNotFoundError, match="no syncpoint at ts"):
-        pin_syncpoint(duckdb_path, replica.root, CF, ts + 1)
-    with pytest.raises(PinError, match="no table"):
-        pin_syncpoint(duckdb_path, replica.root, CF, ts, {("shop", "returns")})
 
 
 def _syncpoint_versions(replica: Replica, ts: int) -> list[int]:
