@@ -90,10 +90,9 @@ def build_metadata(pinned: PinnedSyncpoint) -> dict[str, dg.MetadataValue]:
 
 
 def project_for(project_dir: Path | str = PROJECT_DIR) -> DbtProject:
-    """The ``DbtProject`` with its manifest parsed (``dbt parse`` once if it is missing)."""
+    """The ``DbtProject`` with a fresh manifest (``dbt parse`` if missing or stale)."""
     project = DbtProject(project_dir=Path(project_dir), profiles_dir=Path(project_dir))
-    if not project.manifest_path.exists():
-        load_manifest(Path(project_dir), os.path.join(str(project_dir), "target", "parse.duckdb"))
+    load_manifest(Path(project_dir), os.path.join(str(project_dir), "target", "parse.duckdb"))
     return project
 
 

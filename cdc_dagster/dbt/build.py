@@ -128,13 +128,23 @@ def _dbt(
     )
 
 
+def _project_mtime(project_dir: Path) -> float:
+    """The newest modification time of the files that make the manifest."""
+    files = [project_dir / "dbt_project.yml", project_dir / "profiles.yml"]
+    for sub in ("models", "tests", "macros", "seeds", "snapshots"):
+        files += [p for p in (project_dir / sub).rglob("*") if p.is_file()]
+    return max((p.stat().st_mtime for p in files if p.exists()), default=0.0)
+
+
 def load_manifest(project_dir: Path, duckdb_path: str) -> dict[str, Any]:
-    """The project's manifest (``dbt parse`` when ``target/manifest.json`` is missing)."""
+    """The project's manifest: ``dbt parse`` when it is missing or older than the project."""
     path = project_dir / "target" / "manifest.json"
-    if not path.exists():
+    if not path.exists() or path.stat().st_mtime < _project_mtime(project_dir):
         proc = _dbt(project_dir, ["parse", "--vars", json.dumps({"duckdb_path": duckdb_path})])
         if proc.returncode != 0:
-            raise BuildError(f"dbt parse failed in {project_dir}:\n{proc.stdout[-3000:]}")
+            raise BuildError(
+                f"dbt parse failed in {project_dir}; fix the project:\n{proc.stdout[-3000:]}"
+            )
     return json.loads(path.read_text(encoding="utf-8"))
 
 
