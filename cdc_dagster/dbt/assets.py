@@ -17,7 +17,6 @@ import dagster as dg
 from dagster_dbt import DagsterDbtTranslator, DbtCliResource, DbtProject, dbt_assets
 
 from cdc_dagster.dbt.build import (
-    DUCKDB_PATH_ENV,
     PROJECT_DIR,
     build_lock,
     dbt_executable,
@@ -28,6 +27,7 @@ from cdc_dagster.dbt.build import (
 )
 from cdc_dagster.dbt.errors import BuildError
 from cdc_dagster.dbt.pin import PinnedSyncpoint, latest_syncpoint, pin_syncpoint
+from cdc_dagster.dbt.settings import DELTA_ROOT_ENV, DbtSettings, delta_root_of
 from scheduler_core.ts import physical_ms
 
 MODEL_KEY_PREFIX = "dbt"
@@ -42,20 +42,30 @@ class SyncpointBuildConfig(dg.Config):
 
 
 class DbtDownstreamResource(dg.ConfigurableResource):
-    """Where the replicated Delta tables, their syncpoints and the DuckDB file live."""
+    """Where the Delta tables, their syncpoints and the DuckDB file are.
 
-    delta_root: str
-    changefeed_id: str
-    duckdb_path: str
+    Empty fields are read from ``CDC_DAGSTER_DBT_*`` / ``CDC_DBT_DUCKDB_PATH`` at run time
+    (``cdc_dagster.dbt.settings``), so production definitions can use ``DbtDownstreamResource()``.
+    """
 
-    @staticmethod
-    def from_env(delta_root: str, changefeed_id: str) -> "DbtDownstreamResource":
-        """The DuckDB file from ``$CDC_DBT_DUCKDB_PATH`` (else beside the Delta root)."""
-        default = os.path.join(os.path.dirname(delta_root), "dbt", "downstream.duckdb")
-        return DbtDownstreamResource(
-            delta_root=delta_root,
-            changefeed_id=changefeed_id,
-            duckdb_path=os.environ.get(DUCKDB_PATH_ENV, default),
+    delta_root: str = ""
+    changefeed_id: str = ""
+    duckdb_path: str = ""
+
+    def settings(self) -> DbtSettings:
+        """These fields over the environment's settings; raises when no Delta root is known."""
+        env = DbtSettings.from_env()
+        root = delta_root_of(self.delta_root) or (env.delta_root if env else "")
+        if not root:
+            raise BuildError(
+                f"no Delta root for the dbt build: configure the cdc_dbt resource or set "
+                f"{DELTA_ROOT_ENV} to the changefeed's sink (delta:///abs/root)"
+            )
+        default_db = os.path.join(os.path.dirname(root.rstrip("/")), "dbt", "downstream.duckdb")
+        return DbtSettings(
+            delta_root=root,
+            changefeed_id=self.changefeed_id or (env.changefeed_id if env else "default"),
+            duckdb_path=self.duckdb_path or (env.duckdb_path if env else default_db),
         )
 
 
@@ -136,10 +146,11 @@ def dbt_assets_for(
 def _build(
     context: dg.AssetExecutionContext,
     dbt: DbtCliResource,
-    res: DbtDownstreamResource,
+    resource: DbtDownstreamResource,
     ts: int,
     sources: set[tuple[str, str]],
 ) -> Iterator[Any]:
+    res = resource.settings()
     ts = ts or latest_syncpoint(res.delta_root, res.changefeed_id)
     with build_lock(res.duckdb_path):
         started = time.monotonic()

@@ -25,7 +25,6 @@ from cdc_dagster.dbt.errors import BuildError
 from cdc_dagster.dbt.pin import META_SCHEMA, PinnedSyncpoint, latest_syncpoint, pin_syncpoint
 
 PROJECT_DIR = Path(__file__).resolve().parents[2] / "dbt_downstream"
-DUCKDB_PATH_ENV = "CDC_DBT_DUCKDB_PATH"
 
 
 @dataclass(frozen=True, slots=True)

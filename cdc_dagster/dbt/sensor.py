@@ -5,6 +5,7 @@ from __future__ import annotations
 import dagster as dg
 
 from cdc_dagster.dbt.assets import BUILD_TAG
+from cdc_dagster.dbt.settings import DELTA_ROOT_ENV, DbtSettings, delta_root_of
 from cdc_dagster.sinks.delta import list_syncpoints
 
 
@@ -31,14 +32,18 @@ def syncpoint_requests(
 
 def syncpoint_sensor(
     assets: dg.AssetsDefinition,
-    delta_root: str,
-    changefeed_id: str,
+    delta_root: str | None = None,
+    changefeed_id: str | None = None,
     name: str = "dbt_syncpoint_sensor",
     minimum_interval_seconds: int = 10,
     max_per_tick: int = 3,
     default_status: dg.DefaultSensorStatus = dg.DefaultSensorStatus.RUNNING,
 ) -> dg.SensorDefinition:
-    """Poll the changefeed's syncpoint files; one run of ``assets`` per new syncpoint."""
+    """Poll the changefeed's syncpoint files; one run of ``assets`` per new syncpoint.
+
+    ``delta_root`` / ``changefeed_id`` left None are read from ``CDC_DAGSTER_DBT_*`` at tick
+    time (``cdc_dagster.dbt.settings``); unconfigured, the sensor skips.
+    """
     op_name = assets.op.name
 
     @dg.sensor(
@@ -46,12 +51,17 @@ def syncpoint_sensor(
         target=assets,
         minimum_interval_seconds=minimum_interval_seconds,
         default_status=default_status,
-        description=f"dbt build at each new syncpoint of changefeed {changefeed_id!r}",
+        description="dbt build at each new syncpoint of the changefeed (never between)",
     )
-    def _sensor(context: dg.SensorEvaluationContext) -> dg.SensorResult:
+    def _sensor(context: dg.SensorEvaluationContext) -> dg.SensorResult | dg.SkipReason:
+        env = DbtSettings.from_env()
+        root = delta_root_of(delta_root) if delta_root else (env.delta_root if env else None)
+        if root is None:
+            return dg.SkipReason(f"no Delta root: set {DELTA_ROOT_ENV} to the changefeed's sink")
+        cf = changefeed_id or (env.changefeed_id if env else "default")
         cursor = int(context.cursor or 0)
         requests, new_cursor, skipped = syncpoint_requests(
-            list_syncpoints(delta_root, changefeed_id), cursor, changefeed_id, op_name, max_per_tick
+            list_syncpoints(root, cf), cursor, cf, op_name, max_per_tick
         )
         if skipped:
             context.log.info(f"skipping {len(skipped)} older syncpoints: {skipped[:10]}")

@@ -121,3 +121,23 @@ def replica_version(replica: Replica, ts: int, table_id: int) -> int:
     from cdc_dagster.sinks.delta import read_syncpoint
 
     return read_syncpoint(replica.root, CF, ts).versions[table_id]
+
+
+def test_sensor_reads_the_changefeed_from_the_environment_at_tick_time(
+    replica: Replica, duckdb_path: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ts = replica.syncpoint()
+    assets = dbt_assets_for(PROJECT_DIR)
+    sensor = syncpoint_sensor(assets)  # what production definitions build: no paths yet
+    monkeypatch.delenv("CDC_DAGSTER_DBT_DELTA_ROOT", raising=False)
+    with dg.instance_for_test() as instance:
+        skipped = sensor(dg.build_sensor_context(instance=instance))
+        assert isinstance(skipped, dg.SkipReason) and "CDC_DAGSTER_DBT_DELTA_ROOT" in str(
+            skipped.skip_message
+        )
+        monkeypatch.setenv("CDC_DAGSTER_DBT_DELTA_ROOT", f"delta://{replica.root}")
+        monkeypatch.setenv("CDC_DAGSTER_DBT_CHANGEFEED", CF)
+        result = sensor(dg.build_sensor_context(instance=instance))
+    assert [r.tags["cdc/syncpoint_ts"] for r in result.run_requests] == [str(ts)]
+    settings = DbtDownstreamResource().settings()
+    assert (settings.delta_root, settings.changefeed_id) == (replica.root, CF)
