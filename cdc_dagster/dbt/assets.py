@@ -19,6 +19,7 @@ from dagster_dbt import DagsterDbtTranslator, DbtCliResource, DbtProject, dbt_as
 from cdc_dagster.dbt.build import (
     PROJECT_DIR,
     build_lock,
+    build_target_path,
     dbt_executable,
     dbt_vars,
     load_manifest,
@@ -161,6 +162,7 @@ def _build(
             ["build", "--vars", dbt_vars(pinned, res.duckdb_path)],
             context=context,
             raise_on_error=False,
+            target_path=build_target_path(res.duckdb_path),
         )
         for event in invocation.stream():
             if isinstance(event, dg.Output | dg.AssetMaterialization):

@@ -14,7 +14,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -53,6 +53,12 @@ def build_lock(duckdb_path: str) -> Iterator[None]:
             yield
         finally:
             fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def build_target_path(duckdb_path: str) -> Path:
+    """dbt's target dir of the builds on one DuckDB file: one, reused (builds are serialised),
+    so partial parsing stays warm and runs do not pile up a target dir each."""
+    return Path(os.path.abspath(duckdb_path)).parent / "dbt-target"
 
 
 def dbt_vars(
@@ -154,7 +160,7 @@ def run_build(
     ts: int | None = None,
     project_dir: Path = PROJECT_DIR,
     extra_vars: Mapping[str, Any] | None = None,
-    after_pin: Any = None,
+    after_pin: Callable[[PinnedSyncpoint], None] | None = None,
 ) -> BuildResult:
     """Pin syncpoint ``ts`` (latest if None) and ``dbt build`` on it; raise if dbt fails.
 
@@ -170,7 +176,11 @@ def run_build(
         if after_pin is not None:
             after_pin(pinned)
         t2 = time.monotonic()
-        proc = _dbt(project_dir, ["build", "--vars", dbt_vars(pinned, duckdb_path, extra_vars)])
+        proc = _dbt(
+            project_dir,
+            ["build", "--vars", dbt_vars(pinned, duckdb_path, extra_vars)],
+            {"DBT_TARGET_PATH": str(build_target_path(duckdb_path))},
+        )
         t3 = time.monotonic()
         result = BuildResult(pinned, t1 - t0, t3 - t2, proc.returncode == 0, proc.stdout[-4000:])
         record_build(duckdb_path, pinned, result.success, result.seconds)
