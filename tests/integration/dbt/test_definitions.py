@@ -141,3 +141,17 @@ def test_sensor_reads_the_changefeed_from_the_environment_at_tick_time(
     assert [r.tags["cdc/syncpoint_ts"] for r in result.run_requests] == [str(ts)]
     settings = DbtDownstreamResource().settings()
     assert (settings.delta_root, settings.changefeed_id) == (replica.root, CF)
+
+
+def test_every_source_key_is_the_control_planes_replica_key() -> None:
+    catalog_mod = pytest.importorskip("cdc_dagster.defs.catalog")  # lands with the defs module
+    import json
+
+    from cdc_dagster.dbt.assets import CdcDbtTranslator, project_for
+
+    manifest = json.loads(project_for(PROJECT_DIR).manifest_path.read_text(encoding="utf-8"))
+    translator = CdcDbtTranslator()
+    for i, source in enumerate(manifest["sources"].values(), start=1):
+        ref = catalog_mod.TableRef(i, source["schema"], source["identifier"])
+        catalog = catalog_mod.Catalog.of([ref])
+        assert translator.get_asset_key(source) == catalog.replica_key(ref), source["unique_id"]
