@@ -67,7 +67,7 @@ def test_lineage_reads_upstream_to_replica_to_model(tmp_path) -> None:
         "stg_orders",
         "relationships_stg_orders_customer_id__customer_id__ref_stg_customers_",
     ) in checks
-    assert defs.get_sensor_def("dbt_syncpoint_sensor")
+    assert defs.resolve_sensor_def("dbt_syncpoint_sensor")
 
 
 def test_sensor_requests_one_run_per_new_syncpoint() -> None:
@@ -84,7 +84,7 @@ def test_sensor_run_builds_the_syncpoint_with_its_metadata_and_checks(
 ) -> None:
     ts = replica.syncpoint()
     defs = build_defs(replica.root, duckdb_path)
-    sensor = defs.get_sensor_def("dbt_syncpoint_sensor")
+    sensor = defs.resolve_sensor_def("dbt_syncpoint_sensor")
     with dg.instance_for_test() as instance:
         result = sensor(dg.build_sensor_context(instance=instance, definitions=defs))
         assert [r.tags["cdc/syncpoint_ts"] for r in result.run_requests] == [str(ts)]
