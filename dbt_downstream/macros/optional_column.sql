@@ -14,6 +14,8 @@
   {%- endif -%}
 {%- endmacro %}
 
+{#- The syncpoint the pinned sources show, from the pin record written with the views
+    (not a --vars value: changing vars every build would force dbt to re-parse fully). -#}
 {% macro syncpoint_ts() -%}
-  cast({{ var('syncpoint_ts') | int }} as bigint)
+  (select max(syncpoint_ts) from cdc_meta.pinned_syncpoint)
 {%- endmacro %}
