@@ -74,18 +74,6 @@ def source_tables(manifest: Mapping[str, Any]) -> set[tuple[str, str]]:
     return {(s["schema"], s["identifier"]) for s in manifest.get("sources", {}).values()}
 
 
-def build_metadata(result_or_pinned: BuildResult | PinnedSyncpoint) -> dict[str, Any]:
-    """Plain metadata naming the syncpoint and every table version read."""
-    pinned = (
-        result_or_pinned.pinned if isinstance(result_or_pinned, BuildResult) else result_or_pinned
-    )
-    return {
-        "changefeed": pinned.changefeed_id,
-        "syncpoint_ts": pinned.ts,
-        "table_versions": pinned.versions(),
-    }
-
-
 def record_build(duckdb_path: str, pinned: PinnedSyncpoint, success: bool, seconds: float) -> None:
     """Append the build to ``cdc_meta.syncpoint_builds`` (ts, versions, outcome, duration)."""
     with duckdb.connect(duckdb_path) as con:
