@@ -379,3 +379,39 @@ def test_one_tables_error_while_a_capture_leaves_does_not_keep_other_tables_on_i
     assert result.error is not None and result.error.table_id == 1
     for tid in (2, 3):
         assert co.replications.view(tid).state == ReplicationSetState.ABSENT
+
+
+def test_empty_changefeed_with_a_tracked_ddl_stream_moves_to_its_first_create() -> None:
+    """A changefeed started before any table exists: the checkpoint follows the DDL stream to
+    the first CREATE, which then becomes ready and adds its table (it stalled before)."""
+    from scheduler_core.ddl import DDLManager
+
+    co = Coordinator(
+        owner_id=OWNER,
+        owner_rev=5,
+        changefeed_epoch=1,
+        checkpoint=CP,
+        tables=(),
+        rng=random.Random(0),
+        ddl=DDLManager(1000, ddl_resolved_ts=1000),
+    )
+    a = Capture("a")
+    create = DDLEvent(1500, DDLKind.CREATE_TABLE, "CREATE TABLE t7", creates=(7,))
+    co.add_ddl(create)
+    co.advance_ddl_resolved(1800)
+    result = co.tick({"a": a.reg}, [a.report()])
+    result = co.tick({"a": a.reg}, [a.report()])
+    assert co.checkpoint.checkpoint_ts == 1500
+    assert create in result.ready_ddls
+    co.ddl_done(create)
+    result = co.tick({"a": a.reg}, [a.report()])
+    assert [r.table_id for r in dispatched(result, "a")] == [7]
+
+
+def test_empty_changefeed_without_ddl_tracking_holds_its_checkpoint() -> None:
+    """No tracked DDL stream: nothing says a CREATE below the next syncpoint was not missed."""
+    co = coordinator(tables=())
+    a = Capture("a")
+    co.tick({"a": a.reg}, [a.report()])
+    co.tick({"a": a.reg}, [a.report()])
+    assert co.checkpoint == CP
