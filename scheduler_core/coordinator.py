@@ -354,8 +354,9 @@ class Coordinator:
     def _advance_checkpoint(self, barrier: Barrier) -> None:
         if not self._rebuilt:
             return
-        if not len(self.current_tables):
-            return  # nothing replicates, so nothing says how far the upstream has resolved
+        # With no table, the checkpoint follows the barrier (as TiCDC's does), which the DDL
+        # stream's resolved ts caps: a changefeed that starts before its first table reaches
+        # that table's CREATE, which then becomes ready.
         rows = self.replications.rows(self.current_tables)
         cp = advance_checkpoint(*rows, barrier, len(self.current_tables), self.checkpoint)
         if cp is None:
