@@ -79,7 +79,7 @@ def main() -> int:
             _, _children = stack._bring_up(state, started, etcd, 0, True, changelog)
             stack.say(
                 workload.ensure_demo_changefeed(
-                    etcd, state, "bench", lake, stack.DEMO_CAPTURES, changelog, gen.bootstrap
+                    etcd, state, "bench", lake, stack.DEMO_CAPTURES, changelog, gen.first_ts
                 )
             )
             from cdc_dagster.metastore import connect
