@@ -108,7 +108,7 @@ def _tables(tick: Any) -> tuple[TableReport, ...]:
 
 def owner_tick(settings: Settings) -> TickView:
     """Run one ``OwnerLoop.tick()`` (and record the syncpoints it reached) and describe it."""
-    from cdc_dagster.runtime import apply_syncpoint
+    from cdc_dagster.runtime import apply_ready_ddl, apply_syncpoint
 
     started = time.perf_counter()
     loop = _owner_loop(settings)
@@ -124,15 +124,23 @@ def owner_tick(settings: Settings) -> TickView:
             f"syncpoint {ready.ts} of {ready.changefeed_id} recorded ({len(ready.table_ids)} tables)"
         )
     work = {c: tick.run_config(c) for c in tick.messages}
-    ddls = tuple(
-        DdlToRun(
-            d.changefeed_id,
-            int(d.record.commit_ts),
-            tuple(int(t) for t in d.record.table_ids),
-            d.record.query,
+    ddls = []
+    for d in tick.ready_ddls:
+        if not d.record.table_ids:
+            # A DDL that touches no existing table (CREATE TABLE / SCHEMA) has no table
+            # checkpoint to gate on, and nothing writes its new table before it ran: like
+            # a syncpoint, the owner applies it now instead of a gated run per CREATE.
+            apply_ready_ddl(loop.metastore, d)
+            notes.append(f"DDL at {d.commit_ts} of {d.changefeed_id} applied: {d.query}")
+            continue
+        ddls.append(
+            DdlToRun(
+                d.changefeed_id,
+                int(d.record.commit_ts),
+                tuple(int(t) for t in d.record.table_ids),
+                d.record.query,
+            )
         )
-        for d in tick.ready_ddls
-    )
     progress = {
         cf: (int(t.checkpoint_ts), int(t.resolved_ts)) for cf, t in tick.changefeeds.items()
     }
@@ -142,7 +150,7 @@ def owner_tick(settings: Settings) -> TickView:
         int(tick.owner_rev),
         tuple(sorted(tick.captures)),
         {c: w for c, w in work.items() if w},
-        ddls,
+        tuple(ddls),
         progress,
         _tables(tick),
         tuple(notes),
@@ -213,7 +221,7 @@ class CaptureTick:
                     int(t.checkpoint_ts),
                     int(t.resolved_ts),
                     _barrier_of(self.work[cf], int(t.table_id)),
-                    int(getattr(t, "rows_applied", 0)),
+                    int(t.rows_applied),
                     ctx.capture_id,
                 )
                 for t in outcome.tables

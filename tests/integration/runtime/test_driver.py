@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from conftest import check_downstream
-from upstream_helpers import Upstream
+from upstream_helpers import Upstream, check_downstream
 
 from cdc_dagster.runtime.driver import Driver
 from cdc_dagster.runtime.fake import FileDownstream
@@ -59,3 +58,17 @@ def test_changefeed_starting_before_any_table_adds_tables_as_they_are_created(
     assert n < 60
     ds = FileDownstream(sink_uri[len("file://") :])
     assert all(ds.committed(t) == target for t in upstream.table_ids)
+
+
+def test_commit_reports_rows_applied_per_table(
+    make_driver: Callable[..., Driver], upstream: Upstream
+) -> None:
+    driver = make_driver(captures=2)
+    target = upstream.ts(5000)
+    upstream.advance(target)
+    driver.run_until(lambda t: driver.caught_up(t, target), max_ticks=30)
+    lines = {t.table_id: t for c in driver.tick().commits for t in c.tables}
+    assert set(lines) == set(upstream.table_ids)
+    # The fake counts one per sink write; cumulative across ticks, in the run log line too.
+    assert all(t.rows_applied >= 1 for t in lines.values())
+    assert all(f"rows_applied {t.rows_applied}" in str(t) for t in lines.values())
