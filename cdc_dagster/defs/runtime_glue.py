@@ -89,6 +89,22 @@ def forget_owner_loops() -> None:
         _LOOPS.clear()
 
 
+def reported_checkpoints(ms: Any, changefeed_id: str) -> dict[int, int]:
+    """Each table's checkpoint as the capture replicating it reports it in etcd (the min
+    should two report it: never more than one would admit)."""
+    from scheduler_core.model import TableState
+
+    out: dict[int, int] = {}
+    for status in ms.tasks.read(changefeed_id).values():
+        batch = status.tables
+        mask = batch.states == TableState.REPLICATING
+        for t, c in zip(
+            batch.table_ids[mask].tolist(), batch.checkpoint_ts[mask].tolist(), strict=True
+        ):
+            out[t] = min(c, out.get(t, c))
+    return out
+
+
 def _tables(tick: Any) -> tuple[TableReport, ...]:
     return tuple(
         TableReport(

@@ -152,7 +152,8 @@ def plan(
             continue
         runs.append(capture_run_request(c, view, tick, box.take(c, m)))
     for ddl in view.ddls:
-        is_open, _ = gate_status(ddl, catalog, checkpoint_of)
+        current = {t.table_id for t in view.tables if t.changefeed_id == ddl.changefeed_id}
+        is_open, _ = gate_status(ddl, catalog, checkpoint_of, current or None)
         if is_open:
             runs.append(ddl_run_request(ddl, view, tick))
     return dg.SensorResult(

@@ -10,6 +10,7 @@ from cdc_dagster.defs.partitions import CAPTURES
 from cdc_dagster.defs.runtime_glue import owner_tick
 from cdc_dagster.defs.settings import Settings
 from cdc_dagster.defs.tables.assets import latest_checkpoint, progress_observations
+from cdc_dagster.defs.tables.gate import checkpoint_lookup
 
 SENSOR_NAME = "cdc_owner"
 MIN_INTERVAL_S = 5  # the daemon's loop wakes every 5 s: the real floor
@@ -28,7 +29,6 @@ def queued_captures(instance: dg.DagsterInstance) -> set[str]:
 
 def build_owner_sensor(catalog: Catalog, jobs: list[dg.JobDefinition]) -> dg.SensorDefinition:
     """The owner sensor over ``catalog``'s tables, launching ``jobs`` (capture tick, DDL)."""
-    by_id = catalog.by_id()
     outbox = Outbox()  # lives as long as the code server, like the owner loop's cache
 
     @dg.sensor(
@@ -46,11 +46,11 @@ def build_owner_sensor(catalog: Catalog, jobs: list[dg.JobDefinition]) -> dg.Sen
         tick = int(context.cursor or 0) + 1
         view = owner_tick(Settings.from_env())
 
-        def checkpoint_of(table_id: int) -> int | None:
-            ref = by_id.get(table_id)
-            if ref is None:
-                return None
-            return latest_checkpoint(context.instance, catalog.replica_key(ref))
+        # Tables without an asset (created after the catalog was loaded): the owner's view.
+        owner_view = {t.table_id: t.checkpoint_ts for t in view.tables if t.state == "replicating"}
+        checkpoint_of = checkpoint_lookup(
+            catalog, lambda key: latest_checkpoint(context.instance, key), lambda: owner_view
+        )
 
         known = context.instance.get_dynamic_partitions(CAPTURES.name)
         queued = queued_captures(context.instance) if view.is_owner else set()

@@ -156,3 +156,21 @@ def test_held_messages_of_another_owner_rev_or_a_departed_capture_are_dropped() 
         outbox=box,
     )
     assert box.held("c1") == 0
+
+
+def test_gate_reads_tables_without_an_asset_from_the_owner_view_and_global_ddls_only_current_ones() -> (
+    None
+):
+    from cdc_dagster.defs.tables.gate import checkpoint_lookup
+
+    # Table 9 was created after the catalog was loaded: no asset, the owner's view decides.
+    lookup = checkpoint_lookup(CATALOG, lambda key: 500, lambda: {9: 400})
+    assert lookup(1) == 500 and lookup(9) == 400 and lookup(10) is None
+    assert gate_status(DdlToRun("cf", 400, (9,)), CATALOG, lookup)[0]
+    assert not gate_status(DdlToRun("cf", 450, (9,)), CATALOG, lookup)[0]
+    # A global DDL: every current table (2 was dropped earlier, it blocks nothing).
+    lookup = checkpoint_lookup(
+        CATALOG, lambda key: 500 if key.path[-1] == "a" else 100, lambda: {9: 600}
+    )
+    assert not gate_status(DdlToRun("cf", 450, ()), CATALOG, lookup)[0]
+    assert gate_status(DdlToRun("cf", 450, ()), CATALOG, lookup, {1, 9})[0]
