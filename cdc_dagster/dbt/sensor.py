@@ -7,7 +7,6 @@ import dagster as dg
 from cdc_dagster.dbt.assets import BUILD_TAG
 from cdc_dagster.dbt.settings import DELTA_ROOT_ENV, DbtSettings, NoTargetError, resolve_settings
 
-
 BUILD_JOB = "dbt_build"
 
 

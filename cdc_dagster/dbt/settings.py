@@ -133,7 +133,7 @@ def resolve_settings(
     changefeed_id: str = "",
     duckdb_path: str = "",
     environ: Mapping[str, str] | None = None,
-    lookup: ChangefeedLookup = changefeeds_in_etcd,
+    lookup: ChangefeedLookup | None = None,
 ) -> DbtSettings:
     """Given fields, else the environment, else the changefeed in etcd (module docstring)."""
     env = os.environ if environ is None else environ
@@ -142,5 +142,5 @@ def resolve_settings(
     root = delta_root or env.get(DELTA_ROOT_ENV, "").strip()
     if root:
         return DbtSettings.for_delta(root, wanted or "default", duckdb_path)
-    cf, sink_uri = pick_changefeed(lookup(), wanted)
+    cf, sink_uri = pick_changefeed((lookup or changefeeds_in_etcd)(), wanted)
     return DbtSettings.for_sink(cf, sink_uri, duckdb_path)

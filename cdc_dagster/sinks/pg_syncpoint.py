@@ -38,6 +38,7 @@ BUILD_LOCK_KEY = "cdc_dagster.syncpoint_build"
 BUILD_LOCK_SQL = f"SELECT pg_advisory_lock(hashtext('{BUILD_LOCK_KEY}'))"
 
 BOOTSTRAP = [
+    f"CREATE SCHEMA IF NOT EXISTS {META}",
     f"CREATE SCHEMA IF NOT EXISTS {COPY_SCHEMA}",
     f"""CREATE TABLE IF NOT EXISTS {META}.syncpoint_copy_requests (
         changefeed text NOT NULL, database text NOT NULL, table_name text NOT NULL,

@@ -66,3 +66,13 @@ def built_models(duckdb_path: str, ts: int) -> dict[str, set[tuple]]:
             )
             out[name] = {tuple(r[:-1]) for r in rows}
     return out
+
+
+def built_pg_models(conn, ts: int) -> dict[str, set[tuple]]:
+    """The models as built in PostgreSQL (schema ``cdc_models``), each row stamped ``ts``."""
+    out = {}
+    for name, sql in QUERIES.items():
+        rows = conn.execute(sql.replace(" main.", " cdc_models.")).fetchall()
+        assert {r[-1] for r in rows} <= {ts}, f"{name} rows stamped {set(r[-1] for r in rows)}"
+        out[name] = {tuple(r[:-1]) for r in rows}
+    return out
