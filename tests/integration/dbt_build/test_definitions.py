@@ -16,8 +16,8 @@ import pytest
 from cdc_dagster.dbt import PROJECT_DIR
 from cdc_dagster.dbt.assets import DbtDownstreamResource, dbt_assets_for
 from cdc_dagster.dbt.sensor import syncpoint_requests, syncpoint_sensor
-from tests.integration.dbt.expected import built_models, expected_models
-from tests.integration.dbt.replica import CF, TABLES, Replica
+from tests.integration.dbt_build.expected import built_models, expected_models
+from tests.integration.dbt_build.replica import CF, TABLES, Replica
 
 TABLE_NAMES = [(t.database, t.table) for t in TABLES]
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import duckdb
 
-from tests.integration.dbt.replica import CUSTOMERS, ORDERS, TABLES
+from tests.integration.dbt_build.replica import CUSTOMERS, ORDERS, TABLES
 
 
 def expected_models(snapshot: dict[int, dict[int, dict[str, Any]]]) -> dict[str, set[tuple]]:

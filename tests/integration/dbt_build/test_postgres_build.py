@@ -20,8 +20,8 @@ import pytest
 from cdc_dagster.dbt import pg
 from cdc_dagster.mysql.embedded import EmbeddedServerError, PrivatePostgres
 from cdc_dagster.sinks.postgres import PostgresSink
-from tests.integration.dbt.expected import built_pg_models, expected_models
-from tests.integration.dbt.replica import BALANCE, CF, TABLES, Replica
+from tests.integration.dbt_build.expected import built_pg_models, expected_models
+from tests.integration.dbt_build.replica import BALANCE, CF, TABLES, Replica
 
 pytestmark = pytest.mark.slow
 SOURCES = {(t.database, t.table) for t in TABLES}
@@ -178,7 +178,7 @@ def test_production_sensor_and_run_build_a_postgres_changefeed(
     import dagster as dg
 
     from cdc_dagster.defs import build_definitions
-    from tests.integration.dbt.test_definitions import catalog
+    from tests.integration.dbt_build.test_definitions import catalog
 
     replica = _replica(pg_uri, register=False)
     monkeypatch.setattr("cdc_dagster.dbt.settings.changefeeds_in_etcd", lambda: {CF: (pg_uri, 10)})

@@ -46,7 +46,7 @@ def _start_webserver(workdir: str) -> tuple[subprocess.Popen, str]:
     port = _free_port()
     home = Path(workdir, "dagster_home")
     home.mkdir()
-    from tests.integration.dbt.replica import TABLES
+    from tests.integration.dbt_build.replica import TABLES
     from tests.unit.defs.conftest import write_changelog
 
     changelog = write_changelog(
