@@ -34,6 +34,7 @@ class GeneratorThread:
         self.ddl_every = ddl_every  # 0: no DDLs
         self.workload: Any = None
         self.first_ts = 0  # the change log's first commit ts (its first CREATE TABLE)
+        self.start_ts = 0  # where the demo's changefeed starts (see start())
         self.error: BaseException | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="cdc-generator", daemon=True)
@@ -54,11 +55,18 @@ class GeneratorThread:
 
     def start(self) -> None:
         """Open (or resume) the change log and start stepping."""
+        from cdc_dagster.upstream.changelog import ChangeLog
         from cdc_dagster.upstream.generator import Workload
 
         self.root.mkdir(parents=True, exist_ok=True)
         self.workload = Workload.open(self.config(), self.root)
         self.first_ts = first_commit_ts(self.root)
+        self.start_ts = self.first_ts
+        if self.workload.resumed_from is None:
+            # A fresh log holds only the bootstrap CREATEs so far, and the first row change
+            # comes after the last of them: a changefeed starting there has every table in
+            # its initial set (one barrier, not one per CREATE) and misses no row.
+            self.start_ts = ChangeLog(self.root).ddl_records()[-1].commit_ts
         self._thread.start()
 
     def describe(self) -> str:
