@@ -43,6 +43,14 @@ OP_INSERT, OP_UPDATE, OP_DELETE = 1, 2, 3
 class PullerError(Exception):
     """The puller cannot go on for this changefeed (the message says why and what to do)."""
 
+    retryable = False  # a later run may succeed as it is (else the changefeed needs a fix)
+
+
+class PullerBusyError(PullerError):
+    """Another puller holds the change log, or the upstream kept dropping the connection."""
+
+    retryable = True
+
 
 @dataclass(frozen=True, slots=True)
 class PullerConfig:
@@ -174,7 +182,7 @@ class Puller:
             fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             f.close()
-            raise PullerError(
+            raise PullerBusyError(
                 f"another puller is running on {self.root} (it holds {path}); run one per "
                 "upstream and change log"
             ) from None
@@ -226,7 +234,9 @@ class Puller:
                     ) from None
                 retries += 1
                 if retries > 30:
-                    raise PullerError(f"lost the upstream connection 30 times: {exc}") from exc
+                    raise PullerBusyError(
+                        f"lost the upstream connection 30 times: {exc}"
+                    ) from exc
                 log.warning("upstream connection lost (%r); resuming at %s", exc, self.state.gtid)
                 self.trx = []
                 time.sleep(min(1.0 * retries, 5.0))

@@ -26,6 +26,11 @@ concurrency:
         value:
           applyLimitPerUniqueValue: true
         limit: 1
+      # One binlog puller per upstream (host:port/server-id) at a time.
+      - key: cdc/upstream
+        value:
+          applyLimitPerUniqueValue: true
+        limit: 1
 sensors:
   use_threads: true
   num_workers: 4

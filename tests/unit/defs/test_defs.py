@@ -42,6 +42,7 @@ def test_production_definitions_from_the_change_log(
     assert {j for j in repo.job_names if not j.startswith("__")} == {
         "capture_tick",
         "apply_ddl",
+        "mysql_puller",
         *ADMIN_JOBS,
     }
     assert [s.name for s in repo.sensor_defs] == ["cdc_owner"]
