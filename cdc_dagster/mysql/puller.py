@@ -234,9 +234,7 @@ class Puller:
                     ) from None
                 retries += 1
                 if retries > 30:
-                    raise PullerBusyError(
-                        f"lost the upstream connection 30 times: {exc}"
-                    ) from exc
+                    raise PullerBusyError(f"lost the upstream connection 30 times: {exc}") from exc
                 log.warning("upstream connection lost (%r); resuming at %s", exc, self.state.gtid)
                 self.trx = []
                 time.sleep(min(1.0 * retries, 5.0))

@@ -7,7 +7,6 @@ an asset observation per changefeed (``mysql_binlog/<changefeed>``: rows/s, rows
 resolved ts and lag, binlog position) and run tags (position, rows/s) in the runs list.
 """
 
-
 import time
 from typing import Any
 
