@@ -231,7 +231,7 @@ def create_mysql_changefeed(
     from cdc_dagster.mysql.catalog import CatalogError
     from cdc_dagster.mysql.changefeed import discard_snapshot, take_initial_snapshot
     from cdc_dagster.mysql.puller import PullerError
-    from cdc_dagster.mysql.upstream import UpstreamError, parse_uri
+    from cdc_dagster.mysql.upstream import UpstreamError, parse_uri, redact
 
     validate_sink_uri(sink_uri)
     TableFilter.parse(table_filter)
@@ -251,7 +251,9 @@ def create_mysql_changefeed(
             )
         snap = take_initial_snapshot(upstream_uri, root, tuple(table_filter), progress, checked)
     except (UpstreamError, PullerError, CatalogError) as exc:
-        raise AdminError(str(exc)) from None
+        shown = redact(upstream_uri)
+        message = str(exc) if shown in str(exc) else f"upstream {shown}: {exc}"
+        raise AdminError(message) from None
     try:
         return ms.changefeeds.create(
             changefeed_id,
