@@ -5,7 +5,8 @@ upstream (privileges, keyless tables) and refuses with what to change, takes the
 snapshot with progress, and never prints a literal password. Then the Dagster plane (the
 owner sensor with build_sensor_context; puller, capture and DDL runs executed in process
 with a local Spark session) replicates snapshot, stream and a DDL into PostgreSQL until the
-replica equals the upstream.
+replica equals the upstream, through capture runs that die between prepare and commit and an
+owner restart mid-stream.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from cdc_dagster import admin
 from cdc_dagster.defs import build_definitions
 from cdc_dagster.defs.catalog import catalog_from_changelog
 from cdc_dagster.defs.partitions import CAPTURES
+from cdc_dagster.defs.runtime_glue import forget_owner_loops
 
 REPO = Path(__file__).resolve().parents[3]
 PASSWORD = "Lit3ral-s3cret"
@@ -137,21 +139,27 @@ def _pg_rows(pg, db: str, table: str) -> list[tuple] | None:
             return None
 
 
-def _round(defs, instance, cursor: str | None) -> str:
-    """One owner tick, and every run it requests executed in process."""
+def _round(defs, instance, cursor: str | None, crash_capture: bool = False) -> tuple[str, int]:
+    """One owner tick, and every run it requests executed in process. ``crash_capture``: each
+    capture run dies after its prepare (phase 1), before it commits. Returns the cursor and
+    how many puller runs there were."""
     sensor = defs.get_repository_def().get_sensor_def("cdc_owner")
     result = sensor(dg.build_sensor_context(instance=instance, cursor=cursor, definitions=defs))
     assert result.skip_reason is None, result.skip_reason
     for req in result.dynamic_partitions_requests or []:
         if isinstance(req, dg.AddDynamicPartitionsRequest):
             instance.add_dynamic_partitions(CAPTURES.name, list(req.partition_keys))
+    pullers = 0
     for run in result.run_requests or []:
+        crash = crash_capture and run.job_name == "capture_tick"
         out = defs.get_job_def(run.job_name).execute_in_process(
             run_config=run.run_config, partition_key=run.partition_key, instance=instance,
             tags=run.tags, raise_on_error=False,
+            op_selection=["receive", "prepare"] if crash else None,
         )  # fmt: skip
         assert out.success, (run.job_name, [e.message for e in out.all_events if e.is_failure])
-    return result.cursor
+        pullers += run.job_name == "mysql_puller"
+    return result.cursor, pullers
 
 
 @pytest.mark.slow
@@ -196,14 +204,22 @@ def test_create_snapshots_then_the_dagster_plane_replicates_into_postgres(
             "INSERT INTO tmp_scratch VALUES (1)")  # fmt: skip
     want = {t: _fingerprint(_upstream_rows(mariadb, mydb, t)) for t in ("orders", "items")}
     with dg.instance_for_test() as instance:
-        cursor, got = None, {}
+        cursor, got, rounds, pullers = None, {}, 0, 0
         deadline = time.monotonic() + 240
         while time.monotonic() < deadline:
-            cursor = _round(defs, instance, cursor)
+            rounds += 1
+            if rounds == 4:
+                forget_owner_loops()  # the owner restarts mid-stream: rebuilt from etcd
+            cursor, n = _round(defs, instance, cursor, crash_capture=rounds in (3, 5))
+            pullers += n
             got = {t: (_pg_rows(pg_for_mysql, mydb, t) or []) for t in want}
+            _st = metastore.changefeeds.get("shop").status
+            print("DEBUG", rounds, n, _st.state, _st.checkpoint_ts, _st.resolved_ts, _st.last_error[:200],
+                  sorted(got["orders"])[-1] if got["orders"] else None, len(got["orders"]), flush=True)
             if {t: _fingerprint(r) for t, r in got.items()} == want:
                 break
         assert {t: _fingerprint(r) for t, r in got.items()} == want, {
             t: len(r) for t, r in got.items()
         }
     assert _pg_rows(pg_for_mysql, mydb, "tmp_scratch") is None  # filtered out
+    assert rounds > 5 and pullers >= 2  # the crashes happened; the stream came in several runs

@@ -422,3 +422,39 @@ def test_connection_killed_during_a_commit_applies_the_batch_exactly_once(pg_ser
         sink.write(CF, t, b, 100, 200, token)  # and once more: a no-op
         assert rows_of(admin, t) == [(2, Decimal("2.00"), None)]
     assert sink.committed(CF, t) == Committed(200, token)
+
+
+def test_first_writes_of_two_tables_of_a_new_schema_at_once_both_create_their_table(
+    pg_uri, pg_conn
+):
+    # Two Spark tasks writing two tables of one upstream database for the first time: each
+    # creates the schema (IF NOT EXISTS) and its table; unserialized, one of them failed with
+    # a unique violation in pg_namespace and its table stopped in error.
+    for attempt in range(5):
+        tables = [
+            accounts(100 + 10 * attempt + i, database=f"race{attempt}", table=f"t{i}")
+            for i in range(4)
+        ]
+        sinks = [PostgresSink(pg_uri) for _ in tables]
+        tokens = [s.acquire(CF, t) for s, t in zip(sinks, tables, strict=True)]
+        start = threading.Barrier(len(tables))
+        errors: list[BaseException] = []
+
+        def first_write(sink: PostgresSink, t: TableSchema, token: int) -> None:
+            start.wait()
+            try:
+                sink.write(CF, t, batch(t, [{"id": 1, "balance": Decimal(1)}]), 0, 100, token)
+            except BaseException as exc:
+                errors.append(exc)
+
+        threads = [
+            threading.Thread(target=first_write, args=a)
+            for a in zip(sinks, tables, tokens, strict=True)
+        ]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join(30)
+        assert errors == []
+        for t in tables:
+            assert rows_of(pg_conn, t) == [(1, Decimal("1.00"), None)]
