@@ -227,10 +227,14 @@ class Puller:
                 code = exc.args[0] if exc.args else None
                 if code == 1236:
                     raise PullerError(
-                        f"the upstream no longer has the binlog at GTID {self.state.gtid} "
-                        f"({exc.args[1] if len(exc.args) > 1 else exc}): changes after the "
-                        f"change log's end were purged and are lost; re-snapshot: remove "
-                        f"{self.root} (change log and puller/state.json) and start again"
+                        f"the upstream no longer has the binlog at {self.state.gtid} "
+                        f"({exc.args[1] if len(exc.args) > 1 else exc}): the changes after "
+                        f"that position (the change log's end, commit ts {self.state.last_ts}) "
+                        "up to the oldest binlog the upstream still has were purged before "
+                        "the puller read them, and are lost; re-snapshot: remove the "
+                        f"changefeed and its change log {self.root}, then create the "
+                        "changefeed again (a new initial snapshot), and keep binlogs longer "
+                        "(binlog_expire_logs_seconds / expire_logs_days)"
                     ) from None
                 retries += 1
                 if retries > 30:
