@@ -159,8 +159,33 @@ def create_changefeed(
     target_ts: int = 0,
     sync_point_interval_s: int = 0,
     upstream_uri: str = "",
+    changelog_root: str | None = None,
+    progress: Any = None,
+    checked: Any = None,
 ) -> Any:
-    """Create a changefeed (metastore validation; nothing written on error)."""
+    """Create a changefeed (metastore validation; nothing written on error).
+
+    A ``mysql://`` upstream is checked and snapshotted first (``create_mysql_changefeed``).
+    """
+    from cdc_dagster.mysql.upstream import is_mysql_uri
+
+    if upstream_uri and is_mysql_uri(upstream_uri):
+        if start_ts is not None:
+            raise AdminError(
+                "a MySQL/MariaDB changefeed starts at its initial snapshot; omit the start ts"
+            )
+        return create_mysql_changefeed(
+            ms,
+            changefeed_id,
+            sink_uri,
+            upstream_uri,
+            table_filter=table_filter,
+            target_ts=target_ts,
+            sync_point_interval_s=sync_point_interval_s,
+            changelog_root=changelog_root,
+            progress=progress,
+            checked=checked,
+        )
     extra: dict[str, Any] = {}
     if upstream_uri:
         import dataclasses
@@ -179,6 +204,69 @@ def create_changefeed(
         sync_point_interval_s=sync_point_interval_s,
         **extra,
     )
+
+
+def create_mysql_changefeed(
+    ms: Metastore,
+    changefeed_id: str,
+    sink_uri: str,
+    upstream_uri: str,
+    *,
+    table_filter: Sequence[str] = ("*.*",),
+    target_ts: int = 0,
+    sync_point_interval_s: int = 0,
+    changelog_root: str | None = None,
+    progress: Any = None,
+    checked: Any = None,
+) -> Any:
+    """Check the upstream, take the initial snapshot into the changefeed's change log, and
+    create the changefeed at the snapshot's start ts (docs/mysql-postgres.md).
+
+    ``changelog_root`` is where the change log goes unless the URI names one (changelog=).
+    Everything the metastore would refuse is checked before the snapshot; if the create
+    fails after it, the snapshot is removed: nothing is left half-written.
+    """
+    from cdc_dagster.metastore.errors import ChangefeedNotFoundError
+    from cdc_dagster.metastore.validation import TableFilter, validate_sink_uri
+    from cdc_dagster.mysql.catalog import CatalogError
+    from cdc_dagster.mysql.changefeed import discard_snapshot, take_initial_snapshot
+    from cdc_dagster.mysql.puller import PullerError
+    from cdc_dagster.mysql.upstream import UpstreamError, parse_uri, redact
+
+    validate_sink_uri(sink_uri)
+    TableFilter.parse(table_filter)
+    try:
+        ms.changefeeds.get(changefeed_id)
+    except ChangefeedNotFoundError:
+        pass
+    else:
+        raise AdminError(
+            f"changefeed {changefeed_id!r} already exists; remove it or pick another id"
+        )
+    try:
+        root = parse_uri(upstream_uri).changelog or changelog_root
+        if not root:
+            raise AdminError(
+                "where should the change log go? give changelog=/abs/path in the upstream URI"
+            )
+        snap = take_initial_snapshot(upstream_uri, root, tuple(table_filter), progress, checked)
+    except (UpstreamError, PullerError, CatalogError) as exc:
+        shown = redact(upstream_uri)
+        message = str(exc) if shown in str(exc) else f"upstream {shown}: {exc}"
+        raise AdminError(message) from None
+    try:
+        return ms.changefeeds.create(
+            changefeed_id,
+            sink_uri,
+            table_filter=table_filter,
+            start_ts=snap.start_ts,
+            target_ts=target_ts,
+            sync_point_interval_s=sync_point_interval_s,
+            upstream_uri=snap.upstream_uri,
+        )
+    except BaseException:
+        discard_snapshot(snap)
+        raise
 
 
 ADMIN_ERRORS: tuple[type[Exception], ...] = (AdminError, MetastoreError)

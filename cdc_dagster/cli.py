@@ -52,7 +52,21 @@ def build_parser() -> argparse.ArgumentParser:
     create.add_argument(
         "--upstream-uri",
         default="",
-        help="changelog:///abs/path (the embedded upstream's change log)",
+        help="changelog:///abs/path (the embedded upstream's change log), or "
+        "mysql://user:${PW}@host:port/?server-id=N (checked and snapshotted now)",
+    )
+    create.add_argument(
+        "--filter",
+        action="append",
+        default=None,
+        metavar="RULE",
+        help="table filter rule, repeatable: 'shop.*', '!shop.tmp_*' (default: *.*)",
+    )
+    create.add_argument(
+        "--changelog-dir",
+        type=Path,
+        default=None,
+        help="mysql:// upstream: where its change log goes (default: <state dir>/mysql/<id>)",
     )
     create.add_argument("--start-ts", type=int, default=None, help="TS to start at (default: now)")
     create.add_argument("--target-ts", type=int, default=0, help="TS to stop at (0: never)")
@@ -179,6 +193,7 @@ def _changefeed_row(cf: Any) -> dict[str, Any]:
         "checkpoint": _ts(status.checkpoint_ts),
         "resolved": _ts(status.resolved_ts),
         "sink_uri": redact_uri(info.sink_uri),
+        "upstream_uri": redact_uri(info.upstream_uri),
         "filter": list(info.table_filter),
         "start_ts": info.start_ts,
         "target_ts": info.target_ts,
@@ -191,6 +206,28 @@ def _print(obj: Any) -> None:
     print(json.dumps(obj, indent=2, default=str))
 
 
+def _mysql_create_options(args: argparse.Namespace) -> dict[str, Any]:
+    """For a mysql:// upstream: where its change log goes, and the snapshot's progress lines."""
+    from cdc_dagster.mysql.upstream import is_mysql_uri
+
+    if not args.upstream_uri or not is_mysql_uri(args.upstream_uri):
+        return {}
+    root = args.changelog_dir or state_dir_of(args) / "mysql" / args.changefeed_id
+    shown: dict[str, int] = {}
+
+    def checked(tables: Sequence[str]) -> None:
+        print(f"upstream {redact_uri(args.upstream_uri)}: binlog settings and privileges OK")
+        print(f"snapshotting {len(tables)} table(s): {', '.join(tables) or '(none)'}", flush=True)
+
+    def progress(table: str, done: int, total: int) -> None:
+        percent = 100 * done // max(total, 1)
+        if shown.get(table, -1) // 10 != percent // 10 or done >= total:  # every 10 %
+            shown[table] = percent
+            print(f"  snapshot {table}: {done}/{total} rows ({percent}%)", flush=True)
+
+    return {"changelog_root": str(Path(root).resolve()), "progress": progress, "checked": checked}
+
+
 def cmd_changefeed(args: argparse.Namespace) -> None:
     """changefeed create|list|query|pause|resume|update|remove."""
     with open_metastore(args) as ms:
@@ -198,6 +235,9 @@ def cmd_changefeed(args: argparse.Namespace) -> None:
             options = load_changefeed_config(args.config) if args.config else {}
             if args.target_ts:
                 options["target_ts"] = args.target_ts
+            if args.filter:
+                options["table_filter"] = tuple(args.filter)
+            options.update(_mysql_create_options(args))
             cf = admin.create_changefeed(
                 ms,
                 args.changefeed_id,

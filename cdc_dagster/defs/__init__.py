@@ -15,6 +15,7 @@ from cdc_dagster.defs.admin.jobs import ADMIN_JOBS
 from cdc_dagster.defs.capture.job import build_capture_job
 from cdc_dagster.defs.catalog import Catalog, catalog_from_changelog
 from cdc_dagster.defs.ddl.job import build_ddl_job
+from cdc_dagster.defs.mysql import mysql_puller
 from cdc_dagster.defs.owner.sensor import build_owner_sensor
 from cdc_dagster.defs.resources import dbt_resources, table_resources
 from cdc_dagster.defs.settings import Settings
@@ -30,8 +31,11 @@ def build_definitions(catalog: Catalog) -> dg.Definitions:
     return dg.Definitions(
         assets=[*upstream_specs(catalog), *replica_specs(catalog), models],
         asset_checks=build_checks(catalog),
-        jobs=[capture_job, ddl_job, *ADMIN_JOBS],
-        sensors=[build_owner_sensor(catalog, [capture_job, ddl_job]), syncpoint_sensor(models)],
+        jobs=[capture_job, ddl_job, *ADMIN_JOBS, mysql_puller],
+        sensors=[
+            build_owner_sensor(catalog, [capture_job, ddl_job, mysql_puller]),
+            syncpoint_sensor(models),
+        ],
         resources={**table_resources(), **dbt_resources()},
     )
 

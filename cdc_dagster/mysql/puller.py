@@ -28,7 +28,6 @@ from cdc_dagster.mysql.state import (
     PullerState,
     TsAllocator,
     load_state,
-    parse_gtid_pos,
     save_state,
 )
 from cdc_dagster.mysql.types import converter
@@ -43,6 +42,14 @@ OP_INSERT, OP_UPDATE, OP_DELETE = 1, 2, 3
 
 class PullerError(Exception):
     """The puller cannot go on for this changefeed (the message says why and what to do)."""
+
+    retryable = False  # a later run may succeed as it is (else the changefeed needs a fix)
+
+
+class PullerBusyError(PullerError):
+    """Another puller holds the change log, or the upstream kept dropping the connection."""
+
+    retryable = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +76,7 @@ class PullerStats:
     flushes: int = 0
     resolved_ts: int = 0
     position: str = ""
+    start_ts: int = 0  # after an initial snapshot: the changefeed's start ts (below its rows)
     started: float = field(default_factory=time.monotonic)
 
     @property
@@ -126,6 +134,7 @@ class Puller:
     def _stream(self):
         from pymysqlreplication import BinLogStreamReader
         from pymysqlreplication.event import (
+            GtidEvent,
             HeartbeatLogEvent,
             MariadbGtidEvent,
             QueryEvent,
@@ -139,20 +148,21 @@ class Puller:
             WriteRowsEvent,
         )
 
-        if not self.info.is_mariadb:
-            raise PullerError("MySQL upstreams are not supported yet by this puller: use MariaDB")
+        if self.info.is_mariadb != (self.state.flavor == "mariadb"):
+            raise PullerError(
+                f"the change log at {self.root} was pulled from a {self.state.flavor} upstream, "
+                f"but the upstream is now {self.info.version}: re-snapshot into a new change log"
+            )
         kw = self.upstream.connect_kwargs()
         return BinLogStreamReader(
             connection_settings={**kw, "charset": "utf8mb4"},
             server_id=self.upstream.server_id,
             blocking=True,
-            resume_stream=True,
-            is_mariadb=True,
-            auto_position=self.state.gtid or None,
             slave_heartbeat=self.config.heartbeat_s,
-            only_events=[MariadbGtidEvent, QueryEvent, XidEvent, WriteRowsEvent,
+            only_events=[MariadbGtidEvent, GtidEvent, QueryEvent, XidEvent, WriteRowsEvent,
                          UpdateRowsEvent, DeleteRowsEvent, HeartbeatLogEvent, RotateEvent,
                          TableMapEvent],
+            **stream_position(self.state),
         )  # fmt: skip
 
     def run(self, stop: Callable[[PullerStats], bool]) -> PullerStats:
@@ -172,7 +182,7 @@ class Puller:
             fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             f.close()
-            raise PullerError(
+            raise PullerBusyError(
                 f"another puller is running on {self.root} (it holds {path}); run one per "
                 "upstream and change log"
             ) from None
@@ -180,6 +190,7 @@ class Puller:
 
     def _run(self, stop: Callable[[PullerStats], bool]) -> PullerStats:
         from pymysqlreplication.event import (
+            GtidEvent,
             HeartbeatLogEvent,
             MariadbGtidEvent,
             QueryEvent,
@@ -198,7 +209,7 @@ class Puller:
                     if ev is None:
                         continue
                     retries = 0
-                    if isinstance(ev, MariadbGtidEvent):
+                    if isinstance(ev, MariadbGtidEvent | GtidEvent):
                         self.trx, self.trx_gtid = [], ev.gtid
                     elif isinstance(ev, WriteRowsEvent | UpdateRowsEvent | DeleteRowsEvent):
                         self._rows(ev)
@@ -216,14 +227,18 @@ class Puller:
                 code = exc.args[0] if exc.args else None
                 if code == 1236:
                     raise PullerError(
-                        f"the upstream no longer has the binlog at GTID {self.state.gtid} "
-                        f"({exc.args[1] if len(exc.args) > 1 else exc}): changes after the "
-                        f"change log's end were purged and are lost; re-snapshot: remove "
-                        f"{self.root} (change log and puller/state.json) and start again"
+                        f"the upstream no longer has the binlog at {self.state.gtid} "
+                        f"({exc.args[1] if len(exc.args) > 1 else exc}): the changes after "
+                        f"that position (the change log's end, commit ts {self.state.last_ts}) "
+                        "up to the oldest binlog the upstream still has were purged before "
+                        "the puller read them, and are lost; re-snapshot: remove the "
+                        f"changefeed and its change log {self.root}, then create the "
+                        "changefeed again (a new initial snapshot), and keep binlogs longer "
+                        "(binlog_expire_logs_seconds / expire_logs_days)"
                     ) from None
                 retries += 1
                 if retries > 30:
-                    raise PullerError(f"lost the upstream connection 30 times: {exc}") from exc
+                    raise PullerBusyError(f"lost the upstream connection 30 times: {exc}") from exc
                 log.warning("upstream connection lost (%r); resuming at %s", exc, self.state.gtid)
                 self.trx = []
                 time.sleep(min(1.0 * retries, 5.0))
@@ -278,17 +293,21 @@ class Puller:
             else:
                 self.trx.append((tid, OP_INSERT, self._convert(tid, row["values"]), None))
 
-    def _advance(self, gtid: str) -> None:
-        """Our position moves past ``gtid``; so does the reader's own reconnect position
-        (mysql-replication reconnects by itself after a lost connection, from
-        ``auto_position``, which it never updates: without this it would replay)."""
-        self.state.position.update(parse_gtid_pos(gtid))
+    def _advance(self, gtid: str | None) -> None:
+        """Our position moves past ``gtid`` (and, on MySQL, to the reader's file:pos); so does
+        the reader's own reconnect position with GTIDs (mysql-replication reconnects by itself
+        after a lost connection, from ``auto_position``, which it never updates: without this
+        it would replay). Without GTIDs it reconnects from its own last file:pos itself."""
         reader = getattr(self, "_reader", None)
-        if reader is not None:
+        if self.state.flavor == "mariadb" or reader is None:
+            self.state.advance(gtid)
+        else:
+            self.state.advance(gtid, reader.log_file or "", int(reader.log_pos or 0))
+        if reader is not None and self.state.flavor != "mysql_file":
             reader.auto_position = self.state.gtid
 
     def _commit(self, event_time: float) -> None:
-        if self.trx_gtid is not None:
+        if self.trx_gtid is not None or self.state.flavor == "mysql_file":
             self._advance(self.trx_gtid)
         if self.trx:
             ts = self.alloc.issue(event_time)
@@ -313,7 +332,7 @@ class Puller:
         if not is_ignored(q):
             db = ev.schema.decode() if isinstance(ev.schema, bytes) else ev.schema
             self._ddl(q, db or None, ev.timestamp, gtid)
-        elif gtid is not None:
+        elif gtid is not None or self.state.flavor == "mysql_file":
             self._advance(gtid)
 
     # -- DDL --------------------------------------------------------------------------
@@ -329,8 +348,8 @@ class Puller:
             record = self._ddl_record(conn, parsed, query, lambda: self.alloc.issue(event_time))
         finally:
             conn.close()
-        if gtid is not None:  # persisted with (not before) the DDL record's state write
-            self._advance(gtid)
+        if gtid is not None or self.state.flavor == "mysql_file":
+            self._advance(gtid)  # persisted with (not before) the DDL record's state write
         if record is None:
             return
         self.writer.write_ddl(record)
@@ -465,6 +484,28 @@ class Puller:
 
     def _arrow(self, tid: int, rows: list[tuple]) -> pa.Table:
         return change_rows(self.state.tables[tid], self.state.versions[tid], rows)
+
+
+def stream_position(state: PullerState) -> dict[str, Any]:
+    """BinLogStreamReader's arguments that say where to start, per the state's flavor.
+
+    MariaDB: ``auto_position`` = the GTID list (``domain-server-seq``); MySQL with GTIDs:
+    ``auto_position`` = the executed GTID set (COM_BINLOG_DUMP_GTID sends what is not in it);
+    MySQL without: ``log_file``/``log_pos`` with ``resume_stream``.
+    """
+    if state.flavor == "mariadb":
+        return {"is_mariadb": True, "resume_stream": True, "auto_position": state.gtid or None}
+    if state.flavor == "mysql_gtid":
+        if not state.gtid_set:
+            # An empty set would make mysql-replication ask for the current position instead.
+            raise PullerError("the puller state holds an empty MySQL GTID set; re-snapshot")
+        return {"is_mariadb": False, "resume_stream": True, "auto_position": state.gtid_set}
+    if state.flavor == "mysql_file":
+        if not state.log_file:
+            raise PullerError("the puller state holds no binlog file:pos; re-snapshot")
+        return {"is_mariadb": False, "resume_stream": True, "log_file": state.log_file,
+                "log_pos": state.log_pos}  # fmt: skip
+    raise PullerError(f"unknown upstream flavor {state.flavor!r} in the puller state")
 
 
 def _binary_pads(ev: Any, t: TableSchema) -> dict[str, int]:

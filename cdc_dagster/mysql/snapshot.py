@@ -36,17 +36,10 @@ def bootstrap(puller: Puller, conn: Any) -> PullerState:
         with snap.cursor() as cur:
             cur.execute("SET SESSION time_zone = '+00:00'")
             cur.execute("SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ")
-            cur.execute("START TRANSACTION WITH CONSISTENT SNAPSHOT")
-            cur.execute("SHOW STATUS LIKE 'binlog_snapshot_%'")
-            status = {k.lower(): v for k, v in cur.fetchall()}
-            if "binlog_snapshot_file" not in status:
-                raise PullerError("the upstream gives no binlog_snapshot_file (not MariaDB?)")
-            cur.execute(
-                "SELECT BINLOG_GTID_POS(%s, %s)",
-                (status["binlog_snapshot_file"], int(status["binlog_snapshot_position"])),
-            )
-            gtid = cur.fetchone()[0] or ""
-        state = PullerState(parse_gtid_pos(gtid), 0)
+            if puller.info.is_mariadb:
+                state = _mariadb_snapshot(cur, PullerError)
+            else:
+                state = _mysql_snapshot(cur, PullerError)
         alloc = TsAllocator(0)
         now = time.time()
         for db, name in list_tables(snap, puller.filter):
@@ -61,6 +54,9 @@ def bootstrap(puller: Puller, conn: Any) -> PullerState:
             puller.writer.write_ddl(DdlRecord(ts, DDLKind.CREATE_TABLE, "create_table", query,
                                               creates=(tid,), tables={tid: schema}))  # fmt: skip
             state.set_table(tid, schema, ts)
+        # A changefeed starts one TS below the snapshot rows and above every CREATE: the
+        # owner then finds each table existing at its start ts and replicates the rows.
+        puller.stats.start_ts = alloc.issue(now)
         snapshot_ts = alloc.issue(now)
         if puller.config.snapshot:
             for tid, schema in state.tables.items():
@@ -79,6 +75,67 @@ def bootstrap(puller: Puller, conn: Any) -> PullerState:
             puller.writer.advance_resolved(tid, shard, snapshot_ts)
     puller.writer.advance_ddl_resolved(snapshot_ts)
     return state
+
+
+def _mariadb_snapshot(cur: Any, error: type[Exception]) -> PullerState:
+    """Open the snapshot; MariaDB reports its binlog position (no lock needed)."""
+    cur.execute("START TRANSACTION WITH CONSISTENT SNAPSHOT")
+    cur.execute("SHOW STATUS LIKE 'binlog_snapshot_%'")
+    status = {k.lower(): v for k, v in cur.fetchall()}
+    if "binlog_snapshot_file" not in status:
+        raise error("the upstream gives no binlog_snapshot_file (not MariaDB?)")
+    cur.execute(
+        "SELECT BINLOG_GTID_POS(%s, %s)",
+        (status["binlog_snapshot_file"], int(status["binlog_snapshot_position"])),
+    )
+    return PullerState(parse_gtid_pos(cur.fetchone()[0] or ""), 0)
+
+
+def _mysql_snapshot(cur: Any, error: type[Exception]) -> PullerState:
+    """Open the snapshot at a known MySQL binlog position (mysqldump's --single-transaction
+    --source-data sequence): the global read lock is held only while the transaction starts
+    and the position is read, not while the rows are read. Needs RELOAD.
+
+    UNTESTED against a MySQL server (none can be installed here; docs/mysql-postgres.md).
+    """
+    cur.execute("FLUSH TABLES WITH READ LOCK")
+    try:
+        cur.execute("START TRANSACTION WITH CONSISTENT SNAPSHOT")
+        status = binary_log_status(cur)
+        cur.execute("SELECT @@GLOBAL.gtid_mode")
+        gtid_mode = str(cur.fetchone()[0]).upper()
+    finally:
+        cur.execute("UNLOCK TABLES")
+    if status is None:
+        raise error("the upstream reports no binary log status: start it with --log-bin")
+    return mysql_state_at(status, gtid_mode)
+
+
+def binary_log_status(cur: Any) -> dict[str, Any] | None:
+    """``SHOW BINARY LOG STATUS`` (MySQL >= 8.2) or ``SHOW MASTER STATUS``, as a dict."""
+    import pymysql
+
+    for stmt in ("SHOW BINARY LOG STATUS", "SHOW MASTER STATUS"):
+        try:
+            cur.execute(stmt)
+        except pymysql.err.ProgrammingError:
+            continue
+        row = cur.fetchone()
+        if row is None:
+            return None
+        return {d[0]: v for d, v in zip(cur.description, row, strict=True)}
+    return None
+
+
+def mysql_state_at(status: dict[str, Any], gtid_mode: str) -> PullerState:
+    """The puller's start state from MySQL's binary log status: resume by GTID set when
+    ``gtid_mode=ON`` and the set is not empty, else by file:pos."""
+    gtids = "".join(str(status.get("Executed_Gtid_Set") or "").split())
+    file, pos = str(status["File"]), int(status["Position"])
+    if gtid_mode == "ON" and gtids:
+        return PullerState({}, 0, flavor="mysql_gtid", gtid_set=gtids, log_file=file,
+                           log_pos=pos)  # fmt: skip
+    return PullerState({}, 0, flavor="mysql_file", log_file=file, log_pos=pos)
 
 
 def _chunks(conn: Any, t: TableSchema, chunk: int, puller: Puller):

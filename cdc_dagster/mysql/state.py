@@ -25,16 +25,39 @@ from scheduler_core.ts import compose
 class PullerState:
     """Everything the puller needs to resume exactly where the change log ends."""
 
-    position: dict[int, str]  # MariaDB GTID per domain ("d-s-n"), or {0: "file:pos"} for MySQL
+    position: dict[int, str]  # MariaDB: GTID per domain ("d-s-n"); MySQL: unused ({})
     last_ts: int  # every change with commit ts <= last_ts is durable in the change log
     tables: dict[int, TableSchema] = field(default_factory=dict)
     versions: dict[int, int] = field(default_factory=dict)  # table id -> schema version ts
     ids: IdRegistry = field(default_factory=IdRegistry)
+    # how it resumes: "mariadb" (GTID per domain), "mysql_gtid" (MySQL's GTID set, with
+    # gtid_mode=ON), "mysql_file" (MySQL's binlog file:pos, without GTIDs)
+    flavor: str = "mariadb"
+    gtid_set: str = ""  # mysql_gtid: the executed GTID set ("uuid:1-9,...")
+    log_file: str = ""  # mysql_file (kept on mysql_gtid too): binlog file and position
+    log_pos: int = 0
     _by_name: dict[tuple[str, str], int] | None = field(default=None, repr=False, compare=False)
 
     @property
     def gtid(self) -> str:
-        return ",".join(self.position[d] for d in sorted(self.position))
+        """The resume position as text: MariaDB's GTID list, MySQL's GTID set, or file:pos."""
+        if self.flavor == "mariadb":
+            return ",".join(self.position[d] for d in sorted(self.position))
+        if self.flavor == "mysql_gtid":
+            return self.gtid_set
+        return f"{self.log_file}:{self.log_pos}" if self.log_file else ""
+
+    def advance(self, gtid: str | None, log_file: str = "", log_pos: int = 0) -> None:
+        """Move past one transaction: its GTID (MariaDB ``d-s-n``, MySQL ``uuid:n``) and/or,
+        on MySQL, the binlog file and position after it."""
+        if self.flavor == "mariadb":
+            if gtid:
+                self.position.update(parse_gtid_pos(gtid))
+            return
+        if gtid and self.flavor == "mysql_gtid":
+            self.gtid_set = add_mysql_gtid(self.gtid_set, gtid)
+        if log_file:
+            self.log_file, self.log_pos = log_file, log_pos
 
     def table_id(self, database: str, table: str) -> int | None:
         """The id of the table now called ``database.table`` (None: not replicated)."""
@@ -59,6 +82,10 @@ class PullerState:
             "tables": {str(k): v.to_json() for k, v in self.tables.items()},
             "versions": {str(k): v for k, v in self.versions.items()},
             "ids": self.ids.to_json(),
+            "flavor": self.flavor,
+            "gtid_set": self.gtid_set,
+            "log_file": self.log_file,
+            "log_pos": self.log_pos,
         }
 
     @staticmethod
@@ -69,6 +96,10 @@ class PullerState:
             {int(k): TableSchema.from_json(v) for k, v in obj["tables"].items()},
             {int(k): v for k, v in obj["versions"].items()},
             IdRegistry.from_json(obj["ids"]),
+            obj.get("flavor", "mariadb"),
+            obj.get("gtid_set", ""),
+            obj.get("log_file", ""),
+            int(obj.get("log_pos", 0)),
         )
 
 
@@ -109,6 +140,13 @@ def parse_gtid_pos(text: str) -> dict[int, str]:
     for part in filter(None, (p.strip() for p in text.split(","))):
         out[int(part.split("-")[0])] = part
     return out
+
+
+def add_mysql_gtid(gtid_set: str, gtid: str) -> str:
+    """MySQL's executed GTID set with one more transaction (``uuid:n``), normalised."""
+    from pymysqlreplication.gtid import Gtid, GtidSet
+
+    return str(GtidSet(gtid_set or None) + Gtid(gtid))
 
 
 class TsAllocator:

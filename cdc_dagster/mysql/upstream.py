@@ -34,6 +34,13 @@ class UpstreamConfig:
     password: str | None
     server_id: int
     force_replicate: bool = False
+    changelog: str = ""  # where this changefeed's change log lives (set by changefeed create)
+
+    @property
+    def key(self) -> str:
+        """``host:port/server-id``: one puller at a time per key (the run tag ``cdc/upstream``);
+        two binlog clients with one server id on one server would disconnect each other."""
+        return f"{self.host}:{self.port}/{self.server_id}"
 
     def __repr__(self) -> str:
         return f"UpstreamConfig({redact(self.uri)!r})"
@@ -54,7 +61,8 @@ class UpstreamConfig:
 
 
 def parse_uri(uri: str) -> UpstreamConfig:
-    """Parse ``mysql://user[:password]@host[:port]/?server-id=N[&force-replicate=true]``."""
+    """Parse ``mysql://user[:password]@host[:port]/?server-id=N[&force-replicate=true]``
+    ``[&changelog=/abs/path]``."""
     parts = urllib.parse.urlsplit(uri)
     shown = redact(uri)
     if parts.scheme not in ("mysql", "mariadb"):
@@ -66,7 +74,7 @@ def parse_uri(uri: str) -> UpstreamConfig:
     except ValueError:
         raise UpstreamError(f"upstream URI {shown!r}: the port is not a number") from None
     q = dict(urllib.parse.parse_qsl(parts.query))
-    unknown = set(q) - {"server-id", "force-replicate"}
+    unknown = set(q) - {"server-id", "force-replicate", "changelog"}
     if unknown:
         raise UpstreamError(f"upstream URI {shown!r}: unknown options {sorted(unknown)}")
     sid = q.get("server-id", "4242")
@@ -84,7 +92,34 @@ def parse_uri(uri: str) -> UpstreamConfig:
         password=un(parts.password) if parts.password is not None else None,
         server_id=int(sid),
         force_replicate=q.get("force-replicate", "false").lower() in ("1", "true", "yes"),
+        changelog=q.get("changelog", ""),
     )
+
+
+def is_mysql_uri(uri: str) -> bool:
+    """Whether ``uri`` names a MySQL/MariaDB upstream (``mysql://`` or ``mariadb://``)."""
+    return urllib.parse.urlsplit(uri).scheme in ("mysql", "mariadb")
+
+
+def with_changelog(uri: str, root: str) -> str:
+    """``uri`` with its ``changelog=`` option set to the absolute path ``root``."""
+    if not os.path.isabs(root):
+        raise UpstreamError(f"change-log root {root!r} must be an absolute path")
+    parts = urllib.parse.urlsplit(uri)
+    q = [(k, v) for k, v in urllib.parse.parse_qsl(parts.query) if k != "changelog"]
+    query = urllib.parse.urlencode([*q, ("changelog", root)], safe="/")
+    return urllib.parse.urlunsplit(parts._replace(query=query))
+
+
+def changelog_root(uri: str) -> str:
+    """The change-log root a ``mysql://`` changefeed's puller writes and its captures read."""
+    cfg = parse_uri(uri)
+    if not cfg.changelog or not os.path.isabs(cfg.changelog):
+        raise UpstreamError(
+            f"upstream URI {redact(uri)!r} names no change log (changelog=/abs/path): create "
+            "the changefeed with `cdc-dagster changefeed create`, which sets it"
+        )
+    return cfg.changelog
 
 
 def connect(cfg: UpstreamConfig, **kw: Any):
@@ -106,33 +141,42 @@ class ServerInfo:
     is_mariadb: bool
 
 
-def check_upstream(conn) -> ServerInfo:
-    """Binlog settings and privileges the puller needs; raises UpstreamError naming each fix."""
-    with conn.cursor() as cur:
-        cur.execute("SELECT VERSION()")
-        version = cur.fetchone()[0]
-        is_mariadb = "mariadb" in version.lower()
-        want = {"log_bin": "ON", "binlog_format": "ROW", "binlog_row_image": "FULL"}
-        mv = tuple(int(x) for x in re.findall(r"\d+", version)[:2])
-        if (is_mariadb and mv >= (10, 5)) or (not is_mariadb and mv >= (8, 0)):
-            want["binlog_row_metadata"] = "FULL"
-        problems = []
-        for var, value in want.items():
-            cur.execute(f"SELECT @@GLOBAL.{var}")
-            got = str(cur.fetchone()[0]).upper()
-            got = {"1": "ON", "0": "OFF"}.get(got, got)
-            if got != value:
-                how = (
-                    "start the server with --log-bin (binary logging is off)"
-                    if var == "log_bin"
-                    else f"SET GLOBAL {var}={value} and put {var}={value} under [mysqld] "
-                    "in the server's config (sessions opened before keep the old value)"
-                )
-                problems.append(f"{var} is {got}, need {value}: {how}")
-        cur.execute("SHOW GRANTS")
-        grants = " ".join(r[0].upper() for r in cur.fetchall())
+def required_settings(version: str) -> dict[str, str]:
+    """The global variables the puller needs, and their values, on this server version."""
+    is_mariadb = "mariadb" in version.lower()
+    mv = tuple(int(x) for x in re.findall(r"\d+", version)[:2])
+    want = {"log_bin": "ON", "binlog_format": "ROW", "binlog_row_image": "FULL"}
+    if (is_mariadb and mv >= (10, 5)) or (not is_mariadb and mv >= (8, 0)):
+        want["binlog_row_metadata"] = "FULL"
+    return want
+
+
+def upstream_problems(version: str, settings: dict[str, str], grants: str) -> list[str]:
+    """What is wrong with a server for the puller, each with what to change (pure)."""
+    is_mariadb = "mariadb" in version.lower()
+    mv = tuple(int(x) for x in re.findall(r"\d+", version)[:2])
+    problems = []
+    if not is_mariadb and mv < (8, 0):
+        problems.append(
+            f"MySQL {version} is too old: use MySQL 8.0 or later (binlog_row_metadata=FULL "
+            "puts column names in the binlog)"
+        )
+    for var, value in required_settings(version).items():
+        got = str(settings.get(var, "unset")).upper()
+        got = {"1": "ON", "0": "OFF"}.get(got, got)
+        if got != value:
+            how = (
+                "start the server with --log-bin (binary logging is off)"
+                if var == "log_bin"
+                else f"SET GLOBAL {var}={value} and put {var}={value} under [mysqld] "
+                "in the server's config (sessions opened before keep the old value)"
+            )
+            problems.append(f"{var} is {got}, need {value}: {how}")
+    grants = grants.upper()
     if "ALL PRIVILEGES ON *.*" not in grants:
         needs = ["REPLICATION SLAVE", "SELECT"]
+        if not is_mariadb:  # the snapshot's brief FLUSH TABLES WITH READ LOCK
+            needs.append("RELOAD")
         binlog = "BINLOG MONITOR" if is_mariadb and mv >= (10, 5) else "REPLICATION CLIENT"
         missing = [n for n in needs if n not in grants]
         if binlog not in grants and "REPLICATION CLIENT" not in grants and "SUPER" not in grants:
@@ -142,6 +186,21 @@ def check_upstream(conn) -> ServerInfo:
                 f"the user lacks {', '.join(missing)}: GRANT {', '.join(missing)} ON *.* "
                 "TO the puller's user"
             )
+    return problems
+
+
+def check_upstream(conn) -> ServerInfo:
+    """Binlog settings and privileges the puller needs; raises UpstreamError naming each fix."""
+    with conn.cursor() as cur:
+        cur.execute("SELECT VERSION()")
+        version = cur.fetchone()[0]
+        settings = {}
+        for var in required_settings(version):
+            cur.execute(f"SELECT @@GLOBAL.{var}")
+            settings[var] = str(cur.fetchone()[0])
+        cur.execute("SHOW GRANTS")
+        grants = " ".join(r[0] for r in cur.fetchall())
+    problems = upstream_problems(version, settings, grants)
     if problems:
         raise UpstreamError("upstream not ready for the binlog puller: " + "; ".join(problems))
-    return ServerInfo(version, is_mariadb)
+    return ServerInfo(version, "mariadb" in version.lower())

@@ -68,8 +68,16 @@ ExecutorFactory = Callable[[ExecutorSpec], RuntimeExecutor]
 
 
 def changelog_path(upstream_uri: str) -> str:
-    """``changelog:///abs/path`` -> ``/abs/path``."""
+    """``changelog:///abs/path`` -> ``/abs/path``; ``mysql://...&changelog=/abs/path`` -> its
+    puller's change log (docs/mysql-postgres.md)."""
     parts = urllib.parse.urlsplit(upstream_uri)
+    if parts.scheme in ("mysql", "mariadb"):
+        from cdc_dagster.mysql.upstream import UpstreamError, changelog_root
+
+        try:
+            return changelog_root(upstream_uri)
+        except UpstreamError as exc:
+            raise UpstreamUriError(str(exc)) from None
     if parts.scheme != "changelog" or parts.netloc or not parts.path.startswith("/"):
         raise UpstreamUriError(
             f"upstream URI {upstream_uri!r}: expected changelog:///absolute/path "

@@ -31,6 +31,11 @@ concurrency:
       # (cdc_dagster.dbt); a second one queues instead of waiting on the build lock.
       - key: cdc/dbt_build
         limit: 1
+      # One binlog puller per upstream (host:port/server-id) at a time.
+      - key: cdc/upstream
+        value:
+          applyLimitPerUniqueValue: true
+        limit: 1
 sensors:
   use_threads: true
   num_workers: 4

@@ -272,6 +272,10 @@ class PostgresSink:
             return
         try:
             with conn.transaction():
+                # Two tables of one schema written first at once (two Spark tasks) would race
+                # on CREATE SCHEMA IF NOT EXISTS (a unique violation in pg_namespace): create
+                # one at a time. The lock is held until the batch's transaction ends.
+                conn.execute("SELECT pg_advisory_xact_lock(hashtext('cdc_dagster.create'))")
                 for stmt in pg_ddl.create_table(table):
                     conn.execute(stmt)
         except (psycopg.Error, pg_ddl.PgDDLError) as exc:

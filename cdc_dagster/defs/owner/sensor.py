@@ -5,6 +5,7 @@ import time
 import dagster as dg
 
 from cdc_dagster.defs.catalog import Catalog
+from cdc_dagster.defs.mysql.requests import with_puller_runs
 from cdc_dagster.defs.owner.plan import CAPTURE_JOB, Outbox, plan, progress_lines
 from cdc_dagster.defs.partitions import CAPTURES
 from cdc_dagster.defs.runtime_glue import owner_tick
@@ -55,6 +56,8 @@ def build_owner_sensor(catalog: Catalog, jobs: list[dg.JobDefinition]) -> dg.Sen
         known = context.instance.get_dynamic_partitions(CAPTURES.name)
         queued = queued_captures(context.instance) if view.is_owner else set()
         result = plan(view, tick, known, catalog, checkpoint_of, queued=queued, outbox=outbox)
+        if view.is_owner:  # binlog pullers of mysql:// changefeeds
+            result = with_puller_runs(result, context.instance, view.owner_rev, tick)
         for cf, line in progress_lines(view).items():
             context.log.info("changefeed %s: %s", cf, line)
         for note in view.notes:

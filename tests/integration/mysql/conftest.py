@@ -51,3 +51,47 @@ def pg_for_mysql(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
         yield server
     finally:
         server.cleanup()
+
+
+@pytest.fixture(scope="session")
+def etcd_endpoints(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[str]]:
+    """A private etcd for the Dagster-plane tests of this directory."""
+    from cdc_dagster.metastore.embedded import EmbeddedEtcd, EtcdTuning
+
+    server = EmbeddedEtcd(tmp_path_factory.mktemp("etcd"), tuning=EtcdTuning.for_tests())
+    server.start()
+    try:
+        yield server.endpoints
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def cluster_id() -> str:
+    """A cluster id of this test's own."""
+    return f"t{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture
+def metastore(etcd_endpoints: list[str], cluster_id: str) -> Iterator[object]:
+    from cdc_dagster.metastore import connect
+
+    ms = connect(etcd_endpoints, cluster_id=cluster_id, retry_timeout_s=10.0)
+    try:
+        yield ms
+    finally:
+        ms.close()
+
+
+@pytest.fixture
+def dagster_env(
+    monkeypatch: pytest.MonkeyPatch, etcd_endpoints: list[str], cluster_id: str, tmp_path
+) -> None:
+    """The control plane's settings point at this test's cluster (a fresh owner loop)."""
+    from cdc_dagster.defs.runtime_glue import forget_owner_loops
+
+    monkeypatch.setenv("CDC_DAGSTER_ETCD", ",".join(etcd_endpoints))
+    monkeypatch.setenv("CDC_DAGSTER_CLUSTER_ID", cluster_id)
+    monkeypatch.setenv("CDC_DAGSTER_STATE_DIR", str(tmp_path / "state"))
+    monkeypatch.setenv("CDC_DAGSTER_OWNER_ID", "owner-1")
+    forget_owner_loops()

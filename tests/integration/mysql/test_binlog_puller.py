@@ -341,8 +341,10 @@ def test_purged_binlog_is_a_clear_error_saying_how_to_resnapshot(mariadb, mydb, 
             time.sleep(0.1)
     c.close()
     cfg = PullerConfig(mariadb.uri(), str(root), (f"{mydb}.*",), heartbeat_s=0.3)
-    with pytest.raises(PullerError, match=r"no longer has the binlog.*re-snapshot"):
+    with pytest.raises(PullerError, match=r"no longer has the binlog.*re-snapshot") as err:
         run_puller(cfg, stop_after=20)
+    assert "were purged before the puller read them, and are lost" in str(err.value)
+    assert f"its change log {root}" in str(err.value) and not err.value.retryable
 
 
 @pytest.mark.slow

@@ -422,3 +422,78 @@ def test_connection_killed_during_a_commit_applies_the_batch_exactly_once(pg_ser
         sink.write(CF, t, b, 100, 200, token)  # and once more: a no-op
         assert rows_of(admin, t) == [(2, Decimal("2.00"), None)]
     assert sink.committed(CF, t) == Committed(200, token)
+
+
+def test_first_writes_of_two_tables_of_a_new_schema_at_once_both_create_their_table(
+    pg_uri, pg_conn
+):
+    # Two Spark tasks writing two tables of one upstream database for the first time: each
+    # creates the schema (IF NOT EXISTS) and its table; unserialized, one of them failed with
+    # a unique violation in pg_namespace and its table stopped in error.
+    for attempt in range(5):
+        tables = [
+            accounts(100 + 10 * attempt + i, database=f"race{attempt}", table=f"t{i}")
+            for i in range(4)
+        ]
+        sinks = [PostgresSink(pg_uri) for _ in tables]
+        tokens = [s.acquire(CF, t) for s, t in zip(sinks, tables, strict=True)]
+        start = threading.Barrier(len(tables))
+        errors: list[BaseException] = []
+
+        def first_write(
+            sink: PostgresSink,
+            t: TableSchema,
+            token: int,
+            start: threading.Barrier = start,
+            errors: list[BaseException] = errors,
+        ) -> None:
+            start.wait()
+            try:
+                sink.write(CF, t, batch(t, [{"id": 1, "balance": Decimal(1)}]), 0, 100, token)
+            except BaseException as exc:
+                errors.append(exc)
+
+        threads = [
+            threading.Thread(target=first_write, args=a)
+            for a in zip(sinks, tables, tokens, strict=True)
+        ]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join(30)
+        assert errors == []
+        for t in tables:
+            assert rows_of(pg_conn, t) == [(1, Decimal("1.00"), None)]
+
+
+@pytest.mark.slow
+def test_postgres_restart_during_a_commit_applies_the_batch_exactly_once(pg_server, pg_db, pg_uri):
+    sink, t = PostgresSink(pg_uri), accounts()
+    token = sink.acquire(CF, t)
+    sink.write(CF, t, batch(t, [{"id": 1, "balance": Decimal(1)}]), 0, 100, token)
+    with psycopg.connect(pg_server.dsn(pg_db), autocommit=True) as admin:
+        # a slow statement trigger holds the batch's transaction open mid-MERGE
+        admin.execute("CREATE FUNCTION slow() RETURNS trigger LANGUAGE plpgsql AS "
+                      "$$ BEGIN PERFORM pg_sleep(2); RETURN NULL; END $$")  # fmt: skip
+        admin.execute('CREATE TRIGGER slow AFTER INSERT ON "bank"."accounts" '
+                      "FOR EACH STATEMENT EXECUTE FUNCTION slow()")  # fmt: skip
+    restarted = threading.Event()
+
+    def crash_and_restart() -> None:
+        pg_server.stop("immediate")  # the server dies with the batch's transaction open
+        pg_server.start()
+        restarted.set()
+
+    b = batch(t, [{"id": 2, "balance": Decimal(2)}, {"id": 1, "op": 1}], 200)
+    threading.Timer(0.5, crash_and_restart).start()
+    try:
+        sink.write(CF, t, b, 100, 200, token)
+        raise AssertionError("the write finished although the server died under it")
+    except SinkError:
+        pass  # the outcome is unknown to the writer: it replays
+    assert restarted.wait(60)
+    sink.write(CF, t, b, 100, 200, token)  # the replay commits it
+    sink.write(CF, t, b, 100, 200, token)  # and once more: a no-op
+    with psycopg.connect(pg_server.dsn(pg_db)) as conn:
+        assert rows_of(conn, t) == [(2, Decimal("2.00"), None)]
+    assert sink.committed(CF, t) == Committed(200, token)

@@ -56,6 +56,7 @@ def test_production_definitions_from_the_change_log(
         "capture_tick",
         "apply_ddl",
         "dbt_build",
+        "mysql_puller",
         *ADMIN_JOBS,
     }
     assert [s.name for s in repo.sensor_defs] == ["cdc_owner", "dbt_syncpoint_sensor"]

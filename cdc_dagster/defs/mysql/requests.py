@@ -1,0 +1,138 @@
+"""Which binlog puller runs the owner sensor requests this tick (pure planning + one adapter).
+
+One bounded puller run per changefeed whose upstream is ``mysql://``/``mariadb://`` and
+whose state is normal, unless one is already queued or running for it. Runs carry
+``cdc/upstream = host:port/server-id``; ``dagster.yaml`` limits that tag to one run per
+value, so pullers sharing an upstream and server id never run at once (they would
+disconnect each other), and ``cdc/changefeed`` for the UI and for the in-flight check.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import dagster as dg
+
+PULLER_JOB = "mysql_puller"
+UPSTREAM_TAG = "cdc/upstream"
+CHANGEFEED_TAG = "cdc/changefeed"
+DEFAULT_PULL_S = 30.0
+DEFAULT_PULL_ROWS = 500_000
+IN_FLIGHT = [
+    dg.DagsterRunStatus.QUEUED,
+    dg.DagsterRunStatus.NOT_STARTED,
+    dg.DagsterRunStatus.STARTING,
+    dg.DagsterRunStatus.STARTED,
+]
+
+
+@dataclass(frozen=True, slots=True)
+class PullBounds:
+    """How long one puller run pulls before it persists and exits."""
+
+    max_seconds: float = DEFAULT_PULL_S
+    max_rows: int = DEFAULT_PULL_ROWS
+
+    @staticmethod
+    def from_env(environ: Mapping[str, str] | None = None) -> PullBounds:
+        """``CDC_DAGSTER_MYSQL_PULL_S`` / ``CDC_DAGSTER_MYSQL_PULL_ROWS`` (read at tick time)."""
+        env = os.environ if environ is None else environ
+        return PullBounds(
+            float(env.get("CDC_DAGSTER_MYSQL_PULL_S", DEFAULT_PULL_S)),
+            int(env.get("CDC_DAGSTER_MYSQL_PULL_ROWS", DEFAULT_PULL_ROWS)),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class PullerTarget:
+    """A changefeed that needs a puller run."""
+
+    changefeed_id: str
+    upstream_key: str  # host:port/server-id (no credentials)
+
+
+def pullers_to_run(changefeeds: Iterable[Any], busy: set[str]) -> list[PullerTarget]:
+    """The normal ``mysql://`` changefeeds without a queued or running puller, by id."""
+    from cdc_dagster.metastore.changefeeds import ChangefeedState
+    from cdc_dagster.mysql.upstream import UpstreamError, is_mysql_uri, parse_uri
+
+    out = []
+    for cf in changefeeds:
+        uri = cf.info.upstream_uri
+        if not uri or not is_mysql_uri(uri) or cf.status.state is not ChangefeedState.NORMAL:
+            continue
+        if cf.changefeed_id in busy:
+            continue
+        try:
+            key = parse_uri(uri).key
+        except UpstreamError:
+            continue  # the run would fail the same way; create validated it
+        out.append(PullerTarget(cf.changefeed_id, key))
+    return sorted(out, key=lambda t: t.changefeed_id)
+
+
+def puller_run_request(
+    target: PullerTarget, owner_rev: int, tick: int, bounds: PullBounds
+) -> dg.RunRequest:
+    """One bounded puller run (its run key is new every tick: Dagster dedupes them forever)."""
+    config = {
+        "changefeed_id": target.changefeed_id,
+        "max_seconds": bounds.max_seconds,
+        "max_rows": bounds.max_rows,
+    }
+    return dg.RunRequest(
+        run_key=f"mysql:{target.changefeed_id}:{owner_rev}:{tick}",
+        job_name=PULLER_JOB,
+        run_config={"ops": {"pull_binlog": {"config": config}}},
+        tags={
+            UPSTREAM_TAG: target.upstream_key,
+            CHANGEFEED_TAG: target.changefeed_id,
+            "cdc/owner_rev": str(owner_rev),
+        },
+    )
+
+
+def in_flight_pullers(instance: dg.DagsterInstance) -> set[str]:
+    """Changefeeds with a puller run queued or running (one query per tick)."""
+    records = instance.get_run_records(
+        dg.RunsFilter(job_name=PULLER_JOB, statuses=IN_FLIGHT), limit=1000
+    )
+    return {r.dagster_run.tags.get(CHANGEFEED_TAG, "") for r in records}
+
+
+def puller_requests(
+    instance: dg.DagsterInstance, metastore: Any, owner_rev: int, tick: int
+) -> list[dg.RunRequest]:
+    """The owner tick's puller runs: one per normal mysql:// changefeed not already pulling."""
+    targets = pullers_to_run(metastore.changefeeds.list(), in_flight_pullers(instance))
+    bounds = PullBounds.from_env()
+    return [puller_run_request(t, owner_rev, tick, bounds) for t in targets]
+
+
+def with_puller_runs(
+    result: dg.SensorResult, instance: dg.DagsterInstance, owner_rev: int, tick: int
+) -> dg.SensorResult:
+    """The owner's ``result`` plus this tick's puller runs (etcd read failing: none this tick)."""
+    import logging
+
+    from cdc_dagster.defs.runtime_glue import open_metastore
+    from cdc_dagster.defs.settings import Settings
+    from cdc_dagster.metastore.errors import MetastoreError
+
+    try:
+        with open_metastore(Settings.from_env()) as ms:
+            runs = puller_requests(instance, ms, owner_rev, tick)
+    except MetastoreError as exc:
+        logging.getLogger(__name__).warning("no puller runs this tick: %s", exc)
+        return result
+    if not runs:
+        return result
+    return dg.SensorResult(
+        run_requests=[*(result.run_requests or []), *runs],
+        dynamic_partitions_requests=result.dynamic_partitions_requests,
+        cursor=result.cursor,
+        skip_reason=result.skip_reason,
+    )

@@ -1,0 +1,121 @@
+"""The binlog puller as Dagster runs: the owner sensor (real owner tick, real etcd) requests
+them, execute_in_process runs them against a private MariaDB, and they resume, report and
+fail the way docs/mysql-postgres.md says."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import dagster as dg
+import pytest
+from dagster._core.test_utils import create_run_for_test
+from test_binlog_puller import changes, execute, gtid_now, table_id
+
+from cdc_dagster import admin
+from cdc_dagster.defs import build_definitions
+from cdc_dagster.defs.catalog import Catalog
+from cdc_dagster.defs.mysql.job import binlog_asset_key
+from cdc_dagster.defs.mysql.requests import CHANGEFEED_TAG, PULLER_JOB, UPSTREAM_TAG
+from cdc_dagster.metastore.changefeeds import ChangefeedState
+
+SINK = "postgresql://writer:${PG_PW}@127.0.0.1:1/analytics"
+
+
+@pytest.fixture
+def defs() -> dg.Definitions:
+    return build_definitions(Catalog(()))
+
+
+def _tick(
+    defs: dg.Definitions, instance: dg.DagsterInstance, cursor: str | None
+) -> dg.SensorResult:
+    sensor = defs.get_repository_def().get_sensor_def("cdc_owner")
+    result = sensor(dg.build_sensor_context(instance=instance, cursor=cursor, definitions=defs))
+    assert result.skip_reason is None, result.skip_reason
+    return result
+
+
+def _pullers(result: dg.SensorResult) -> list[dg.RunRequest]:
+    return [r for r in result.run_requests or [] if r.job_name == PULLER_JOB]
+
+
+def _execute(defs: dg.Definitions, instance: dg.DagsterInstance, req: dg.RunRequest):
+    return defs.get_job_def(PULLER_JOB).execute_in_process(
+        run_config=req.run_config, instance=instance, tags=req.tags, raise_on_error=False
+    )
+
+
+def _create(metastore, mariadb, db: str, root: Path, cf: str = "shop") -> object:
+    return admin.create_changefeed(
+        metastore, cf, SINK, table_filter=(f"{db}.*",),
+        upstream_uri=mariadb.uri(query="server-id=4242"), changelog_root=str(root),
+    )  # fmt: skip
+
+
+def test_owner_sensor_launches_bounded_puller_runs_that_resume_and_report(
+    mariadb, mydb, metastore, dagster_env, defs, tmp_path, monkeypatch
+):
+    monkeypatch.setenv("CDC_DAGSTER_MYSQL_PULL_S", "3")
+    execute(mariadb, mydb, "CREATE TABLE t (id INT PRIMARY KEY, v INT)",
+            "INSERT INTO t VALUES (1, 1), (2, 2)")  # fmt: skip
+    root = tmp_path / "cl"
+    cf = _create(metastore, mariadb, mydb, root)
+    tid = table_id(root, "t")
+    assert [r["c1"] for r in changes(root, tid)] == [1, 2]  # the snapshot, at create
+    execute(mariadb, mydb, "INSERT INTO t VALUES (3, 3)", "UPDATE t SET v = 20 WHERE id = 2")
+    with dg.instance_for_test() as instance:
+        (req,) = _pullers(_tick(defs, instance, None))
+        assert req.tags[UPSTREAM_TAG] == f"127.0.0.1:{mariadb.port}/4242"
+        assert req.tags[CHANGEFEED_TAG] == "shop"
+        out = _execute(defs, instance, req)
+        assert out.success, [e.message for e in out.all_events if e.is_failure]
+        rows = changes(root, tid)
+        assert [(r["_op"], r["c1"], r["c2"]) for r in rows[2:]] == [(1, 3, 3), (2, 2, 20)]
+
+        # Progress: an observation per run, and tags in the runs list.
+        (event,) = instance.fetch_observations(binlog_asset_key("shop"), limit=10).records
+        obs = event.asset_observation
+        assert obs.metadata["rows"].value == 2
+        assert obs.metadata["binlog_position"].value == gtid_now(mariadb)
+        assert isinstance(obs.metadata["rows_per_s"].value, float)
+        assert obs.metadata["resolved_ts_raw"].value > cf.info.start_ts
+        run = instance.get_run_by_id(out.run_id)
+        assert run.tags["cdc/binlog_position"] == gtid_now(mariadb)
+
+        # A running (or queued) puller of the changefeed: no second request.
+        queued = create_run_for_test(
+            instance, job_name=PULLER_JOB, tags=req.tags, status=dg.DagsterRunStatus.STARTED
+        )
+        assert _pullers(_tick(defs, instance, "1")) == []
+        instance.report_run_failed(queued)  # it ends
+
+        # The next run resumes at the persisted position: nothing twice.
+        execute(mariadb, mydb, "DELETE FROM t WHERE id = 1")
+        (req,) = _pullers(_tick(defs, instance, "2"))
+        assert _execute(defs, instance, req).success
+        rows = changes(root, tid)
+        assert [(r["_op"], r["c1"]) for r in rows[2:]] == [(1, 3), (2, 2), (3, None)]
+        assert [r["b1"] for r in rows if r["_op"] == 3] == [1]
+
+        # Paused: no puller runs.
+        metastore.changefeeds.pause("shop")
+        assert _pullers(_tick(defs, instance, "3")) == []
+
+
+def test_puller_run_that_cannot_go_on_puts_the_changefeed_in_error_with_the_reason(
+    mariadb, mydb, metastore, dagster_env, defs, tmp_path, monkeypatch
+):
+    monkeypatch.setenv("CDC_DAGSTER_MYSQL_PULL_S", "3")
+    execute(mariadb, mydb, "CREATE TABLE p (id INT PRIMARY KEY)")
+    _create(metastore, mariadb, mydb, tmp_path / "cl")
+    execute(mariadb, mydb, "ALTER TABLE p PARTITION BY HASH(id) PARTITIONS 2")
+    with dg.instance_for_test() as instance:
+        (req,) = _pullers(_tick(defs, instance, None))
+        out = _execute(defs, instance, req)
+        assert not out.success
+        (failure,) = [e for e in out.all_events if e.is_step_failure]
+        assert "PARTITION" in failure.message or "PARTITION" in str(failure.event_specific_data)
+        status = metastore.changefeeds.get("shop").status
+        assert status.state is ChangefeedState.ERROR
+        assert "binlog puller" in status.last_error and "PARTITION" in status.last_error
+        assert _pullers(_tick(defs, instance, "1")) == []  # no relaunch until resumed
