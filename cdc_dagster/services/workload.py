@@ -25,7 +25,9 @@ class GeneratorThread:
         bank_tables: int,
         interval_s: float = 1.0,
         txns_per_step: int = 20,
-        ddl_every: int = 600,  # ~one DDL per 30 s at 20 txns/s: each DDL is a barrier + a run
+        # ~one DDL per 2 min at 20 txns/s: each DDL holds its table at a barrier for a few
+        # run cycles (capture run, gated DDL run, capture run), ~30-40 s on 2 cores.
+        ddl_every: int = 2400,
     ) -> None:
         self.root = root
         self.bank_tables = bank_tables
@@ -105,7 +107,7 @@ def ensure_demo_changefeed(
     captures: Sequence[str],
     changelog: Path,
     start_ts: int,
-    sync_point_interval_s: int = 30,
+    sync_point_interval_s: int = 60,
 ) -> str:
     """Create the demo changefeed (every table, from ``start_ts``) and register its captures
     unless they exist; one line."""
