@@ -137,6 +137,7 @@ def test_generator_workload_with_ddls_through_the_driver_equals_the_oracle(
         shards_per_table=2,
         txns_per_step=25,
         ddl_every=6,
+        ms_per_txn=20,  # 75 transactions span 1.5 s: a syncpoint every second falls inside
         start_physical_ms=start_ms,
         fsync=False,
     )
@@ -154,6 +155,7 @@ def test_generator_workload_with_ddls_through_the_driver_equals_the_oracle(
         # Just before the bootstrap's first rows (the tables' creates come first).
         start_ts=compose(start_ms + cfg.bank_tables + 3) - 1,
         lease_ttl_s=120,
+        sync_point_interval_s=1,
     )
     for _ in range(3):
         workload.step()
@@ -171,3 +173,26 @@ def test_generator_workload_with_ddls_through_the_driver_equals_the_oracle(
         cdc = [c for c in actual.column_names if c.startswith("_cdc")]
         expected = fingerprint(oracle.table_at(tid, target))
         assert fingerprint(actual, ignore_columns=cdc) == expected, schema.qualified_name
+    # Every syncpoint: each table at its recorded Delta version equals the oracle at the
+    # syncpoint's ts, and the bank total (transfers only move money) is the same at all.
+    from cdc_dagster.sinks.delta import list_syncpoints, read_syncpoint
+
+    points = list_syncpoints(str(lake), "cf")
+    assert len(points) >= 2, "the workload should span several syncpoints"
+    bank = [t for t, s in log.tables_at(target).items() if s.database == "bank"]
+    totals = set()
+    for ts in points:
+        record = read_syncpoint(str(lake), "cf", ts)
+        assert record is not None
+        total = 0
+        for tid, location in record.locations.items():
+            at = read_table_at(str(lake), location, record.versions[tid])
+            cdc = [c for c in at.column_names if c.startswith("_cdc")]
+            assert fingerprint(at, ignore_columns=cdc) == fingerprint(oracle.table_at(tid, ts)), (
+                ts,
+                location,
+            )
+            if tid in bank:
+                total += sum(v for v in at.column("balance").to_pylist() if v is not None)
+        totals.add(total)
+    assert len(totals) == 1, f"bank total differs between syncpoints: {totals}"
