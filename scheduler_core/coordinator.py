@@ -354,8 +354,13 @@ class Coordinator:
     def _advance_checkpoint(self, barrier: Barrier) -> None:
         if not self._rebuilt:
             return
-        if not len(self.current_tables):
-            return  # nothing replicates, so nothing says how far the upstream has resolved
+        if not len(self.current_tables) and self.ddl.ddl_resolved_ts is None:
+            # Nothing replicates and the DDL stream is not tracked: nothing says how far the
+            # upstream has resolved, so a CREATE not yet added could be passed.
+            return
+        # With no table, a tracked DDL stream bounds the barrier (the global barrier never
+        # passes its resolved ts): the checkpoint moves to the first CREATE (or syncpoint)
+        # so it becomes ready (advance_checkpoint's empty case).
         rows = self.replications.rows(self.current_tables)
         cp = advance_checkpoint(*rows, barrier, len(self.current_tables), self.checkpoint)
         if cp is None:

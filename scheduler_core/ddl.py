@@ -281,6 +281,11 @@ class DDLManager:
         return self._next_syncpoint
 
     @property
+    def ddl_resolved_ts(self) -> int | None:
+        """How far the DDL stream is known complete (None: not tracked)."""
+        return self._ddl_resolved_ts
+
+    @property
     def checkpoint_ts(self) -> int:
         """The highest changefeed checkpoint seen (at start, or passed to a query)."""
         return self._checkpoint_ts

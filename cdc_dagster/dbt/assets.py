@@ -23,12 +23,13 @@ from cdc_dagster.dbt.build import (
     dbt_executable,
     dbt_vars,
     load_manifest,
+    optional_sources,
     record_build,
     source_tables,
 )
 from cdc_dagster.dbt.errors import BuildError
 from cdc_dagster.dbt.pin import PinnedSyncpoint, latest_syncpoint, pin_syncpoint
-from cdc_dagster.dbt.settings import DELTA_ROOT_ENV, DbtSettings, delta_root_of
+from cdc_dagster.dbt.settings import DbtSettings, delta_root_of, resolve_settings
 from scheduler_core.ts import physical_ms
 
 MODEL_KEY_PREFIX = "dbt"
@@ -37,36 +38,28 @@ BUILD_TAG = "cdc/dbt_build"  # give it tag_concurrency_limits 1: builds share on
 
 
 class SyncpointBuildConfig(dg.Config):
-    """Which syncpoint a run builds (the sensor sets it; 0 = the newest recorded)."""
+    """Which syncpoint a run builds (the sensor sets both; 0 / "" = the newest / resolved)."""
 
     syncpoint_ts: int = 0
+    changefeed_id: str = ""
 
 
 class DbtDownstreamResource(dg.ConfigurableResource):
-    """Where the Delta tables, their syncpoints and the DuckDB file are.
+    """Which changefeed the models build on and where they go.
 
-    Empty fields are read from ``CDC_DAGSTER_DBT_*`` / ``CDC_DBT_DUCKDB_PATH`` at run time
-    (``cdc_dagster.dbt.settings``), so production definitions can use ``DbtDownstreamResource()``.
+    Empty fields are resolved at run time (``cdc_dagster.dbt.settings.resolve_settings``:
+    ``CDC_DAGSTER_DBT_*``, else the changefeed in etcd), so production definitions use
+    ``DbtDownstreamResource()``; tests set the fields.
     """
 
     delta_root: str = ""
     changefeed_id: str = ""
     duckdb_path: str = ""
 
-    def settings(self) -> DbtSettings:
-        """These fields over the environment's settings; raises when no Delta root is known."""
-        env = DbtSettings.from_env()
-        root = delta_root_of(self.delta_root) or (env.delta_root if env else "")
-        if not root:
-            raise BuildError(
-                f"no Delta root for the dbt build: configure the cdc_dbt resource or set "
-                f"{DELTA_ROOT_ENV} to the changefeed's sink (delta:///abs/root)"
-            )
-        default_db = os.path.join(os.path.dirname(root.rstrip("/")), "dbt", "downstream.duckdb")
-        return DbtSettings(
-            delta_root=root,
-            changefeed_id=self.changefeed_id or (env.changefeed_id if env else "default"),
-            duckdb_path=self.duckdb_path or (env.duckdb_path if env else default_db),
+    def settings(self, changefeed_id: str = "") -> DbtSettings:
+        """These fields over the environment / etcd; raises ``NoTargetError`` when unknown."""
+        return resolve_settings(
+            delta_root_of(self.delta_root), changefeed_id or self.changefeed_id, self.duckdb_path
         )
 
 
@@ -87,17 +80,49 @@ def _meta_key(props: Mapping[str, Any]) -> Any:
     return meta.get("dagster", {}).get("asset_key")
 
 
-def build_metadata(pinned: PinnedSyncpoint) -> dict[str, dg.MetadataValue]:
-    """Names the syncpoint and every table version the build read (ints plot in the UI)."""
+def build_metadata(pinned: PinnedSyncpoint, postgres: bool = False) -> dict[str, dg.MetadataValue]:
+    """Names the syncpoint and every table version the build read (ints plot in the UI).
+
+    Delta: each table's Delta version at the syncpoint. PostgreSQL: the copy each source
+    read (``table_sources``), taken when every table's committed ts was the syncpoint ts.
+    """
     meta: dict[str, dg.MetadataValue] = {
         "changefeed": dg.MetadataValue.text(pinned.changefeed_id),
         "syncpoint_ts": dg.MetadataValue.int(pinned.ts),
         "syncpoint_time": dg.MetadataValue.timestamp(physical_ms(pinned.ts) / 1000.0),
-        "table_versions": dg.MetadataValue.json(pinned.versions()),
+        "downstream": dg.MetadataValue.text("postgres" if postgres else "delta"),
+        "table_sources": dg.MetadataValue.json(
+            {t.qualified_name: t.location for t in pinned.tables}
+        ),
     }
-    for name, version in pinned.versions().items():
-        meta[f"delta_version/{name}"] = dg.MetadataValue.int(version)
+    if not postgres:
+        meta["table_versions"] = dg.MetadataValue.json(pinned.versions())
+        for name, version in pinned.versions().items():
+            meta[f"delta_version/{name}"] = dg.MetadataValue.int(version)
     return meta
+
+
+def with_replica_lineage(
+    assets: dg.AssetsDefinition, replica_keys: Mapping[dg.AssetKey, dg.AssetKey]
+) -> dg.AssetsDefinition:
+    """The dbt assets with each source dep mapped onto the replica asset that holds it.
+
+    ``replica_keys`` maps a source's key (``["replica", db, table]``) to the replica asset
+    the definitions have (the same key, or the schema's when tables are grouped); sources
+    of tables the definitions do not replicate are dropped, so no stub asset appears.
+    """
+
+    def remap(spec: dg.AssetSpec) -> dg.AssetSpec:
+        deps: dict[dg.AssetKey, dg.AssetDep] = {}
+        for dep in spec.deps:
+            if dep.asset_key.path[0] != "replica":
+                deps[dep.asset_key] = dep
+            elif dep.asset_key in replica_keys:
+                key = replica_keys[dep.asset_key]
+                deps[key] = dg.AssetDep(key)
+        return spec.replace_attributes(deps=list(deps.values()))
+
+    return assets.map_asset_specs(remap)
 
 
 def project_for(project_dir: Path | str = PROJECT_DIR) -> DbtProject:
@@ -124,7 +149,6 @@ def dbt_assets_for(
     """
     project = project_for(project_dir)
     manifest = json.loads(project.manifest_path.read_text(encoding="utf-8"))
-    sources = source_tables(manifest)
 
     @dbt_assets(
         manifest=project.manifest_path,
@@ -139,39 +163,91 @@ def dbt_assets_for(
         cdc_dbt: DbtDownstreamResource,
         config: SyncpointBuildConfig,
     ) -> Iterator[Any]:
-        yield from _build(context, dbt, cdc_dbt, config.syncpoint_ts, sources)
+        res = cdc_dbt.settings(config.changefeed_id)
+        if res.is_postgres:
+            yield from _build_postgres(context, dbt, res, config.syncpoint_ts, manifest)
+        else:
+            yield from _build_delta(context, dbt, res, config.syncpoint_ts, manifest)
 
     return _dbt_downstream
 
 
-def _build(
+def _stream(
+    context: dg.AssetExecutionContext,
+    invocation: Any,
+    meta: dict[str, dg.MetadataValue],
+) -> Iterator[Any]:
+    for event in invocation.stream():
+        if isinstance(event, dg.Output | dg.AssetMaterialization):
+            event = event.with_metadata({**event.metadata, **meta})
+        yield event
+
+
+def _failed(res: DbtSettings, pinned: PinnedSyncpoint) -> BuildError:
+    return BuildError(
+        f"dbt build on syncpoint {pinned.ts} of changefeed {res.changefeed_id!r} failed "
+        f"(read {pinned.versions()}); see the dbt events of this run"
+    )
+
+
+def _build_delta(
     context: dg.AssetExecutionContext,
     dbt: DbtCliResource,
-    resource: DbtDownstreamResource,
+    res: DbtSettings,
     ts: int,
-    sources: set[tuple[str, str]],
+    manifest: Mapping[str, Any],
 ) -> Iterator[Any]:
-    res = resource.settings()
     ts = ts or latest_syncpoint(res.delta_root, res.changefeed_id)
     with build_lock(res.duckdb_path):
         started = time.monotonic()
-        pinned = pin_syncpoint(res.duckdb_path, res.delta_root, res.changefeed_id, ts, sources)
+        pinned = pin_syncpoint(
+            res.duckdb_path,
+            res.delta_root,
+            res.changefeed_id,
+            ts,
+            source_tables(manifest),
+            optional=optional_sources(manifest),
+        )
         context.log.info(f"building on syncpoint {ts}: Delta versions {pinned.versions()}")
-        meta = build_metadata(pinned)
         invocation = dbt.cli(
             ["build", "--vars", dbt_vars(pinned, res.duckdb_path)],
             context=context,
             raise_on_error=False,
             target_path=build_target_path(res.duckdb_path),
         )
-        for event in invocation.stream():
-            if isinstance(event, dg.Output | dg.AssetMaterialization):
-                event = event.with_metadata({**event.metadata, **meta})
-            yield event
+        yield from _stream(context, invocation, build_metadata(pinned))
         ok = invocation.is_successful()
         record_build(res.duckdb_path, pinned, ok, time.monotonic() - started)
     if not ok:
-        raise BuildError(
-            f"dbt build on syncpoint {ts} of changefeed {res.changefeed_id!r} failed "
-            f"(versions {pinned.versions()}); see the dbt events of this run"
+        raise _failed(res, pinned)
+
+
+def _build_postgres(
+    context: dg.AssetExecutionContext,
+    dbt: DbtCliResource,
+    res: DbtSettings,
+    ts: int,
+    manifest: Mapping[str, Any],
+) -> Iterator[Any]:
+    from cdc_dagster.dbt import pg
+
+    tables = source_tables(manifest)
+    with pg.build_lock(res.sink_uri) as conn:
+        if not ts:
+            known = pg.list_pinned_syncpoints(conn, res.changefeed_id)
+            ts = known[-1] if known else 0
+        started = time.monotonic()
+        pinned = pg.pin(conn, res.changefeed_id, ts, tables, optional_sources(manifest))
+        context.log.info(f"building on syncpoint {ts}: PostgreSQL copies {pinned.versions()}")
+        pg.set_password_env(res.sink_uri)
+        invocation = dbt.cli(
+            ["build", *pg.dbt_args(res.sink_uri, pinned, None)],
+            context=context,
+            raise_on_error=False,
+            target_path=pg.target_path(PROJECT_DIR, res.changefeed_id),
         )
+        yield from _stream(context, invocation, build_metadata(pinned, postgres=True))
+        ok = invocation.is_successful()
+        pg.record_build(conn, pinned, ok, time.monotonic() - started)
+    if not ok:
+        raise _failed(res, pinned)

@@ -64,14 +64,36 @@ def build_target_path(duckdb_path: str) -> Path:
 def dbt_vars(
     pinned: PinnedSyncpoint, duckdb_path: str, extra: Mapping[str, Any] | None = None
 ) -> str:
-    """``--vars`` of a build: the DuckDB file only, the same every build so dbt's partial
-    parsing holds (models read the syncpoint ts from ``cdc_meta.pinned_syncpoint``)."""
-    return json.dumps({**(extra or {}), "duckdb_path": duckdb_path})
+    """``--vars`` of a build: the DuckDB file and the sources pinned, the same every build of
+    a changefeed so dbt's partial parsing holds (models read the syncpoint ts from
+    ``cdc_meta.pinned_syncpoint``, not from a var)."""
+    return json.dumps(
+        {**(extra or {}), "duckdb_path": duckdb_path, "pinned_sources": pinned_sources(pinned)},
+        sort_keys=True,
+    )
+
+
+def pinned_sources(pinned: PinnedSyncpoint) -> dict[str, list[str]]:
+    """database -> the tables a build pinned (models loop over optional sources with it)."""
+    out: dict[str, list[str]] = {}
+    for t in pinned.tables:
+        out.setdefault(t.database, []).append(t.table)
+    return {db: sorted(tables) for db, tables in sorted(out.items())}
 
 
 def source_tables(manifest: Mapping[str, Any]) -> set[tuple[str, str]]:
-    """The (database, table) of every dbt source: the views a build must pin."""
+    """The (database, table) of every dbt source: the views a build pins."""
     return {(s["schema"], s["identifier"]) for s in manifest.get("sources", {}).values()}
+
+
+def optional_sources(manifest: Mapping[str, Any]) -> set[tuple[str, str]]:
+    """Sources flagged ``cdc_optional`` in their meta: a syncpoint may lack them."""
+    out = set()
+    for s in manifest.get("sources", {}).values():
+        meta = s.get("config", {}).get("meta") or s.get("meta") or {}
+        if meta.get("cdc_optional"):
+            out.add((s["schema"], s["identifier"]))
+    return out
 
 
 def record_build(duckdb_path: str, pinned: PinnedSyncpoint, success: bool, seconds: float) -> None:
@@ -102,7 +124,7 @@ def dbt_executable() -> str:
     return str(here) if here.exists() else "dbt"
 
 
-def _dbt(
+def run_dbt(
     project_dir: Path, args: list[str], env: Mapping[str, str] | None = None
 ) -> subprocess.CompletedProcess:
     return subprocess.run(
@@ -134,7 +156,7 @@ def load_manifest(project_dir: Path, duckdb_path: str) -> dict[str, Any]:
     """The project's manifest: ``dbt parse`` when it is missing or older than the project."""
     path = project_dir / "target" / "manifest.json"
     if not path.exists() or path.stat().st_mtime < _project_mtime(project_dir):
-        proc = _dbt(project_dir, ["parse", "--vars", json.dumps({"duckdb_path": duckdb_path})])
+        proc = run_dbt(project_dir, ["parse", "--vars", json.dumps({"duckdb_path": duckdb_path})])
         if proc.returncode != 0:
             raise BuildError(
                 f"dbt parse failed in {project_dir}; fix the project:\n{proc.stdout[-3000:]}"
@@ -160,12 +182,19 @@ def run_build(
     manifest = load_manifest(project_dir, duckdb_path)
     with build_lock(duckdb_path):
         t0 = time.monotonic()
-        pinned = pin_syncpoint(duckdb_path, delta_root, changefeed_id, ts, source_tables(manifest))
+        pinned = pin_syncpoint(
+            duckdb_path,
+            delta_root,
+            changefeed_id,
+            ts,
+            source_tables(manifest),
+            optional=optional_sources(manifest),
+        )
         t1 = time.monotonic()
         if after_pin is not None:
             after_pin(pinned)
         t2 = time.monotonic()
-        proc = _dbt(
+        proc = run_dbt(
             project_dir,
             ["build", "--vars", dbt_vars(pinned, duckdb_path, extra_vars)],
             {"DBT_TARGET_PATH": str(build_target_path(duckdb_path))},

@@ -148,17 +148,18 @@ def pin_syncpoint(
     changefeed_id: str,
     ts: int,
     tables: Collection[tuple[str, str]] | None = None,
+    optional: Collection[tuple[str, str]] = (),
 ) -> PinnedSyncpoint:
     """Create the pinned views of syncpoint ``ts`` in ``duckdb_path``; return what they read.
 
     ``tables`` limits the views to these (database, table) names (a dbt project's sources);
-    each must be in the syncpoint. All views and the ``cdc_meta.pinned_syncpoint`` record
+    each must be in the syncpoint unless listed in ``optional``. All views and the ``cdc_meta.pinned_syncpoint`` record
     change in one DuckDB transaction: a reader sees the old pin or the new one.
     """
     entries = read_syncpoint_tables(delta_root, changefeed_id, ts)
     if tables is not None:
         have = {(e["database"], e["table"]) for e in entries}
-        missing = sorted(set(tables) - have)
+        missing = sorted(set(tables) - have - set(optional))
         if missing:
             raise PinError(
                 f"syncpoint {ts} of changefeed {changefeed_id!r} has no table {missing} "

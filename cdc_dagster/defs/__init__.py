@@ -1,39 +1,42 @@
 """The production ``Definitions``: this module only assembles (see ``build_definitions``).
 
 Nothing is read at import time; ``defs()`` runs when the code location loads and reads the
-table catalog from the change log named by ``CDC_DAGSTER_CHANGELOG`` (if any).
+table catalog from the change log named by ``CDC_DAGSTER_CHANGELOG`` (if any). The dbt
+pieces find their changefeed at tick / run time (``cdc_dagster.dbt.settings``).
 """
 
 from __future__ import annotations
 
 import dagster as dg
 
+from cdc_dagster.dbt.assets import dbt_assets_for, with_replica_lineage
+from cdc_dagster.dbt.sensor import syncpoint_sensor
 from cdc_dagster.defs.admin.jobs import ADMIN_JOBS
 from cdc_dagster.defs.capture.job import build_capture_job
 from cdc_dagster.defs.catalog import Catalog, catalog_from_changelog
 from cdc_dagster.defs.ddl.job import build_ddl_job
 from cdc_dagster.defs.mysql import mysql_puller
 from cdc_dagster.defs.owner.sensor import build_owner_sensor
-from cdc_dagster.defs.resources import CdcResource, SparkConnectResource
+from cdc_dagster.defs.resources import dbt_resources, table_resources
 from cdc_dagster.defs.settings import Settings
 from cdc_dagster.defs.tables.assets import replica_specs, upstream_specs
 from cdc_dagster.defs.tables.checks import build_checks
 
 
 def build_definitions(catalog: Catalog) -> dg.Definitions:
-    """Everything Dagster shows, over ``catalog``'s tables."""
+    """Everything Dagster shows, over ``catalog``'s tables, and the dbt models on them."""
     capture_job = build_capture_job(catalog)
     ddl_job = build_ddl_job(catalog)
+    models = with_replica_lineage(dbt_assets_for(), catalog.source_replica_keys())
     return dg.Definitions(
-        assets=[*upstream_specs(catalog), *replica_specs(catalog)],
+        assets=[*upstream_specs(catalog), *replica_specs(catalog), models],
         asset_checks=build_checks(catalog),
         jobs=[capture_job, ddl_job, *ADMIN_JOBS, mysql_puller],
-        sensors=[build_owner_sensor(catalog, [capture_job, ddl_job, mysql_puller])],
-        resources={
-            "cdc": CdcResource(),
-            "spark": SparkConnectResource(),
-            "mem_io": dg.mem_io_manager,
-        },
+        sensors=[
+            build_owner_sensor(catalog, [capture_job, ddl_job, mysql_puller]),
+            syncpoint_sensor(models),
+        ],
+        resources={**table_resources(), **dbt_resources()},
     )
 
 

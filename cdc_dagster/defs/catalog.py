@@ -71,6 +71,13 @@ class Catalog:
         """Every replica asset key, deduplicated, in table order."""
         return list(dict.fromkeys(self.replica_key(t) for t in self.tables))
 
+    def source_replica_keys(self) -> dict[dg.AssetKey, dg.AssetKey]:
+        """Per-table key (what a dbt source names) -> this catalog's replica asset key."""
+        return {
+            dg.AssetKey([REPLICA, _segment(t.database), _segment(t.table)]): self.replica_key(t)
+            for t in self.tables
+        }
+
     @staticmethod
     def of(tables: Iterable[TableRef], max_table_assets: int = 2000) -> Catalog:
         """A catalog of ``tables`` sorted by id."""

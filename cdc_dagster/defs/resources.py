@@ -81,3 +81,16 @@ class SparkConnectResource(LazyPySparkResource):
         from dagster_pyspark.resources import spark_session_from_config
 
         self._spark_session = spark_session_from_config(config)
+
+
+def table_resources() -> dict[str, Any]:
+    """The control plane's resources: metastore, Spark, in-memory IO between ops."""
+    return {"cdc": CdcResource(), "spark": SparkConnectResource(), "mem_io": dg.mem_io_manager}
+
+
+def dbt_resources() -> dict[str, Any]:
+    """The dbt downstream's: the dbt CLI of ``dbt_downstream/`` and where builds go (both
+    resolve their changefeed at run time: ``cdc_dagster.dbt.settings``)."""
+    from cdc_dagster.dbt.assets import DbtDownstreamResource, dbt_resource
+
+    return {"dbt": dbt_resource(), "cdc_dbt": DbtDownstreamResource()}

@@ -89,6 +89,22 @@ def forget_owner_loops() -> None:
         _LOOPS.clear()
 
 
+def reported_checkpoints(ms: Any, changefeed_id: str) -> dict[int, int]:
+    """Each table's checkpoint as the capture replicating it reports it in etcd (the min
+    should two report it: never more than one would admit)."""
+    from scheduler_core.model import TableState
+
+    out: dict[int, int] = {}
+    for status in ms.tasks.read(changefeed_id).values():
+        batch = status.tables
+        mask = batch.states == TableState.REPLICATING
+        for t, c in zip(
+            batch.table_ids[mask].tolist(), batch.checkpoint_ts[mask].tolist(), strict=True
+        ):
+            out[t] = min(c, out.get(t, c))
+    return out
+
+
 def _tables(tick: Any) -> tuple[TableReport, ...]:
     return tuple(
         TableReport(
@@ -108,7 +124,7 @@ def _tables(tick: Any) -> tuple[TableReport, ...]:
 
 def owner_tick(settings: Settings) -> TickView:
     """Run one ``OwnerLoop.tick()`` (and record the syncpoints it reached) and describe it."""
-    from cdc_dagster.runtime import apply_syncpoint
+    from cdc_dagster.runtime import apply_ready_ddl, apply_syncpoint
 
     started = time.perf_counter()
     loop = _owner_loop(settings)
@@ -124,15 +140,23 @@ def owner_tick(settings: Settings) -> TickView:
             f"syncpoint {ready.ts} of {ready.changefeed_id} recorded ({len(ready.table_ids)} tables)"
         )
     work = {c: tick.run_config(c) for c in tick.messages}
-    ddls = tuple(
-        DdlToRun(
-            d.changefeed_id,
-            int(d.record.commit_ts),
-            tuple(int(t) for t in d.record.table_ids),
-            d.record.query,
+    ddls = []
+    for d in tick.ready_ddls:
+        if not d.record.table_ids:
+            # A DDL that touches no existing table (CREATE TABLE / SCHEMA) has no table
+            # checkpoint to gate on, and nothing writes its new table before it ran: like
+            # a syncpoint, the owner applies it now instead of a gated run per CREATE.
+            apply_ready_ddl(loop.metastore, d)
+            notes.append(f"DDL at {d.commit_ts} of {d.changefeed_id} applied: {d.query}")
+            continue
+        ddls.append(
+            DdlToRun(
+                d.changefeed_id,
+                int(d.record.commit_ts),
+                tuple(int(t) for t in d.record.table_ids),
+                d.record.query,
+            )
         )
-        for d in tick.ready_ddls
-    )
     progress = {
         cf: (int(t.checkpoint_ts), int(t.resolved_ts)) for cf, t in tick.changefeeds.items()
     }
@@ -142,7 +166,7 @@ def owner_tick(settings: Settings) -> TickView:
         int(tick.owner_rev),
         tuple(sorted(tick.captures)),
         {c: w for c, w in work.items() if w},
-        ddls,
+        tuple(ddls),
         progress,
         _tables(tick),
         tuple(notes),
@@ -213,7 +237,7 @@ class CaptureTick:
                     int(t.checkpoint_ts),
                     int(t.resolved_ts),
                     _barrier_of(self.work[cf], int(t.table_id)),
-                    int(getattr(t, "rows_applied", 0)),
+                    int(t.rows_applied),
                     ctx.capture_id,
                 )
                 for t in outcome.tables

@@ -16,7 +16,9 @@ class DdlState:
     """The barriers the owner holds, the last DDL it ran, and the last syncpoint it recorded."""
 
     barrier: Barrier = field(default_factory=Barrier)
-    finished_ddl_ts: int = 0  # commit ts of the last DDL executed downstream
+    finished_ddl_ts: int = (
+        0  # every DDL with commit ts <= it ran downstream (or preceded the start)
+    )
     last_syncpoint_ts: int = 0  # the last syncpoint every table reached
 
     def __post_init__(self) -> None:

@@ -315,6 +315,7 @@ class SparkTableExecutor:
             else:
                 rec.checkpoint_ts = max(rec.checkpoint_ts, json.loads(res["detail"]))
                 rec.error = None
+                rec.rows_applied += res["rows"]
                 written[table_id] = res["rows"]
         for spec in specs:
             self._tables[spec["table_id"]].sink_intent = 0
@@ -393,6 +394,10 @@ class SparkTableExecutor:
                 self.staging.drop_table(table_id)
         self._doomed_files.clear()
         self._doomed_tables.clear()
+
+    def rows_applied(self) -> dict[int, int]:
+        """Per held table, the rows the sink wrote for it since this capture took it."""
+        return {t: rec.rows_applied for t, rec in self._tables.items()}
 
     def errors(self) -> dict[int, str]:
         """Tables in the error state and why (the message names the table, file and fix)."""

@@ -50,6 +50,8 @@ class TableRecord:
     # The end ts of a sink write in flight: set and saved before the sink job, cleared
     # after it. A load that finds it asks the sink where the table really is.
     sink_intent: int = 0
+    # Rows the sink wrote for the table since this capture took it (collapsed batch rows).
+    rows_applied: int = 0
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -62,6 +64,7 @@ class TableRecord:
             "error": self.error,
             "files": [f.to_json() for f in self.files],
             "sink_intent": self.sink_intent,
+            "rows_applied": self.rows_applied,
         }
 
     @staticmethod
@@ -76,6 +79,7 @@ class TableRecord:
             error=obj["error"],
             files=[StagedFile(f["name"], f["lo"], f["hi"]) for f in obj["files"]],
             sink_intent=obj.get("sink_intent", 0),
+            rows_applied=obj.get("rows_applied", 0),
         )
 
 

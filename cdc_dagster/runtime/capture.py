@@ -80,12 +80,13 @@ class TableLine:
     checkpoint_ts: int
     resolved_ts: int
     note: str = ""
+    rows_applied: int = 0  # rows the sink wrote for it since this capture took it
 
     def __str__(self) -> str:
         note = f": {self.note}" if self.note else ""
         return (
             f"table {self.table_id} {self.state} checkpoint {self.checkpoint_ts} "
-            f"resolved {self.resolved_ts}{note}"
+            f"resolved {self.resolved_ts} rows_applied {self.rows_applied}{note}"
         )
 
 
@@ -261,8 +262,15 @@ class _Tick:
         for table_id, err in self.executor.errors().items():
             notes[table_id] = f"ERROR {err}"
         held = self.executor.statuses()
+        rows = self.executor.rows_applied()
         out = [
-            TableLine(s.table_id, s.state.name, *_cp(s), notes.get(s.table_id, ""))
+            TableLine(
+                s.table_id,
+                s.state.name,
+                *_cp(s),
+                notes.get(s.table_id, ""),
+                rows.get(s.table_id, 0),
+            )
             for s in sorted(held, key=lambda s: s.table_id)
         ]
         return tuple(out)

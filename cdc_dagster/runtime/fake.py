@@ -169,7 +169,15 @@ class FakeSink:
 
 
 class _Table:
-    __slots__ = ("checkpoint_ts", "countdown", "prepared_from", "resolved_ts", "state", "token")
+    __slots__ = (
+        "checkpoint_ts",
+        "countdown",
+        "prepared_from",
+        "resolved_ts",
+        "state",
+        "token",
+        "writes",
+    )
 
     def __init__(self, **kw: int) -> None:
         for k in self.__slots__:
@@ -226,6 +234,10 @@ class DurableFakeExecutor:
     def errors(self) -> Mapping[int, str]:
         """Tables in an error state (never, for the fake)."""
         return {}
+
+    def rows_applied(self) -> Mapping[int, int]:
+        """The fake moves no rows: one per table and write, so reports carry a count."""
+        return {t: row.writes for t, row in self.tables.items()}
 
     # ------------------------------------------------------------------ commands
     def prepare(self, table_id: int, checkpoint: Checkpoint) -> None:
@@ -332,6 +344,7 @@ class DurableFakeExecutor:
             table.state, table.token = int(T.STOPPED), 0
             return False
         table.checkpoint_ts = target
+        table.writes += 1
         return True
 
     # ------------------------------------------------------------------ reports

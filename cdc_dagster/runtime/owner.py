@@ -4,8 +4,9 @@
 step). Coordinators are cached in the process between ticks and rebuilt from etcd and
 the change log on an owner switch or in a new process (a code-server restart is an owner
 switch): the checkpoint from the changefeed status, the tables from the change log's
-``tables_at(checkpoint - 1)`` through the table filter, the DDLs after it (re-running a
-DDL that already ran is a no-op at the sink), and the captures' reports from their task
+``tables_at(R)`` through the table filter, the DDLs after it (``R`` is the checkpoint when
+everything at it is known done, else one below: :func:`rebuild_ts`; re-running a DDL that
+already ran is a no-op at the sink), and the captures' reports from their task
 keys, turned back into ``HeartbeatResponse``s (epoch = ``<registration>.<owner_rev>``).
 
 DDLs and syncpoints leave the tick as work items: whoever carries one out (a gated
@@ -46,12 +47,13 @@ from cdc_dagster.runtime.wire import encode
 from cdc_dagster.sinks.base import Sink
 from cdc_dagster.upstream.changelog import ChangeLog
 from cdc_dagster.upstream.schema import DdlRecord, TableSchema
+from scheduler_core.checkpoint import barrier_cap
 from scheduler_core.coordinator import Coordinator, CoordinatorConfig, TickResult
 from scheduler_core.ddl import DDLEvent, DDLManager
 from scheduler_core.errors import InvalidMessageError
 from scheduler_core.messages import Barrier, Header, HeartbeatResponse, OwnerMessage
 from scheduler_core.model import Checkpoint, TableState
-from scheduler_core.ts import physical_ms
+from scheduler_core.ts import compose, physical_ms
 
 log = logging.getLogger(__name__)
 
@@ -168,21 +170,23 @@ class OwnerTick:
 class _Feed:
     """The owner's cached state of one changefeed (rebuildable from etcd at any tick)."""
 
-    def __init__(self, loop: OwnerLoop, cf: Changefeed, owner_rev: int) -> None:
+    def __init__(
+        self, loop: OwnerLoop, cf: Changefeed, owner_rev: int, ddl_state: DdlState | None
+    ) -> None:
         info, status = cf.info, cf.status
         self.changefeed_id = info.changefeed_id
         self.epoch = status.epoch
         self.changelog = ChangeLog(changelog_path(info.upstream_uri))
         self.filter = info.filter
         cp = status.checkpoint_ts
-        # One below the checkpoint: a DDL exactly at it may not have run yet.
-        self.ddl_upto = max(cp - 1, 0)
+        done = ddls_done_upto(cp, ddl_state)
+        interval = info.sync_point_interval_s * 1000 or None
+        self.ddl_upto = rebuild_ts(cp, done, ddl_state, interval)
         self.schemas: dict[int, TableSchema] = {
             t: s
             for t, s in self.changelog.tables_at(self.ddl_upto).items()
             if self.filter.matches(s.database, s.table)
         }
-        interval = info.sync_point_interval_s * 1000 or None
         ddl = DDLManager(
             self.ddl_upto,
             sync_point_interval_ms=interval,
@@ -202,9 +206,15 @@ class _Feed:
         self.records: dict[tuple[int, str], DdlRecord] = {}
         self.reports: dict[str, tuple[str, TaskStatus]] = {}
         self.seq = 0
-        self.finished_ddl_ts = 0
-        self.last_syncpoint_ts = 0
+        self.finished_ddl_ts = done  # every DDL at or below it ran (or preceded the start)
+        self.last_syncpoint_ts = ddl_state.last_syncpoint_ts if ddl_state else 0
         self.fresh = True
+
+    def note_ddls_done(self) -> None:
+        """Advance ``finished_ddl_ts``: below the first pending DDL, or to the DDL resolved ts."""
+        pending = self.coordinator.ddl.pending
+        upto = pending[0].commit_ts - 1 if pending else self.ddl_upto
+        self.finished_ddl_ts = max(self.finished_ddl_ts, upto)
 
     def feed_ddls(self) -> None:
         """Queue the change log's DDLs up to its DDL resolved ts (filtered), then advance it."""
@@ -355,7 +365,9 @@ class OwnerLoop:
             if stopped and not _held_anywhere(snapshot, cf_id):
                 self._feeds.pop(cf_id, None)  # paused, failed or finished, and nothing held
                 continue
-            feed = self._feed(cf, session.owner_rev)
+            feed = self._feed(cf, session.owner_rev, snapshot.ddl.get(cf_id), stopped)
+            if feed is None:
+                continue  # the change log's DDL stream has not reached the checkpoint yet
             rebuilt, feed.fresh = feed.fresh, False
             if stopped:
                 feed.stop_tables()
@@ -369,6 +381,7 @@ class OwnerLoop:
                 continue  # only the removes travel; no progress, DDL or syncpoint
             errors += admin.apply_requests(session, feed.coordinator, requests.get(cf_id, []))
             ddls += self._ddls(feed, result)
+            feed.note_ddls_done()
             syncs += self._syncpoint(feed, result)
             cp = result.checkpoint
             progress[cf_id] = ChangefeedProgress(cp.checkpoint_ts, cp.resolved_ts)
@@ -393,11 +406,30 @@ class OwnerLoop:
             tuple(sorted(alive)),
         )
 
-    def _feed(self, cf: Changefeed, owner_rev: int) -> _Feed:
+    def _feed(
+        self, cf: Changefeed, owner_rev: int, ddl_state: DdlState | None, stopped: bool
+    ) -> _Feed | None:
         feed = self._feeds.get(cf.changefeed_id)
-        if feed is None or feed.epoch != cf.status.epoch:
-            feed = self._feeds[cf.changefeed_id] = _Feed(self, cf, owner_rev)
-            log.info("owner %s: built changefeed %s from etcd", self.owner_id, cf.changefeed_id)
+        if feed is not None and feed.epoch == cf.status.epoch:
+            return feed
+        self._feeds.pop(cf.changefeed_id, None)
+        cp = cf.status.checkpoint_ts
+        if not stopped:
+            # The tables at the checkpoint and the DDLs at it are known only once the DDL
+            # stream resolved that far: building earlier would miss a CREATE at or below it.
+            resolved = ChangeLog(changelog_path(cf.info.upstream_uri)).ddl_resolved_ts()
+            if resolved < cp:
+                log.info(
+                    "owner %s: changefeed %s waits: its change log's DDLs are resolved to %d, "
+                    "below its checkpoint %d",
+                    self.owner_id,
+                    cf.changefeed_id,
+                    resolved,
+                    cp,
+                )
+                return None
+        feed = self._feeds[cf.changefeed_id] = _Feed(self, cf, owner_rev, ddl_state)
+        log.info("owner %s: built changefeed %s from etcd", self.owner_id, cf.changefeed_id)
         return feed
 
     def _ddls(self, feed: _Feed, result: TickResult) -> list[ReadyDdl]:
@@ -469,6 +501,38 @@ class OwnerLoop:
 
         self.metastore.changefeeds.update_status(cf_id, change, runner=session.txn)
         self._feeds.pop(cf_id, None)
+
+
+def ddls_done_upto(checkpoint_ts: int, state: DdlState | None) -> int:
+    """A TS at or below which every DDL of the changefeed ran downstream, from its DDL state.
+
+    No state yet: a new changefeed, which at its start ts sees the schema at that ts (as
+    TiCDC's does), so every DDL up to it counts as done. Otherwise the persisted
+    ``finished_ddl_ts``, or one below the lowest barrier persisted with the checkpoint (a
+    pending DDL keeps a barrier at its commit ts until it ran).
+    """
+    if state is None:
+        return checkpoint_ts
+    return max(state.finished_ddl_ts, barrier_cap(state.barrier) - 1)
+
+
+def rebuild_ts(
+    checkpoint_ts: int, ddls_done: int, state: DdlState | None, sync_point_interval_ms: int | None
+) -> int:
+    """The TS a rebuilt owner takes the tables at and queues DDLs and syncpoints after.
+
+    The checkpoint itself when every DDL (and syncpoint) at it is known done; else one
+    below it, so what sits exactly at the checkpoint runs again (the sink skips a DDL it
+    already ran): TiCDC's ddlStartTs rule.
+    """
+    back = max(checkpoint_ts - 1, 0)
+    if ddls_done < checkpoint_ts:
+        return back
+    if state is not None and sync_point_interval_ms and state.last_syncpoint_ts < checkpoint_ts:
+        ms = physical_ms(checkpoint_ts)
+        if checkpoint_ts == compose(ms) and ms % sync_point_interval_ms == 0:
+            return back  # a syncpoint exactly at the checkpoint may not be recorded yet
+    return checkpoint_ts
 
 
 def _held_anywhere(snapshot: OwnerSnapshot, changefeed_id: str) -> bool:

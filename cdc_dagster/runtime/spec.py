@@ -59,6 +59,10 @@ class RuntimeExecutor(TableExecutor, Protocol):
         """Tables in an error state, with their messages."""
         ...
 
+    def rows_applied(self) -> Mapping[int, int]:
+        """Per held table, the rows the sink wrote for it since this capture took it."""
+        ...
+
 
 ExecutorFactory = Callable[[ExecutorSpec], RuntimeExecutor]
 

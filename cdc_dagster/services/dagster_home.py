@@ -5,6 +5,7 @@
   capture id);
 - SQLite storage under the state dir by default, PostgreSQL when a URL is given (its
   password may be a ``${ENV}`` reference: Dagster reads it from the environment);
+- at most one dbt build run at a time (tag ``cdc/dbt_build``);
 - sensors evaluated in threads, so the owner sensor is not queued behind others.
 """
 
@@ -25,6 +26,10 @@ concurrency:
       - key: dagster/partition
         value:
           applyLimitPerUniqueValue: true
+        limit: 1
+      # One dbt build at a time: builds share the DuckDB file / the pinned views
+      # (cdc_dagster.dbt); a second one queues instead of waiting on the build lock.
+      - key: cdc/dbt_build
         limit: 1
       # One binlog puller per upstream (host:port/server-id) at a time.
       - key: cdc/upstream

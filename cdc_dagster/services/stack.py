@@ -277,7 +277,7 @@ def demo(state_dir: Path, *, tables: int = 6, port: int = 0, dagster: bool = Tru
                     lake,
                     DEMO_CAPTURES,
                     changelog,
-                    generator.bootstrap,
+                    generator.start_ts,
                 )
             )
             ui = next((s.address for s in started if s.name == "dagster-dev"), "")

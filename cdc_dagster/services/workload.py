@@ -6,6 +6,7 @@ import logging
 import threading
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 _log = logging.getLogger(__name__)
 
@@ -13,8 +14,9 @@ _log = logging.getLogger(__name__)
 class GeneratorThread:
     """Steps the embedded generator (wall-clock commit ts) every ``interval_s`` until stopped.
 
-    The generator writes a fresh change log; when ``root`` already holds one (a second
-    demo), the log is kept as it is and no new changes are generated.
+    The change log at ``root`` is opened with ``Workload.open``: a fresh one is started, an
+    existing one (a second demo) is resumed where it stopped. The workload holds the log's
+    writer lock (``.writer.lock``) until :meth:`stop`.
     """
 
     def __init__(
@@ -30,21 +32,18 @@ class GeneratorThread:
         self.interval_s = interval_s
         self.txns_per_step = txns_per_step
         self.ddl_every = ddl_every  # 0: no DDLs
-        self.workload: object | None = None
-        self.bootstrap: tuple[int, str] | None = None
+        self.workload: Any = None
+        self.first_ts = 0  # the change log's first commit ts (its first CREATE TABLE)
+        self.start_ts = 0  # where the demo's changefeed starts (see start())
         self.error: BaseException | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="cdc-generator", daemon=True)
 
-    def start(self) -> None:
-        """Open the change log and start stepping."""
-        from cdc_dagster.upstream.generator import Workload, WorkloadConfig
+    def config(self) -> Any:
+        """The workload's config (a resumed log must have been written with the same)."""
+        from cdc_dagster.upstream.generator import WorkloadConfig
 
-        self.root.mkdir(parents=True, exist_ok=True)
-        if (self.root / "ddl").exists() and any((self.root / "ddl").iterdir()):
-            _log.warning("change log %s exists; the generator writes fresh logs only", self.root)
-            return
-        config = WorkloadConfig(
+        return WorkloadConfig(
             bank_tables=self.bank_tables,
             wall_clock=True,
             txns_per_step=self.txns_per_step,
@@ -53,33 +52,49 @@ class GeneratorThread:
             ddls=self.ddl_every > 0,
             ddl_every=max(1, self.ddl_every),
         )
-        self.workload = Workload(config, self.root)
-        self.bootstrap = bootstrap_point(self.root)  # before any step: only CREATEs so far
+
+    def start(self) -> None:
+        """Open (or resume) the change log and start stepping."""
+        from cdc_dagster.upstream.changelog import ChangeLog
+        from cdc_dagster.upstream.generator import Workload
+
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.workload = Workload.open(self.config(), self.root)
+        self.first_ts = first_commit_ts(self.root)
+        self.start_ts = self.first_ts
+        if self.workload.resumed_from is None:
+            # A fresh log holds only the bootstrap CREATEs so far, and the first row change
+            # comes after the last of them: a changefeed starting there has every table in
+            # its initial set (one barrier, not one per CREATE) and misses no row.
+            self.start_ts = ChangeLog(self.root).ddl_records()[-1].commit_ts
         self._thread.start()
 
     def describe(self) -> str:
         """One line for the progress output."""
-        if self.workload is None:
-            return f"change log {self.root} already exists: reusing it (no new writes)"
-        return f"{self.txns_per_step} transactions every {self.interval_s:.0f} s"
+        w = self.workload
+        how = "fresh change log"
+        if w is not None and w.resumed_from is not None:
+            how = f"resumed the change log at {w.resumed_from}"
+        return f"{how}; {self.txns_per_step} transactions every {self.interval_s:.0f} s"
 
     def _run(self) -> None:
         w = self.workload
         try:
             while not self._stop.wait(self.interval_s):
-                w.step()  # type: ignore[attr-defined]
-                w.advance_resolved()  # type: ignore[attr-defined]
-        except (
-            Exception
-        ) as exc:  # reported by stop() and the demo; the thread must not die silently
+                w.step()
+                w.advance_resolved()
+        except Exception as exc:  # reported by stop() and the demo; must not die silently
             self.error = exc
             _log.exception("the generator stopped")
 
     def stop(self) -> None:
-        """Stop stepping (the change log stays)."""
+        """Stop stepping and release the change log (which stays)."""
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(timeout=30)
+        if self.workload is not None and not self._thread.is_alive():
+            self.workload.close()
+            self.workload = None
 
 
 def ensure_demo_changefeed(
@@ -89,9 +104,11 @@ def ensure_demo_changefeed(
     lake: Path,
     captures: Sequence[str],
     changelog: Path,
-    bootstrap: tuple[int, str] | None,
+    start_ts: int,
+    sync_point_interval_s: int = 30,
 ) -> str:
-    """Create the demo changefeed and register its captures unless they exist; one line."""
+    """Create the demo changefeed (every table, from ``start_ts``) and register its captures
+    unless they exist; one line."""
     from cdc_dagster import admin
     from cdc_dagster.metastore import connect
     from cdc_dagster.metastore.errors import ChangefeedNotFoundError
@@ -102,21 +119,13 @@ def ensure_demo_changefeed(
             ms.changefeeds.get(changefeed_id)
             what = f"changefeed {changefeed_id} exists (reused)"
         except ChangefeedNotFoundError:
-            if bootstrap is None:
-                raise RuntimeError(
-                    f"changefeed {changefeed_id} is missing but the change log {changelog} "
-                    "exists: remove the state dir to start the demo afresh"
-                ) from None
-            start_ts, last_table = bootstrap
             admin.create_changefeed(
                 ms,
                 changefeed_id,
                 f"delta://{lake}",
-                # The runtime refuses a CREATE TABLE at exactly the start ts (reported to the
-                # runtime owner); until fixed, the last bootstrap table is left out.
-                table_filter=("*.*", f"!{last_table}"),
+                table_filter=("*.*",),
                 start_ts=start_ts,
-                sync_point_interval_s=30,
+                sync_point_interval_s=sync_point_interval_s,
                 upstream_uri=f"changelog://{changelog}",
             )
             what = f"created changefeed {changefeed_id} into delta://{lake}"
@@ -126,18 +135,18 @@ def ensure_demo_changefeed(
     return what + (f"; registered captures {', '.join(added)}" if added else "")
 
 
-def bootstrap_point(changelog: Path) -> tuple[int, str]:
-    """(commit ts of the generator's last bootstrap CREATE TABLE, that table's name).
+def first_commit_ts(changelog: Path) -> int:
+    """The commit ts of the change log's first DDL (the generator's first CREATE TABLE).
 
-    Tables exist from there on and the first row change follows, so a changefeed starting
-    there replicates every row without a snapshot.
+    A changefeed starting there sees that table from the start and every later table as
+    its CREATE passes: it replicates every row without a snapshot.
     """
     from cdc_dagster.upstream.changelog import ChangeLog
 
-    creates = [r for r in ChangeLog(changelog).ddl_records() if r.creates]
-    last = max(creates, key=lambda r: r.commit_ts)
-    schema = last.tables[last.creates[0]]
-    return last.commit_ts, f"{schema.database}.{schema.table}"
+    records = ChangeLog(changelog).ddl_records()
+    if not records:
+        raise RuntimeError(f"change log {changelog} holds no DDL: no table was ever created")
+    return records[0].commit_ts
 
 
 def what_to_look_at(ui: str, changefeed_id: str, lake: Path) -> list[str]:

@@ -25,7 +25,7 @@ import pyarrow as pa
 from psycopg import sql
 
 from cdc_dagster.secrets import SecretReferenceError, redact_uri, resolve_uri
-from cdc_dagster.sinks import pg_ddl
+from cdc_dagster.sinks import pg_ddl, pg_syncpoint
 from cdc_dagster.sinks.base import (
     COMMIT_TS_COLUMN,
     OP_COLUMN,
@@ -366,6 +366,10 @@ class PostgresSink:
 
         def go(conn: psycopg.Connection) -> None:
             with conn.transaction():
+                # One snapshot for the copies a reader registered and the syncpoint row
+                # (pg_syncpoint: tables are held at the barrier while this runs).
+                conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+                pg_syncpoint.copy_at_syncpoint(conn, changefeed_id, ts, tables)
                 conn.execute(
                     f"INSERT INTO {META_SCHEMA}.syncpoints (changefeed, upstream_ts, tables) "
                     "VALUES (%s, %s, %s) ON CONFLICT DO NOTHING",

@@ -44,7 +44,7 @@ def test_demo_replicates_equals_oracle_and_moves_a_table(tmp_path: Path) -> None
             gen.start()
             stack._bring_up(state, started, etcd, 0, True, changelog)
             workload.ensure_demo_changefeed(
-                etcd, state, "demo", lake, stack.DEMO_CAPTURES, changelog, gen.bootstrap
+                etcd, state, "demo", lake, stack.DEMO_CAPTURES, changelog, gen.start_ts
             )
             with connect(etcd.split(","), state) as ms:
                 start = ms.changefeeds.get("demo").status.checkpoint_ts

@@ -9,10 +9,10 @@ import dagster as dg
 from cdc_dagster.defs.catalog import Catalog
 from cdc_dagster.defs.owner.plan import DDL_JOB
 from cdc_dagster.defs.resources import CdcResource
-from cdc_dagster.defs.runtime_glue import DdlToRun
+from cdc_dagster.defs.runtime_glue import DdlToRun, reported_checkpoints
 from cdc_dagster.defs.runtime_glue import apply_ddl as apply_ddl_at_sink
 from cdc_dagster.defs.tables.assets import latest_checkpoint
-from cdc_dagster.defs.tables.gate import gate_status
+from cdc_dagster.defs.tables.gate import checkpoint_lookup, gate_status
 
 
 class DdlConfig(dg.Config):
@@ -25,22 +25,28 @@ class DdlConfig(dg.Config):
 
 def build_ddl_job(catalog: Catalog) -> dg.JobDefinition:
     """The DDL job over ``catalog`` (the gate reads its tables' checkpoint metadata)."""
-    by_id = catalog.by_id()
 
     @dg.op(name="ddl_gate")
-    def ddl_gate(context: dg.OpExecutionContext, config: DdlConfig) -> int:
+    def ddl_gate(context: dg.OpExecutionContext, config: DdlConfig, cdc: CdcResource) -> int:
         """Fail unless every blocked table's checkpoint metadata reached the commit ts."""
         ddl = DdlToRun(config.changefeed_id, config.commit_ts, tuple(config.table_ids))
 
-        def checkpoint_of(table_id: int) -> int | None:
-            ref = by_id.get(table_id)
-            return (
-                None
-                if ref is None
-                else latest_checkpoint(context.instance, catalog.replica_key(ref))
-            )
+        reported: dict[int, int] = {}
 
-        is_open, reason = gate_status(ddl, catalog, checkpoint_of)
+        def from_etcd() -> dict[int, int]:
+            if not reported:
+                reported.update(reported_checkpoints(cdc.metastore(), config.changefeed_id))
+            return reported
+
+        checkpoint_of = checkpoint_lookup(
+            catalog, lambda key: latest_checkpoint(context.instance, key), from_etcd
+        )
+        current = None
+        if not ddl.table_ids:  # a global DDL blocks every table the captures hold now
+            tasks = cdc.metastore().tasks.read(config.changefeed_id).values()
+            current = {int(t) for s in tasks for t in s.tables.table_ids} or None
+
+        is_open, reason = gate_status(ddl, catalog, checkpoint_of, current)
         if not is_open:
             raise dg.Failure(f"DDL gate closed: {reason}", allow_retries=False)
         context.log.info("DDL gate open: %s", reason)

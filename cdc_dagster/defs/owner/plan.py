@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Collection, Mapping
+from typing import Any
 
 import dagster as dg
 
@@ -16,13 +17,20 @@ CAPTURE_JOB = "capture_tick"
 DDL_JOB = "apply_ddl"
 
 
-def capture_run_request(capture_id: str, view: TickView, tick: int) -> dg.RunRequest:
-    """One capture tick: its owner messages, ``owner_rev`` and the tick in the run config."""
+def capture_run_request(
+    capture_id: str,
+    view: TickView,
+    tick: int,
+    messages: Mapping[str, list[dict[str, Any]]] | None = None,
+) -> dg.RunRequest:
+    """One capture tick: its owner messages (this tick's unless given), ``owner_rev`` and the
+    tick in the run config."""
+    work = view.work.get(capture_id, {}) if messages is None else messages
     config = {
         "capture_id": capture_id,
         "owner_rev": view.owner_rev,
         "tick": tick,
-        "messages_json": json.dumps(view.work.get(capture_id, {}), separators=(",", ":")),
+        "messages_json": json.dumps(work, separators=(",", ":")),
     }
     return dg.RunRequest(
         # run keys are deduplicated forever: owner_rev and the tick make each one new.
@@ -52,18 +60,71 @@ def ddl_run_request(ddl: DdlToRun, view: TickView, tick: int) -> dg.RunRequest:
     )
 
 
+class Outbox:
+    """Owner messages of captures whose previous run has not started yet.
+
+    A capture runs one tick at a time (the run queue's limit per partition), and a run
+    takes longer than the sensor's interval on a busy machine: a run per capture per tick
+    would pile up in the queue, each carrying messages that are older by the time it
+    starts. So while a capture has a queued run, the sensor requests no other one and
+    keeps that tick's messages here; the capture's next run carries them all, in order
+    (a delayed message is one the protocol already tolerates). Heartbeats are superseded
+    by the newest one of the same changefeed; dispatches are all kept. Kept in the code
+    server's memory: a restart is an owner switch, whose rebuild re-sends what is needed.
+    """
+
+    def __init__(self) -> None:
+        self.owner_rev = 0
+        self._held: dict[str, dict[str, list[dict[str, Any]]]] = {}
+
+    def held(self, capture_id: str) -> int:
+        """Messages waiting for ``capture_id``'s next run."""
+        return sum(len(m) for m in self._held.get(capture_id, {}).values())
+
+    def hold(self, capture_id: str, work: Mapping[str, list[dict[str, Any]]]) -> None:
+        """Keep ``work`` (changefeed -> encoded messages) for the capture's next run."""
+        box = self._held.setdefault(capture_id, {})
+        for cf, msgs in work.items():
+            kept = box.setdefault(cf, [])
+            if any(m.get("type") == "heartbeat" for m in msgs):
+                kept[:] = [m for m in kept if m.get("type") != "heartbeat"]
+            kept.extend(msgs)
+
+    def take(
+        self, capture_id: str, work: Mapping[str, list[dict[str, Any]]]
+    ) -> dict[str, list[dict[str, Any]]]:
+        """What the capture's run carries now: held messages first, then ``work``."""
+        self.hold(capture_id, work)
+        return self._held.pop(capture_id, {})
+
+    def new_owner(self, owner_rev: int) -> None:
+        """Messages of another owner_rev are refused by captures anyway: drop them."""
+        if owner_rev != self.owner_rev:
+            self._held.clear()
+            self.owner_rev = owner_rev
+
+    def forget(self, alive: Collection[str]) -> None:
+        """Drop what was held for captures that left."""
+        for cid in [c for c in self._held if c not in alive]:
+            del self._held[cid]
+
+
 def plan(
     view: TickView,
     tick: int,
     known_captures: Collection[str],
     catalog: Catalog,
     checkpoint_of: Callable[[int], int | None],
+    *,
+    queued: Collection[str] = (),
+    outbox: Outbox | None = None,
 ) -> dg.SensorResult:
     """The sensor's answer for one tick.
 
-    A run per capture with work (a heartbeat is work: it renews the lease); partitions
-    follow the alive captures; a DDL run only when the tables' checkpoint metadata has
-    reached its commit ts (the gate op re-checks inside the run).
+    A run per capture with work (a heartbeat is work: it renews the lease) unless the
+    capture has a run still queued: then its messages wait in ``outbox`` for its next run;
+    partitions follow the alive captures; a DDL run only when the tables' checkpoint
+    metadata has reached its commit ts (the gate op re-checks inside the run).
     """
     if not view.is_owner:
         return dg.SensorResult(
@@ -79,11 +140,20 @@ def plan(
         partition_requests.append(CAPTURES.build_add_request(added))
     if gone:
         partition_requests.append(CAPTURES.build_delete_request(gone))
-    runs = [
-        capture_run_request(c, view, tick) for c, m in sorted(view.work.items()) if m and c in alive
-    ]
+    box = outbox if outbox is not None else Outbox()
+    box.new_owner(view.owner_rev)
+    box.forget(alive)
+    runs = []
+    for c, m in sorted(view.work.items()):
+        if not m or c not in alive:
+            continue
+        if c in queued:
+            box.hold(c, m)
+            continue
+        runs.append(capture_run_request(c, view, tick, box.take(c, m)))
     for ddl in view.ddls:
-        is_open, _ = gate_status(ddl, catalog, checkpoint_of)
+        current = {t.table_id for t in view.tables if t.changefeed_id == ddl.changefeed_id}
+        is_open, _ = gate_status(ddl, catalog, checkpoint_of, current or None)
         if is_open:
             runs.append(ddl_run_request(ddl, view, tick))
     return dg.SensorResult(

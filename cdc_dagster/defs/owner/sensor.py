@@ -6,19 +6,31 @@ import dagster as dg
 
 from cdc_dagster.defs.catalog import Catalog
 from cdc_dagster.defs.mysql.requests import with_puller_runs
-from cdc_dagster.defs.owner.plan import plan, progress_lines
+from cdc_dagster.defs.owner.plan import CAPTURE_JOB, Outbox, plan, progress_lines
 from cdc_dagster.defs.partitions import CAPTURES
 from cdc_dagster.defs.runtime_glue import owner_tick
 from cdc_dagster.defs.settings import Settings
 from cdc_dagster.defs.tables.assets import latest_checkpoint, progress_observations
+from cdc_dagster.defs.tables.gate import checkpoint_lookup
 
 SENSOR_NAME = "cdc_owner"
 MIN_INTERVAL_S = 5  # the daemon's loop wakes every 5 s: the real floor
 
 
+NOT_STARTED = [dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.NOT_STARTED]
+
+
+def queued_captures(instance: dg.DagsterInstance) -> set[str]:
+    """Captures with a capture run that has not started yet (one query)."""
+    records = instance.get_run_records(
+        dg.RunsFilter(job_name=CAPTURE_JOB, statuses=NOT_STARTED), limit=1000
+    )
+    return {p for r in records if (p := r.dagster_run.tags.get("dagster/partition"))}
+
+
 def build_owner_sensor(catalog: Catalog, jobs: list[dg.JobDefinition]) -> dg.SensorDefinition:
     """The owner sensor over ``catalog``'s tables, launching ``jobs`` (capture tick, DDL)."""
-    by_id = catalog.by_id()
+    outbox = Outbox()  # lives as long as the code server, like the owner loop's cache
 
     @dg.sensor(
         name=SENSOR_NAME,
@@ -35,14 +47,15 @@ def build_owner_sensor(catalog: Catalog, jobs: list[dg.JobDefinition]) -> dg.Sen
         tick = int(context.cursor or 0) + 1
         view = owner_tick(Settings.from_env())
 
-        def checkpoint_of(table_id: int) -> int | None:
-            ref = by_id.get(table_id)
-            if ref is None:
-                return None
-            return latest_checkpoint(context.instance, catalog.replica_key(ref))
+        # Tables without an asset (created after the catalog was loaded): the owner's view.
+        owner_view = {t.table_id: t.checkpoint_ts for t in view.tables if t.state == "replicating"}
+        checkpoint_of = checkpoint_lookup(
+            catalog, lambda key: latest_checkpoint(context.instance, key), lambda: owner_view
+        )
 
         known = context.instance.get_dynamic_partitions(CAPTURES.name)
-        result = plan(view, tick, known, catalog, checkpoint_of)
+        queued = queued_captures(context.instance) if view.is_owner else set()
+        result = plan(view, tick, known, catalog, checkpoint_of, queued=queued, outbox=outbox)
         if view.is_owner:  # binlog pullers of mysql:// changefeeds
             result = with_puller_runs(result, context.instance, view.owner_rev, tick)
         for cf, line in progress_lines(view).items():
@@ -56,6 +69,12 @@ def build_owner_sensor(catalog: Catalog, jobs: list[dg.JobDefinition]) -> dg.Sen
             len(result.run_requests or []),
             view.duration_s,
         )
+        for cid in sorted(queued):
+            context.log.info(
+                "capture %s has a run still queued: %d message(s) wait for its next run",
+                cid,
+                outbox.held(cid),
+            )
         if view.is_owner and view.tables:
             observations = progress_observations(catalog, view.tables, time.time_ns() // 1_000_000)
             return dg.SensorResult(

@@ -1,5 +1,6 @@
--- Every bank account of every bank table, at the build's syncpoint.
-{% for t in var('bank_tables') %}
+-- Every bank account of every bank table, at the build's syncpoint: the bank sources the
+-- syncpoint has (pinned_sources, set per build), all of them when parsing for the lineage.
+{% for t in var('pinned_sources', {}).get('bank', var('bank_tables')) %}
 {% if not loop.first %}union all{% endif %}
 select
     '{{ t }}' as bank_table,

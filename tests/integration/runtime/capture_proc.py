@@ -47,7 +47,6 @@ def factory(spec: ExecutorSpec) -> KillingExecutor:
 def spark_factory() -> object:
     from cdc_dagster.pipeline.engine import spark_session
     from cdc_dagster.pipeline.executor import SparkTableExecutor
-
     from cdc_dagster.runtime.spec import changelog_path
     from cdc_dagster.upstream.changelog import ChangeLog
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -12,7 +11,6 @@ from upstream_helpers import Upstream
 
 from cdc_dagster.metastore import Metastore
 from cdc_dagster.runtime.driver import Driver
-from cdc_dagster.runtime.fake import FileDownstream
 
 
 @pytest.fixture
@@ -39,17 +37,3 @@ def make_driver(
         return Driver(tmp_path / "state", upstream.root, sink_uri, metastore=metastore, **kw)
 
     yield make
-
-
-def check_downstream(sink_uri: str) -> dict[int, list[dict[str, Any]]]:
-    """No double write: per table, accepted writes are contiguous, increasing, tokens non-decreasing."""
-    ds = FileDownstream(sink_uri[len("file://") :])
-    by_table: dict[int, list[dict[str, Any]]] = {}
-    for w in ds.writes():
-        by_table.setdefault(w["table_id"], []).append(w)
-    for tid, writes in by_table.items():
-        for a, b in itertools.pairwise(writes):
-            assert b["start_ts"] == a["end_ts"], (tid, a, b)
-            assert b["end_ts"] > a["end_ts"], (tid, a, b)
-            assert b["token"] >= a["token"], (tid, a, b)
-    return by_table

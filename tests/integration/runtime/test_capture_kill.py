@@ -11,8 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from conftest import check_downstream
-from upstream_helpers import Upstream
+from upstream_helpers import Upstream, check_downstream
 
 from cdc_dagster.runtime.capture import CaptureContext
 from cdc_dagster.runtime.driver import Driver

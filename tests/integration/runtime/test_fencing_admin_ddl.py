@@ -6,8 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import pytest
-from conftest import check_downstream
-from upstream_helpers import Upstream
+from upstream_helpers import Upstream, check_downstream
 
 from cdc_dagster.runtime.admin import AdminError
 from cdc_dagster.runtime.capture import capture_commit, capture_prepare

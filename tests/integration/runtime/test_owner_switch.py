@@ -10,8 +10,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from conftest import check_downstream
-from upstream_helpers import Upstream
+from upstream_helpers import Upstream, check_downstream
 
 from cdc_dagster.runtime.capture import capture_prepare
 from cdc_dagster.runtime.driver import Driver

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import itertools
 import time
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 
+from cdc_dagster.runtime.fake import FileDownstream
 from cdc_dagster.upstream.changelog import ChangeLogWriter
 from cdc_dagster.upstream.schema import ColumnSchema, DdlRecord, TableSchema
 from scheduler_core.ddl import DDLKind
@@ -106,3 +109,17 @@ class RowUpstream(Upstream):
             self.writer.write_rows(tid, 0, version, change_rows(version, changes))
         self.advance(ts)
         return ts
+
+
+def check_downstream(sink_uri: str) -> dict[int, list[dict[str, Any]]]:
+    """No double write: per table, accepted writes are contiguous, increasing, tokens non-decreasing."""
+    ds = FileDownstream(sink_uri[len("file://") :])
+    by_table: dict[int, list[dict[str, Any]]] = {}
+    for w in ds.writes():
+        by_table.setdefault(w["table_id"], []).append(w)
+    for tid, writes in by_table.items():
+        for a, b in itertools.pairwise(writes):
+            assert b["start_ts"] == a["end_ts"], (tid, a, b)
+            assert b["end_ts"] > a["end_ts"], (tid, a, b)
+            assert b["token"] >= a["token"], (tid, a, b)
+    return by_table

@@ -379,3 +379,66 @@ def test_one_tables_error_while_a_capture_leaves_does_not_keep_other_tables_on_i
     assert result.error is not None and result.error.table_id == 1
     for tid in (2, 3):
         assert co.replications.view(tid).state == ReplicationSetState.ABSENT
+
+
+def test_empty_changefeed_with_a_tracked_ddl_stream_moves_to_its_first_create() -> None:
+    """A changefeed started before any table exists: the checkpoint follows the DDL stream to
+    the first CREATE, which then becomes ready and adds its table (it stalled before)."""
+    from scheduler_core.ddl import DDLManager
+
+    co = Coordinator(
+        owner_id=OWNER,
+        owner_rev=5,
+        changefeed_epoch=1,
+        checkpoint=CP,
+        tables=(),
+        rng=random.Random(0),
+        ddl=DDLManager(1000, ddl_resolved_ts=1000),
+    )
+    a = Capture("a")
+    create = DDLEvent(1500, DDLKind.CREATE_TABLE, "CREATE TABLE t7", creates=(7,))
+    co.add_ddl(create)
+    co.advance_ddl_resolved(1800)
+    result = co.tick({"a": a.reg}, [a.report()])
+    result = co.tick({"a": a.reg}, [a.report()])
+    assert co.checkpoint.checkpoint_ts == 1500
+    assert create in result.ready_ddls
+    co.ddl_done(create)
+    result = co.tick({"a": a.reg}, [a.report()])
+    assert [r.table_id for r in dispatched(result, "a")] == [7]
+
+
+def test_empty_changefeed_without_ddl_tracking_holds_its_checkpoint() -> None:
+    """No tracked DDL stream: nothing says a CREATE below the next syncpoint was not missed."""
+    co = coordinator(tables=())
+    a = Capture("a")
+    co.tick({"a": a.reg}, [a.report()])
+    co.tick({"a": a.reg}, [a.report()])
+    assert co.checkpoint == CP
+
+
+def test_changefeed_without_tables_follows_the_ddl_stream_to_its_first_create() -> None:
+    from scheduler_core.ddl import DDLManager
+
+    co = Coordinator(
+        owner_id=OWNER,
+        owner_rev=5,
+        changefeed_epoch=1,
+        checkpoint=CP,
+        tables=(),
+        rng=random.Random(0),
+        ddl=DDLManager(1000, ddl_resolved_ts=1000),
+    )
+    a = Capture("a")
+    co.tick({"a": a.reg}, [a.report()])
+    co.advance_ddl_resolved(1500)  # nothing yet: the checkpoint follows the DDL stream
+    assert co.tick({"a": a.reg}, [a.report()]).checkpoint == Checkpoint.at(1500)
+    create = DDLEvent(1800, DDLKind.CREATE_TABLE, "CREATE TABLE t7", creates=(7,))
+    co.add_ddl(create)
+    co.advance_ddl_resolved(3000)
+    r = co.tick({"a": a.reg}, [a.report()])
+    assert r.checkpoint == Checkpoint.at(1800)  # held at the CREATE's barrier, which is ready
+    assert r.ready_ddls == (create,)
+    co.ddl_done(create)
+    assert co.current_tables.tolist() == [7]
+    assert co.start_ts[7] == 1800

@@ -96,3 +96,81 @@ def test_materialization_metadata_has_timestamps_raw_ts_and_float_lag() -> None:
     assert md["lag_seconds"].value == 2.5 and isinstance(md["lag_seconds"], dg.FloatMetadataValue)
     assert md["barrier_ts_raw"].value == ckpt + 9
     assert md["rows_applied"].value == 12 and md["capture"].value == "c1"
+
+
+def test_a_capture_with_a_queued_run_gets_no_new_run_and_its_next_run_carries_every_message() -> (
+    None
+):
+    from cdc_dagster.defs.owner.plan import Outbox
+
+    box = Outbox()
+    hb1 = {"type": "heartbeat", "seq": 1}
+    d1 = {"type": "dispatch", "seq": 2}
+    hb2 = {"type": "heartbeat", "seq": 3}
+    d2 = {"type": "dispatch", "seq": 4}
+    tick1 = owner_view(work={"c1": {"cf": [hb1, d1]}, "c2": {"cf": [hb1]}})
+    result = plan(tick1, 1, ["c1", "c2"], CATALOG, lambda t: None, queued={"c1"}, outbox=box)
+    assert [r.partition_key for r in result.run_requests] == ["c2"]
+    assert box.held("c1") == 2
+    tick2 = owner_view(work={"c1": {"cf": [hb2, d2]}})
+    result = plan(tick2, 2, ["c1", "c2"], CATALOG, lambda t: None, queued=set(), outbox=box)
+    (run,) = result.run_requests
+    carried = json.loads(run.run_config["ops"]["receive"]["config"]["messages_json"])
+    # Every dispatch in order; only the newest heartbeat (it supersedes the older one).
+    assert carried == {"cf": [d1, hb2, d2]}
+    assert box.held("c1") == 0
+
+
+def test_held_messages_of_another_owner_rev_or_a_departed_capture_are_dropped() -> None:
+    from cdc_dagster.defs.owner.plan import Outbox
+
+    box = Outbox()
+    d1 = {"type": "dispatch", "seq": 2}
+    plan(
+        owner_view(work={"c1": {"cf": [d1]}}),
+        1,
+        ["c1"],
+        CATALOG,
+        lambda t: None,
+        queued={"c1"},
+        outbox=box,
+    )
+    assert box.held("c1") == 1
+    plan(owner_view(owner_rev=43, work={}), 2, ["c1"], CATALOG, lambda t: None, outbox=box)
+    assert box.held("c1") == 0
+    plan(
+        owner_view(owner_rev=43, work={"c1": {"cf": [d1]}}),
+        3,
+        ["c1"],
+        CATALOG,
+        lambda t: None,
+        queued={"c1"},
+        outbox=box,
+    )
+    plan(
+        owner_view(owner_rev=43, captures=("c2",), work={}),
+        4,
+        ["c1"],
+        CATALOG,
+        lambda t: None,
+        outbox=box,
+    )
+    assert box.held("c1") == 0
+
+
+def test_gate_reads_tables_without_an_asset_from_the_owner_view_and_global_ddls_only_current_ones() -> (
+    None
+):
+    from cdc_dagster.defs.tables.gate import checkpoint_lookup
+
+    # Table 9 was created after the catalog was loaded: no asset, the owner's view decides.
+    lookup = checkpoint_lookup(CATALOG, lambda key: 500, lambda: {9: 400})
+    assert lookup(1) == 500 and lookup(9) == 400 and lookup(10) is None
+    assert gate_status(DdlToRun("cf", 400, (9,)), CATALOG, lookup)[0]
+    assert not gate_status(DdlToRun("cf", 450, (9,)), CATALOG, lookup)[0]
+    # A global DDL: every current table (2 was dropped earlier, it blocks nothing).
+    lookup = checkpoint_lookup(
+        CATALOG, lambda key: 500 if key.path[-1] == "a" else 100, lambda: {9: 600}
+    )
+    assert not gate_status(DdlToRun("cf", 450, ()), CATALOG, lookup)[0]
+    assert gate_status(DdlToRun("cf", 450, ()), CATALOG, lookup, {1, 9})[0]

@@ -1,42 +1,48 @@
-"""The dbt assets in a Definitions of our own: lineage, checks, the sensor, a real run."""
+"""The dbt assets in the production Definitions: lineage, checks, the sensor, a real run.
+
+``build_definitions`` (cdc_dagster.defs) is the real wiring; the tests point its
+``cdc_dbt`` / sensor at the test's Delta root through the environment, which is how a
+deployment can override the changefeed found in etcd.
+"""
 
 from __future__ import annotations
+
+import os
 
 import dagster as dg
 import duckdb
 import pytest
 
 from cdc_dagster.dbt import PROJECT_DIR
-from cdc_dagster.dbt.assets import DbtDownstreamResource, dbt_assets_for, dbt_resource
+from cdc_dagster.dbt.assets import DbtDownstreamResource, dbt_assets_for
 from cdc_dagster.dbt.sensor import syncpoint_requests, syncpoint_sensor
-from tests.integration.dbt.expected import built_models, expected_models
-from tests.integration.dbt.replica import CF, TABLES, Replica
+from tests.integration.dbt_build.expected import built_models, expected_models
+from tests.integration.dbt_build.replica import CF, TABLES, Replica
 
 TABLE_NAMES = [(t.database, t.table) for t in TABLES]
 
 
-def table_specs() -> list[dg.AssetSpec]:
-    """Upstream and replica assets keyed as the control plane keys them (Catalog)."""
-    specs = [dg.AssetSpec(["upstream", d, t], group_name="upstream") for d, t in TABLE_NAMES]
-    specs += [
-        dg.AssetSpec(["replica", d, t], deps=[["upstream", d, t]], group_name="replica")
-        for d, t in TABLE_NAMES
-    ]
-    return specs
+def catalog():
+    from cdc_dagster.defs.catalog import demo_catalog
+
+    return demo_catalog([(t.table_id, t.database, t.table) for t in TABLES])
 
 
-def build_defs(delta_root: str, duckdb_path: str) -> dg.Definitions:
-    assets = dbt_assets_for(PROJECT_DIR)
-    return dg.Definitions(
-        assets=[*table_specs(), assets],
-        sensors=[syncpoint_sensor(assets, delta_root, CF)],
-        resources={
-            "dbt": dbt_resource(PROJECT_DIR),
-            "cdc_dbt": DbtDownstreamResource(
-                delta_root=delta_root, changefeed_id=CF, duckdb_path=duckdb_path
-            ),
-        },
-    )
+def build_defs(
+    delta_root: str, duckdb_path: str, monkeypatch: pytest.MonkeyPatch | None = None
+) -> dg.Definitions:
+    """The production Definitions over the test's tables, built on ``delta_root``."""
+    from cdc_dagster.defs import build_definitions
+
+    env = {
+        "CDC_DAGSTER_DBT_DELTA_ROOT": f"delta://{delta_root}",
+        "CDC_DAGSTER_DBT_CHANGEFEED": CF,
+        "CDC_DBT_DUCKDB_PATH": duckdb_path,
+    }
+    for k, v in env.items():
+        if monkeypatch is not None:
+            monkeypatch.setenv(k, v)
+    return build_definitions(catalog())
 
 
 def test_lineage_reads_upstream_to_replica_to_model(tmp_path) -> None:
@@ -80,22 +86,19 @@ def test_sensor_requests_one_run_per_new_syncpoint() -> None:
 
 @pytest.mark.slow
 def test_sensor_run_builds_the_syncpoint_with_its_metadata_and_checks(
-    replica: Replica, duckdb_path: str
+    replica: Replica, duckdb_path: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     ts = replica.syncpoint()
-    defs = build_defs(replica.root, duckdb_path)
+    defs = build_defs(replica.root, duckdb_path, monkeypatch)
     sensor = defs.resolve_sensor_def("dbt_syncpoint_sensor")
     with dg.instance_for_test() as instance:
         result = sensor(dg.build_sensor_context(instance=instance, definitions=defs))
         assert [r.tags["cdc/syncpoint_ts"] for r in result.run_requests] == [str(ts)]
         replica.transfer_half(True)  # lands after the syncpoint: the run must not see it
-        job = defs.resolve_implicit_global_asset_job_def()
+        assert result.run_requests[0].tags["cdc/dbt_build"] == "1"
+        job = defs.resolve_job_def("dbt_build")  # the job the sensor targets
         run = job.execute_in_process(
-            run_config=result.run_requests[0].run_config,
-            instance=instance,
-            asset_selection=[
-                k for k in job.asset_layer.executable_asset_keys if k.path[0] == "dbt"
-            ],
+            run_config=result.run_requests[0].run_config, instance=instance
         )
         assert run.success
         mats = run.get_asset_materialization_events()
@@ -130,6 +133,8 @@ def test_sensor_reads_the_changefeed_from_the_environment_at_tick_time(
     assets = dbt_assets_for(PROJECT_DIR)
     sensor = syncpoint_sensor(assets)  # what production definitions build: no paths yet
     monkeypatch.delenv("CDC_DAGSTER_DBT_DELTA_ROOT", raising=False)
+    monkeypatch.delenv("CDC_DAGSTER_ETCD", raising=False)  # etcd: the state dir's, not running
+    monkeypatch.setenv("CDC_DAGSTER_STATE_DIR", os.path.dirname(replica.root))
     with dg.instance_for_test() as instance:
         skipped = sensor(dg.build_sensor_context(instance=instance))
         assert isinstance(skipped, dg.SkipReason) and "CDC_DAGSTER_DBT_DELTA_ROOT" in str(

@@ -61,10 +61,11 @@ TABLES = (bank(1, 0), bank(2, 1), CUSTOMERS, ORDERS)
 
 
 class Replica:
-    """The four tables in Delta under ``root``, a model of each, and a commit ts clock."""
+    """The four tables in Delta under ``root`` (or in ``sink``), a model of each, and a
+    commit ts clock."""
 
-    def __init__(self, root: str, accounts: int = 20, seed: int = 7) -> None:
-        self.sink = DeltaSink(root)
+    def __init__(self, root: str, accounts: int = 20, seed: int = 7, sink: Any = None) -> None:
+        self.sink = sink if sink is not None else DeltaSink(root)
         self.root = root
         self.rng = random.Random(seed)
         self.ts = 1 << 20

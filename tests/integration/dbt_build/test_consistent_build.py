@@ -10,8 +10,8 @@ import pytest
 
 from cdc_dagster.dbt import run_build
 from cdc_dagster.sinks.delta import read_table_at
-from tests.integration.dbt.expected import built_models, expected_models
-from tests.integration.dbt.replica import BALANCE, CF, TABLES, Replica
+from tests.integration.dbt_build.expected import built_models, expected_models
+from tests.integration.dbt_build.replica import BALANCE, CF, TABLES, Replica
 
 pytestmark = pytest.mark.slow  # each dbt build is a few seconds of subprocess
 

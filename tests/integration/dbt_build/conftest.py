@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.integration.dbt.replica import Replica
+from tests.integration.dbt_build.replica import Replica
 
 BASE = os.environ.get("CDC_DBT_TEST_TMP", "/tmp/h-dbt")
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import duckdb
 
-from tests.integration.dbt.replica import CUSTOMERS, ORDERS, TABLES
+from tests.integration.dbt_build.replica import CUSTOMERS, ORDERS, TABLES
 
 
 def expected_models(snapshot: dict[int, dict[int, dict[str, Any]]]) -> dict[str, set[tuple]]:
@@ -65,4 +65,14 @@ def built_models(duckdb_path: str, ts: int) -> dict[str, set[tuple]]:
                 f"{name} rows stamped {set(r[-1] for r in rows)}, not {ts}"
             )
             out[name] = {tuple(r[:-1]) for r in rows}
+    return out
+
+
+def built_pg_models(conn, ts: int) -> dict[str, set[tuple]]:
+    """The models as built in PostgreSQL (schema ``cdc_models``), each row stamped ``ts``."""
+    out = {}
+    for name, sql in QUERIES.items():
+        rows = conn.execute(sql.replace(" main.", " cdc_models.")).fetchall()
+        assert {r[-1] for r in rows} <= {ts}, f"{name} rows stamped {set(r[-1] for r in rows)}"
+        out[name] = {tuple(r[:-1]) for r in rows}
     return out

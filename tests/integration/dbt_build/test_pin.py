@@ -9,7 +9,7 @@ import pytest
 
 from cdc_dagster.dbt import PinError, SyncpointNotFoundError, pin_syncpoint
 from cdc_dagster.sinks.delta import DeltaSink
-from tests.integration.dbt.replica import CF, ORDERS, TABLES, Replica
+from tests.integration.dbt_build.replica import CF, ORDERS, TABLES, Replica
 
 
 def test_pin_views_read_exactly_the_syncpoint_versions(replica: Replica, duckdb_path: str) -> None:

@@ -1,4 +1,8 @@
-"""Headless Chromium over the Dagster UI: the lineage of a model reaches replica and upstream."""
+"""Headless Chromium over the Dagster UI: the lineage of a model reaches replica and upstream.
+
+The webserver loads the production code location (``cdc_dagster.defs``, as workspace.yaml
+does) over a change log holding the dbt sources' tables.
+"""
 
 from __future__ import annotations
 
@@ -42,18 +46,25 @@ def _start_webserver(workdir: str) -> tuple[subprocess.Popen, str]:
     port = _free_port()
     home = Path(workdir, "dagster_home")
     home.mkdir()
+    from tests.integration.dbt_build.replica import TABLES
+    from tests.unit.defs.conftest import write_changelog
+
+    changelog = write_changelog(
+        Path(workdir, "changelog"), [(t.table_id, t.database, t.table) for t in TABLES]
+    )
     env = {
         **os.environ,
         "DAGSTER_HOME": str(home),
         "PYTHONPATH": str(REPO),
-        "CDC_DBT_TEST_DELTA_ROOT": os.path.join(workdir, "delta"),
+        "CDC_DAGSTER_CHANGELOG": str(changelog),
+        "CDC_DAGSTER_STATE_DIR": workdir,
         "DAGSTER_DISABLE_TELEMETRY": "1",
     }
     log = open(os.path.join(workdir, "webserver.log"), "wb")  # noqa: SIM115 (outlives the call)
     argv = [
         str(Path(sys.executable).parent / "dagster-webserver"),
         "-m",
-        "tests.integration.dbt.lineage_defs",
+        "cdc_dagster.defs",
         "-h",
         "127.0.0.1",
         "-p",

@@ -21,8 +21,8 @@ from cdc_dagster.sinks.delta import DeltaSink
 from cdc_dagster.upstream.generator import Workload, WorkloadConfig
 from cdc_dagster.upstream.oracle import Oracle
 from cdc_dagster.upstream.schema import TableSchema
-from tests.integration.dbt.expected import built_models, expected_models
-from tests.integration.dbt.replica import CF
+from tests.integration.dbt_build.expected import built_models, expected_models
+from tests.integration.dbt_build.replica import CF
 
 pytestmark = pytest.mark.slow
 
