@@ -113,7 +113,11 @@ class Coordinator:
         rng: random.Random,
         config: CoordinatorConfig | None = None,
         ddl: DDLManager | None = None,
+        seq_start: int = 0,
     ) -> None:
+        """``seq_start``: the header seq to count up from. A coordinator rebuilt under the
+        same ``owner_rev`` (a later process of the same owner) must start above every seq
+        its predecessor sent, or agents drop its dispatches as older than one they took."""
         cfg = config or CoordinatorConfig()
         self.owner_id = owner_id
         self.owner_rev = owner_rev
@@ -142,7 +146,9 @@ class Coordinator:
         self.stats = _Stats()
         self._table_changes: list[_TableChange] = []
         self._rebuilt = False
-        self._seq = 0
+        if type(seq_start) is not int or seq_start < 0:
+            raise ConfigError(f"seq_start must be an int >= 0, got {seq_start!r}")
+        self._seq = seq_start
         self._stopping = False
 
     # ------------------------------------------------------------------ admin

@@ -167,11 +167,20 @@ class OwnerTick:
 
 
 # ------------------------------------------------------------------------------ per changefeed
+SEQ_SHIFT = 20  # message seqs of a rebuilt coordinator start at etcd revision << 20
+REFEED_TICKS = 3  # an unchanged capture report is fed again this many ticks later
+
+
 class _Feed:
     """The owner's cached state of one changefeed (rebuildable from etcd at any tick)."""
 
     def __init__(
-        self, loop: OwnerLoop, cf: Changefeed, owner_rev: int, ddl_state: DdlState | None
+        self,
+        loop: OwnerLoop,
+        cf: Changefeed,
+        owner_rev: int,
+        ddl_state: DdlState | None,
+        revision: int = 0,
     ) -> None:
         info, status = cf.info, cf.status
         self.changefeed_id = info.changefeed_id
@@ -202,9 +211,15 @@ class _Feed:
             rng=random.Random(owner_rev),
             config=loop.config,
             ddl=ddl,
+            # A later process of the same owner keeps its owner_rev: its messages must
+            # count on from above what the earlier one sent (each etcd revision leaves
+            # room for 2^20 messages; every owner tick writes, so revisions move on).
+            seq_start=revision << SEQ_SHIFT,
         )
         self.records: dict[tuple[int, str], DdlRecord] = {}
         self.reports: dict[str, tuple[str, TaskStatus]] = {}
+        self.ticks = 0
+        self.fed_at: dict[str, int] = {}  # capture -> the tick its report was last fed
         self.seq = 0
         self.finished_ddl_ts = done  # every DDL at or below it ran (or preceded the start)
         self.last_syncpoint_ts = ddl_state.last_syncpoint_ts if ddl_state else 0
@@ -260,13 +275,21 @@ class _Feed:
     def reports_from(
         self, snapshot: OwnerSnapshot, alive: Mapping[str, str], owner_id: str
     ) -> list[HeartbeatResponse]:
-        """New task keys as heartbeat responses (an unchanged key is not fed twice)."""
+        """Task keys as heartbeat responses: a changed key now, an unchanged one again every
+        ``REFEED_TICKS`` ticks. The replication sets answer reports, so a dispatch that was
+        lost (sent by an earlier process of this owner just before it went, or to a run
+        that never ran) is sent again only when the report that asks for it is fed again."""
+        self.ticks += 1
         out = []
         for cid, status in sorted(snapshot.tasks.get(self.changefeed_id, {}).items()):
             reg = alive.get(cid)
-            if reg is None or self.reports.get(cid) == (reg, status):
+            if reg is None:
+                continue
+            unchanged = self.reports.get(cid) == (reg, status)
+            if unchanged and self.ticks - self.fed_at.get(cid, 0) < REFEED_TICKS:
                 continue
             self.reports[cid] = (reg, status)
+            self.fed_at[cid] = self.ticks
             self.seq += 1
             header = Header(
                 status.owner_rev,
@@ -365,7 +388,9 @@ class OwnerLoop:
             if stopped and not _held_anywhere(snapshot, cf_id):
                 self._feeds.pop(cf_id, None)  # paused, failed or finished, and nothing held
                 continue
-            feed = self._feed(cf, session.owner_rev, snapshot.ddl.get(cf_id), stopped)
+            feed = self._feed(
+                cf, session.owner_rev, snapshot.ddl.get(cf_id), stopped, snapshot.revision
+            )
             if feed is None:
                 continue  # the change log's DDL stream has not reached the checkpoint yet
             rebuilt, feed.fresh = feed.fresh, False
@@ -407,7 +432,12 @@ class OwnerLoop:
         )
 
     def _feed(
-        self, cf: Changefeed, owner_rev: int, ddl_state: DdlState | None, stopped: bool
+        self,
+        cf: Changefeed,
+        owner_rev: int,
+        ddl_state: DdlState | None,
+        stopped: bool,
+        revision: int = 0,
     ) -> _Feed | None:
         feed = self._feeds.get(cf.changefeed_id)
         if feed is not None and feed.epoch == cf.status.epoch:
@@ -428,7 +458,7 @@ class OwnerLoop:
                     cp,
                 )
                 return None
-        feed = self._feeds[cf.changefeed_id] = _Feed(self, cf, owner_rev, ddl_state)
+        feed = self._feeds[cf.changefeed_id] = _Feed(self, cf, owner_rev, ddl_state, revision)
         log.info("owner %s: built changefeed %s from etcd", self.owner_id, cf.changefeed_id)
         return feed
 

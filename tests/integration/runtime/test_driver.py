@@ -72,3 +72,21 @@ def test_commit_reports_rows_applied_per_table(
     # The fake counts one per sink write; cumulative across ticks, in the run log line too.
     assert all(t.rows_applied >= 1 for t in lines.values())
     assert all(f"rows_applied {t.rows_applied}" in str(t) for t in lines.values())
+
+
+def test_owner_process_restarts_under_the_same_owner_rev_do_not_stall_the_changefeed(
+    make_driver: Callable[..., Driver], upstream: Upstream, metastore
+) -> None:
+    """A code-server restart rebuilds the owner under the same owner_rev: every table still
+    reaches the target (it stalled in COMMIT: a lost dispatch was never sent again, since
+    an unchanged capture report was never fed again)."""
+    from cdc_dagster.runtime.owner import OwnerLoop
+
+    driver = make_driver(captures=2)
+    target = upstream.ts(5000)
+    upstream.advance(target)
+    for i in range(15):
+        if i % 3 == 2:
+            driver.owner = OwnerLoop(metastore, "owner-0", lease_ttl_s=10)
+        driver.tick()
+    driver.run_until(lambda t: driver.caught_up(t, target), max_ticks=30)
