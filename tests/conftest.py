@@ -51,3 +51,20 @@ def metastore(etcd_endpoints: list[str], cluster_id: str) -> Iterator[Metastore]
         yield ms
     finally:
         ms.close()
+
+
+@pytest.fixture(scope="session")
+def pg_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
+    """One private PostgreSQL on a free loopback port for the whole session (started on
+    first use; skips the test when Debian's postgresql is missing)."""
+    from cdc_dagster.mysql.embedded import EmbeddedServerError, PrivatePostgres
+
+    server = PrivatePostgres(tmp_path_factory.mktemp("pg"))
+    try:
+        server.start()
+    except EmbeddedServerError as exc:
+        pytest.skip(f"no private PostgreSQL: {exc}")
+    try:
+        yield server
+    finally:
+        server.cleanup()

@@ -38,22 +38,6 @@ def mydb(mariadb: PrivateMariaDB) -> Iterator[str]:
 
 
 @pytest.fixture(scope="session")
-def pg_for_mysql(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
-    """A private PostgreSQL for the end-to-end tests of this directory."""
-    from cdc_dagster.mysql.embedded import PrivatePostgres
-
-    server = PrivatePostgres(tmp_path_factory.mktemp("pg"))
-    try:
-        server.start()
-    except EmbeddedServerError as exc:
-        pytest.skip(f"no private PostgreSQL: {exc}")
-    try:
-        yield server
-    finally:
-        server.cleanup()
-
-
-@pytest.fixture(scope="session")
 def etcd_endpoints(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[str]]:
     """A private etcd for the Dagster-plane tests of this directory."""
     from cdc_dagster.metastore.embedded import EmbeddedEtcd, EtcdTuning

@@ -162,7 +162,7 @@ def _round(defs, instance, cursor: str | None, crash_capture: bool = False) -> t
 
 @pytest.mark.slow
 def test_create_snapshots_then_the_dagster_plane_replicates_into_postgres(
-    mariadb, mydb, cdc_user, pg_for_mysql, etcd_endpoints, cluster_id, metastore, dagster_env,
+    mariadb, mydb, cdc_user, pg_server, etcd_endpoints, cluster_id, metastore, dagster_env,
     spark, tmp_path, monkeypatch,
 ):  # fmt: skip
     execute(mariadb, mydb,
@@ -172,12 +172,12 @@ def test_create_snapshots_then_the_dagster_plane_replicates_into_postgres(
             *[f"INSERT INTO orders VALUES {', '.join(f'({i}, {i % 7}, NULL)' for i in range(k, k + 500))}"
               for k in range(0, 2500, 500)],
             "INSERT INTO items VALUES (1, 1, 'a'), (1, 2, 'b'), (2, 1, '😀')")  # fmt: skip
-    with psycopg.connect(pg_for_mysql.dsn(), autocommit=True) as conn:
+    with psycopg.connect(pg_server.dsn(), autocommit=True) as conn:
         conn.execute("DROP DATABASE IF EXISTS analytics WITH (FORCE)")
         conn.execute("CREATE DATABASE analytics")
     state = tmp_path / "state"
     upstream = f"mysql://{cdc_user}:${{CDC_PW}}@127.0.0.1:{mariadb.port}/?server-id=4242"
-    sink = f"postgresql://postgres:${{PG_PW}}@127.0.0.1:{pg_for_mysql.port}/analytics"
+    sink = f"postgresql://postgres:${{PG_PW}}@127.0.0.1:{pg_server.port}/analytics"
     res = _create(etcd_endpoints, cluster_id, state, upstream, sink, f"{mydb}.*", f"!{mydb}.tmp_*")
     assert res.returncode == 0, res.stderr
     assert "binlog settings and privileges OK" in res.stdout
@@ -208,11 +208,11 @@ def test_create_snapshots_then_the_dagster_plane_replicates_into_postgres(
             rounds += 1
             cursor, n = _round(defs, instance, cursor, crash_capture=rounds in (3, 5))
             pullers += n
-            got = {t: (_pg_rows(pg_for_mysql, mydb, t) or []) for t in want}
+            got = {t: (_pg_rows(pg_server, mydb, t) or []) for t in want}
             if {t: _fingerprint(r) for t, r in got.items()} == want:
                 break
         assert {t: _fingerprint(r) for t, r in got.items()} == want, {
             t: len(r) for t, r in got.items()
         }
-    assert _pg_rows(pg_for_mysql, mydb, "tmp_scratch") is None  # filtered out
+    assert _pg_rows(pg_server, mydb, "tmp_scratch") is None  # filtered out
     assert rounds > 5 and pullers >= 2  # the crashes happened; the stream came in several runs

@@ -142,11 +142,11 @@ def _upstream(mariadb, db: str) -> list[tuple]:
     return out
 
 
-def test_edge_values_and_ddls_replicate_to_postgres_exactly(mariadb, mydb, pg_for_mysql, tmp_path):
+def test_edge_values_and_ddls_replicate_to_postgres_exactly(mariadb, mydb, pg_server, tmp_path):
     root = tmp_path / "cl"
-    with psycopg.connect(pg_for_mysql.dsn(), autocommit=True) as conn:
+    with psycopg.connect(pg_server.dsn(), autocommit=True) as conn:
         conn.execute(f'CREATE DATABASE "{mydb}"')
-    sink = PostgresSink(pg_for_mysql.uri(mydb))
+    sink = PostgresSink(pg_server.uri(mydb))
     execute(mariadb, mydb, "SET SESSION sql_mode = ''", EDGE_TABLE,
             f"INSERT INTO edge VALUES {', '.join(_edge_rows(0))}")  # fmt: skip
     pull_until_caught_up(mariadb, root, mydb)  # snapshot path
@@ -162,7 +162,7 @@ def test_edge_values_and_ddls_replicate_to_postgres_exactly(mariadb, mydb, pg_fo
     replicate(root, sink, stats.resolved_ts)
     replicate(root, sink, stats.resolved_ts)  # a replay changes nothing
 
-    with psycopg.connect(pg_for_mysql.dsn(mydb)) as pg:
+    with psycopg.connect(pg_server.dsn(mydb)) as pg:
         pg.execute("SET TIME ZONE 'UTC'")
         got = [tuple(_norm(v) for v in r)
                for r in pg.execute(f'SELECT * FROM "{mydb}"."edge" ORDER BY id').fetchall()]  # fmt: skip

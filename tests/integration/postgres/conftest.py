@@ -8,21 +8,7 @@ from collections.abc import Iterator
 import psycopg
 import pytest
 
-from cdc_dagster.mysql.embedded import EmbeddedServerError, PrivatePostgres
-
-
-@pytest.fixture(scope="session")
-def pg_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrivatePostgres]:
-    """One PostgreSQL on a free loopback port for the whole session."""
-    server = PrivatePostgres(tmp_path_factory.mktemp("pg"))
-    try:
-        server.start()
-    except EmbeddedServerError as exc:
-        pytest.skip(f"no private PostgreSQL: {exc}")
-    try:
-        yield server
-    finally:
-        server.cleanup()
+from cdc_dagster.mysql.embedded import PrivatePostgres
 
 
 @pytest.fixture
