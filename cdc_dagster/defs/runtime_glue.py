@@ -89,13 +89,14 @@ def forget_owner_loops() -> None:
         _LOOPS.clear()
 
 
-def reported_checkpoints(ms: Any, changefeed_id: str) -> dict[int, int]:
-    """Each table's checkpoint as the capture replicating it reports it in etcd (the min
+def reported_checkpoints(tasks: Any) -> dict[int, int]:
+    """Each table's checkpoint as the capture replicating it reports it in ``tasks`` (one
+    changefeed's task statuses by capture, as ``ms.tasks.read`` returns them; the min
     should two report it: never more than one would admit)."""
     from scheduler_core.model import TableState
 
     out: dict[int, int] = {}
-    for status in ms.tasks.read(changefeed_id).values():
+    for status in tasks.values():
         batch = status.tables
         mask = batch.states == TableState.REPLICATING
         for t, c in zip(

@@ -4,6 +4,8 @@ The owner sensor launches it only when the gate is open; the gate op checks agai
 the run, so a launch from the UI cannot skip it.
 """
 
+import functools
+
 import dagster as dg
 
 from cdc_dagster.defs.catalog import Catalog
@@ -31,20 +33,20 @@ def build_ddl_job(catalog: Catalog) -> dg.JobDefinition:
         """Fail unless every blocked table's checkpoint metadata reached the commit ts."""
         ddl = DdlToRun(config.changefeed_id, config.commit_ts, tuple(config.table_ids))
 
-        reported: dict[int, int] = {}
+        @functools.cache
+        def tasks() -> dict:  # etcd is read once, and only when the gate needs it
+            return cdc.metastore().tasks.read(config.changefeed_id)
 
-        def from_etcd() -> dict[int, int]:
-            if not reported:
-                reported.update(reported_checkpoints(cdc.metastore(), config.changefeed_id))
-            return reported
+        @functools.cache
+        def reported() -> dict[int, int]:
+            return reported_checkpoints(tasks())
 
         checkpoint_of = checkpoint_lookup(
-            catalog, lambda key: latest_checkpoint(context.instance, key), from_etcd
+            catalog, lambda key: latest_checkpoint(context.instance, key), reported
         )
         current = None
         if not ddl.table_ids:  # a global DDL blocks every table the captures hold now
-            tasks = cdc.metastore().tasks.read(config.changefeed_id).values()
-            current = {int(t) for s in tasks for t in s.tables.table_ids} or None
+            current = {int(t) for s in tasks().values() for t in s.tables.table_ids} or None
 
         is_open, reason = gate_status(ddl, catalog, checkpoint_of, current)
         if not is_open:
