@@ -6,6 +6,11 @@
 - SQLite storage under the state dir by default, PostgreSQL when a URL is given (its
   password may be a ``${ENV}`` reference: Dagster reads it from the environment);
 - at most one dbt build run at a time (tag ``cdc/dbt_build``);
+- the run queue checked every second (Dagster's default is 5 s): a capture's next run
+  waits in the queue for the previous one, and every second of that is replication lag;
+- run monitoring on: a run stuck in STARTING is failed after 3 minutes, one past its
+  ``dagster/max_runtime`` tag (capture runs carry one) is failed, so a hung capture run
+  does not hold its capture's slot in the queue for ever;
 - sensors evaluated in threads, so the owner sensor is not queued behind others.
 """
 
@@ -36,6 +41,15 @@ concurrency:
         value:
           applyLimitPerUniqueValue: true
         limit: 1
+run_queue:
+  dequeue_interval_seconds: 1
+  dequeue_use_threads: true
+  dequeue_num_workers: 4
+run_monitoring:
+  enabled: true
+  start_timeout_seconds: 180
+  cancel_timeout_seconds: 180
+  poll_interval_seconds: 30
 sensors:
   use_threads: true
   num_workers: 4

@@ -18,6 +18,12 @@ from cdc_dagster.defs.resources import CdcResource, SparkConnectResource
 from cdc_dagster.defs.runtime_glue import CaptureTick
 from cdc_dagster.defs.tables.assets import materializations
 
+# A capture run is one tick (seconds; minutes when catching up on a large backlog). One
+# still running after this long is hung: run monitoring (dagster.yaml) fails it, so it
+# stops holding its capture's slot in the run queue. Its lease has long expired by then:
+# the owner moved its tables and the sink's fence refuses any late write of it.
+MAX_RUNTIME_S = 1800
+
 
 class ReceiveConfig(dg.Config):
     """What the owner sensor put in the run config."""
@@ -112,6 +118,7 @@ def build_capture_job(catalog: Catalog) -> dg.JobDefinition:
         name=CAPTURE_JOB,
         partitions_def=CAPTURES,
         executor_def=dg.in_process_executor,
+        tags={"dagster/max_runtime": str(MAX_RUNTIME_S)},
         description="One processor tick of one capture: receive -> prepare -> commit -> report.",
     )
     def capture_tick() -> None:

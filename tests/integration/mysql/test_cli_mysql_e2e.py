@@ -5,7 +5,8 @@ upstream (privileges, keyless tables) and refuses with what to change, takes the
 snapshot with progress, and never prints a literal password. Then the Dagster plane (the
 owner sensor with build_sensor_context; puller, capture and DDL runs executed in process
 with a local Spark session) replicates snapshot, stream and a DDL into PostgreSQL until the
-replica equals the upstream, through capture runs that die between prepare and commit.
+replica equals the upstream, through capture runs that die between prepare and commit and an
+owner restart mid-stream.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from cdc_dagster import admin
 from cdc_dagster.defs import build_definitions
 from cdc_dagster.defs.catalog import catalog_from_changelog
 from cdc_dagster.defs.partitions import CAPTURES
+from cdc_dagster.defs.runtime_glue import forget_owner_loops
 
 REPO = Path(__file__).resolve().parents[3]
 PASSWORD = "Lit3ral-s3cret"
@@ -206,6 +208,8 @@ def test_create_snapshots_then_the_dagster_plane_replicates_into_postgres(
         deadline = time.monotonic() + 240
         while time.monotonic() < deadline:
             rounds += 1
+            if rounds == 4:
+                forget_owner_loops()  # the owner restarts mid-stream: rebuilt from etcd
             cursor, n = _round(defs, instance, cursor, crash_capture=rounds in (3, 5))
             pullers += n
             got = {t: (_pg_rows(pg_server, mydb, t) or []) for t in want}
