@@ -83,6 +83,11 @@ def _owner_loop(settings: Settings) -> Any:
         return loop
 
 
+def owner_metastore(settings: Settings) -> Any:
+    """The metastore connection of this process's owner loop (the sensor's)."""
+    return _owner_loop(settings).metastore
+
+
 def forget_owner_loops() -> None:
     """Drop the cache (tests; the same as a code-server restart)."""
     with _LOOPS_LOCK:

@@ -29,6 +29,7 @@ from cdc_dagster.metastore.errors import *  # noqa: F403 - the error hierarchy i
 from cdc_dagster.metastore.errors import EtcdNotRunningError, InvalidEndpointError
 from cdc_dagster.metastore.etcd_binary import EtcdBinary, choose_etcd_binary
 from cdc_dagster.metastore.keys import KeyLayout
+from cdc_dagster.metastore.mailbox import MailboxStore
 from cdc_dagster.metastore.owner_tick import (
     ChangefeedProgress,
     ConfigCache,
@@ -100,6 +101,7 @@ class Metastore:
         self.captures = CaptureRegistry(client, layout)
         self.changefeeds = ChangefeedStore(client, layout, now_ms=now_ms)
         self.tasks = TaskStatusStore(client, layout)
+        self.mailbox = MailboxStore(client, layout)
 
     def read_owner_snapshot(self, cache: ConfigCache | None = None) -> OwnerSnapshot:
         """The owner's tick input, read at one revision in one round trip.

@@ -9,6 +9,8 @@
     {root}/{cluster}/task/{cf}/{capture_id}         one capture's table statuses (binary; its lease)
     {root}/{cluster}/ddl/{cf}                       DDL and barrier state (JSON; owner-written)
     {root}/{cluster}/gc/safepoint                   min checkpoint over changefeeds (decimal TS)
+    {root}/{cluster}/mailbox/{capture_id}           owner messages waiting for a capture's next
+                                                    run (JSON; metastore/mailbox.py)
 
 The owner reads O(captures) keys per tick: one range over ``task/{cf}/`` per changefeed.
 """

@@ -17,6 +17,7 @@ from cdc_dagster.defs.partitions import CAPTURES
 from cdc_dagster.defs.resources import CdcResource, SparkConnectResource
 from cdc_dagster.defs.runtime_glue import CaptureTick
 from cdc_dagster.defs.tables.assets import materializations
+from cdc_dagster.metastore.mailbox import merge
 
 # A capture run is one tick (seconds; minutes when catching up on a large backlog). One
 # still running after this long is hung: run monitoring (dagster.yaml) fails it, so it
@@ -50,20 +51,25 @@ def receive(context: dg.OpExecutionContext, config: ReceiveConfig, cdc: CdcResou
             ttl = ms.captures.attach(config.capture_id).keep_alive()
         except CaptureNotRegisteredError:
             ttl = 0  # expired: prepare registers it anew (new epoch, empty staging)
+        # What the owner sent after this run was requested (while it waited in the queue
+        # and launched): its newest heartbeat's barriers, dispatches in order. Taken after
+        # the config's messages, which are older (cdc_dagster/metastore/mailbox.py).
+        later = ms.mailbox.take(config.capture_id, config.owner_rev)
     except StaleRunError as exc:
         raise dg.Failure(str(exc), allow_retries=False) from exc
     except MetastoreError as exc:
         raise dg.Failure(" ".join(str(exc).split())) from exc
     work = json.loads(config.messages_json)
     context.log.info(
-        "capture %s: %s from owner_rev %d (tick %d); lease %s",
+        "capture %s: %s from owner_rev %d (tick %d)%s; lease %s",
         config.capture_id,
         ", ".join(f"{len(m)} message(s) of {cf}" for cf, m in work.items()) or "no messages",
         config.owner_rev,
         config.tick,
+        "".join(f", {len(m)} later message(s) of {cf} from the mailbox" for cf, m in later.items()),
         f"renewed, ttl {ttl} s" if ttl else "expired: registering anew",
     )
-    return Received(config.capture_id, config.owner_rev, config.tick, ttl, work)
+    return Received(config.capture_id, config.owner_rev, config.tick, ttl, merge(work, later))
 
 
 @dg.op(out=dg.Out(Any, io_manager_key="mem_io"))

@@ -6,9 +6,10 @@ import dagster as dg
 
 from cdc_dagster.defs.catalog import Catalog
 from cdc_dagster.defs.mysql.requests import with_puller_runs
-from cdc_dagster.defs.owner.plan import CAPTURE_JOB, Outbox, plan, progress_lines
+from cdc_dagster.defs.owner.mailbox import MailboxOutbox
+from cdc_dagster.defs.owner.plan import CAPTURE_JOB, plan, progress_lines
 from cdc_dagster.defs.partitions import CAPTURES
-from cdc_dagster.defs.runtime_glue import owner_tick
+from cdc_dagster.defs.runtime_glue import owner_metastore, owner_tick
 from cdc_dagster.defs.settings import Settings
 from cdc_dagster.defs.tables.assets import latest_checkpoint, progress_observations
 from cdc_dagster.defs.tables.gate import checkpoint_lookup
@@ -30,7 +31,6 @@ def queued_captures(instance: dg.DagsterInstance) -> set[str]:
 
 def build_owner_sensor(catalog: Catalog, jobs: list[dg.JobDefinition]) -> dg.SensorDefinition:
     """The owner sensor over ``catalog``'s tables, launching ``jobs`` (capture tick, DDL)."""
-    outbox = Outbox()  # lives as long as the code server, like the owner loop's cache
 
     @dg.sensor(
         name=SENSOR_NAME,
@@ -45,7 +45,11 @@ def build_owner_sensor(catalog: Catalog, jobs: list[dg.JobDefinition]) -> dg.Sen
     )
     def cdc_owner(context: dg.SensorEvaluationContext) -> dg.SensorResult:
         tick = int(context.cursor or 0) + 1
-        view = owner_tick(Settings.from_env())
+        settings = Settings.from_env()
+        view = owner_tick(settings)
+        # Messages for captures with a queued run wait in etcd, where that run takes them
+        # when it starts (its newest barriers), or the capture's next run does.
+        outbox = MailboxOutbox(owner_metastore(settings).mailbox)
 
         # Tables without an asset (created after the catalog was loaded): the owner's view.
         owner_view = {t.table_id: t.checkpoint_ts for t in view.tables if t.state == "replicating"}

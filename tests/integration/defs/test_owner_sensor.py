@@ -89,3 +89,59 @@ def test_admin_requests_are_written_where_the_owner_loop_reads_them(metastore: M
     assert {"op": "move_table", "table_id": 3, "to": "c1"} in bodies
     keys = [key for key, _ in admin.pending_requests(metastore)]
     assert all(k.startswith(f"{metastore.layout.prefix}admin/cf/") for k in keys)
+
+
+def test_messages_for_a_capture_with_a_queued_run_wait_in_its_mailbox_for_that_run(
+    env: None, instance: dg.DagsterInstance, metastore: Metastore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The queued run takes, when it starts, what the owner sent while it waited (after the
+    messages of its own run config); the capture's next run carries only what is newer."""
+    import json
+
+    from dagster._core.storage.dagster_run import DagsterRun
+
+    session = metastore.election.try_campaign("dagster-test", ttl_s=10)
+    rev = session.owner_rev
+    admin.add_capture(metastore, "c1")
+    sends = iter(
+        [
+            [{"type": "dispatch", "n": 1}, {"type": "heartbeat", "n": 1}],
+            [{"type": "heartbeat", "n": 2}],
+            [{"type": "dispatch", "n": 3}, {"type": "heartbeat", "n": 3}],
+            [{"type": "heartbeat", "n": 4}],
+        ]
+    )
+    monkeypatch.setattr(
+        sensor_module,
+        "owner_tick",
+        lambda s: TickView(True, "dagster-test", rev, ("c1",), {"c1": {"cf": next(sends)}}),
+    )
+    first = _evaluate(instance, cursor="0")
+    (run,) = first.run_requests
+    queued = DagsterRun(
+        job_name="capture_tick",
+        status=dg.DagsterRunStatus.NOT_STARTED,
+        tags=run.tags | {"dagster/partition": "c1"},
+    )
+    instance.add_run(queued)
+    for cursor in ("1", "2"):  # two ticks while c1's run waits: held, not requested
+        assert _evaluate(instance, cursor=cursor).run_requests == []
+    assert metastore.mailbox.held("c1") == 2  # dispatch 3 and the newest heartbeat (3)
+
+    instance.add_dynamic_partitions("captures", ["c1"])
+    defs = build_definitions(CATALOG)
+    out = defs.get_job_def("capture_tick").execute_in_process(
+        run_config=run.run_config,
+        op_selection=["receive"],
+        partition_key="c1",
+        instance=instance,
+    )
+    received = out.output_for_node("receive")
+    assert [m["n"] for m in received.messages["cf"]] == [1, 3, 3]  # config, then the mailbox
+    assert [m["type"] for m in received.messages["cf"]] == ["dispatch", "dispatch", "heartbeat"]
+    assert metastore.mailbox.held("c1") == 0
+
+    instance.delete_run(queued.run_id)  # it started and finished
+    (nxt,) = _evaluate(instance, cursor="3").run_requests
+    carried = json.loads(nxt.run_config["ops"]["receive"]["config"]["messages_json"])
+    assert [m["n"] for m in carried["cf"]] == [4]  # nothing twice
