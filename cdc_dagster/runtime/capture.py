@@ -153,7 +153,21 @@ def _prepare(ctx: CaptureContext, tick: _Tick, messages: Sequence[OwnerMessage])
     rejected = {k: v - before[k] for k, v in _counts(tick.agent.stats).items() if v > before[k]}
     tick.agent.begin_tick()
     tick.executor.pull_phase()
-    tick.persist(report=None)
+    # The report too, with the Agent's state in one transaction: what the messages did
+    # (a promotion, a table prepared) is what the owner reads even if this run dies before
+    # its commit half; an owner rebuilt meanwhile would otherwise start from the last
+    # commit's report and take the promoted primary for a secondary. A STOPPED table is
+    # left to the commit half, which reports it once and forgets it.
+    held = tick.executor.statuses()
+    live = held.states != TableState.STOPPED
+    if not live.all():
+        held = TableStatusBatch(
+            held.table_ids[live],
+            held.states[live],
+            held.checkpoint_ts[live],
+            held.resolved_ts[live],
+        )
+    tick.persist(report=_report(tick.agent, held, held, ()))
     return PrepareOutcome(
         ctx.capture_id,
         ctx.changefeed_id,
