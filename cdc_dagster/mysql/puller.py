@@ -19,11 +19,12 @@ from typing import Any
 import pyarrow as pa
 import pymysql
 
-from cdc_dagster.mysql import catalog
+from cdc_dagster.mysql import catalog, join
 from cdc_dagster.mysql.catalog import TableFilter, build_schema, read_table
 from cdc_dagster.mysql.changelog_io import truncate_above, writer
 from cdc_dagster.mysql.ddl import ParsedDDL, UnsupportedDDLError, is_ignored, parse_ddl
 from cdc_dagster.mysql.evolve import NeedsCatalog, altered_schema, created_schema, renamed
+from cdc_dagster.mysql.join import PendingJoin
 from cdc_dagster.mysql.state import (
     PullerState,
     TsAllocator,
@@ -106,6 +107,8 @@ class Puller:
         self.trx_gtid: str | None = None
         self.last_flush = time.monotonic()
         self._conv: dict[int, dict[str, tuple[int, Callable[[Any], Any]]]] = {}
+        self.join: PendingJoin | None = None  # tables joining at a snapshot's binlog position
+        self.trx_standalone = True  # the GTID group is one statement (a CTAS is not)
 
     # -- start ------------------------------------------------------------------------
 
@@ -114,6 +117,7 @@ class Puller:
         try:
             self.info = check_upstream(conn)
             state = load_state(self.root)
+            bootstrapped = state is None
             if state is None:
                 from cdc_dagster.mysql.snapshot import bootstrap
 
@@ -123,11 +127,62 @@ class Puller:
                 if removed:
                     log.info("removed %d change-log files above %d (unfinished flush)",
                              removed, state.last_ts)  # fmt: skip
+                    # the writer caches the DDL records it found: one removed here and
+                    # written again (the same record) would be taken as already there
+                    self.writer.close()
+                    self.writer = writer(self.root)
             self.state = state
             self.alloc = TsAllocator(state.last_ts)
             self._conv.clear()
+            if not bootstrapped:
+                self._start_join()
         finally:
             conn.close()
+
+    def _start_join(self) -> None:
+        """Tables the filter selects but the state does not track join at a snapshot (a
+        widened filter, or a join an earlier run did not finish); see ``mysql.join``."""
+        widened = self.state.filters is not None and self.state.filters != self.config.filters
+        if self.state.flavor != "mariadb":
+            if widened:
+                join.refuse_widened_filter(self)
+            self.state.filters = self.config.filters
+            return
+        self.join = join.open_join(self, "puller start" + (": filter changed" if widened else ""))
+        if self.join is None:
+            self.state.filters = self.config.filters
+
+    def _need_join(self, name: tuple[str, str]) -> None:
+        """A table came into the filter under ``name`` (a RENAME): it joins at a snapshot."""
+        if self.state.flavor != "mariadb":
+            join.refuse_on_mysql(self, [name])
+        if self.join is None:
+            self.join = join.open_join(self, f"RENAME into {name[0]}.{name[1]}")
+        elif name not in self.join.candidates:
+            self.join.again = True  # open another join once this one is done
+
+    def _finish_join(self) -> None:
+        """The stream passed the join point: write the joining tables, save the state."""
+        pending = self.join
+        assert pending is not None
+        self.flush()
+        try:
+            self.stats.snapshot_rows += join.complete(self, pending)
+        finally:
+            pending.close()
+            self.join = None
+        self.state.filters = self.config.filters
+        self.flush(force=True)
+        if pending.again:
+            self.join = join.open_join(self, "a table renamed into the filter during a join")
+
+    def _join_due(self) -> bool:
+        return (
+            self.join is not None
+            and self.trx_gtid is None
+            and not self.trx
+            and self.join.reached(self.state.position)
+        )
 
     # -- streaming --------------------------------------------------------------------
 
@@ -166,11 +221,16 @@ class Puller:
         )  # fmt: skip
 
     def run(self, stop: Callable[[PullerStats], bool]) -> PullerStats:
-        """Pull until ``stop(stats)``; then flush. Holds the change log's puller lock."""
+        """Pull until ``stop(stats)``, and past it until an open join is done; then flush.
+        Holds the change log's puller lock."""
         lock = self._lock()
         try:
-            return self._run(stop)
+            return self._run(lambda s: self.join is None and stop(s))
         finally:
+            if self.join is not None:
+                self.join.close()  # not done: nothing of it was saved; the next run joins
+                self.join = None
+            self.writer.close()  # its lock goes now, not when the object is collected
             lock.close()  # releases the flock
 
     def _lock(self):
@@ -205,12 +265,17 @@ class Puller:
             self._reader = stream
             try:
                 while not stop(self.stats):
+                    if self._join_due():
+                        self._finish_join()
+                        continue
                     ev = stream.fetchone()
                     if ev is None:
                         continue
                     retries = 0
                     if isinstance(ev, MariadbGtidEvent | GtidEvent):
                         self.trx, self.trx_gtid = [], ev.gtid
+                        # MariaDB's FL_STANDALONE: a lone statement (DDL); CTAS has rows too
+                        self.trx_standalone = bool(getattr(ev, "flags", 1) & 1)
                     elif isinstance(ev, WriteRowsEvent | UpdateRowsEvent | DeleteRowsEvent):
                         self._rows(ev)
                     elif isinstance(ev, XidEvent):
@@ -327,8 +392,14 @@ class Puller:
         if q.upper() == "COMMIT":
             self._commit(ev.timestamp)
             return
-        gtid = self.trx_gtid
-        self.trx, self.trx_gtid = [], None
+        if not self.trx_standalone and self.state.flavor == "mariadb":
+            # A statement inside a GTID group that ends with a commit (CREATE TABLE ...
+            # SELECT: its rows follow; a SAVEPOINT): the transaction goes on, and the
+            # position moves past it at that commit (a stop in between would lose rows)
+            gtid = None
+        else:
+            gtid = self.trx_gtid
+            self.trx, self.trx_gtid = [], None
         if not is_ignored(q):
             db = ev.schema.decode() if isinstance(ev.schema, bytes) else ev.schema
             self._ddl(q, db or None, ev.timestamp, gtid)
@@ -419,12 +490,7 @@ class Puller:
             if tid is None and not keep:
                 continue
             if tid is None:
-                raw = read_table(conn, *dst)
-                if raw is None:
-                    continue
-                tid = st.ids.new_table_id()
-                creates.append(tid)
-                tables[tid] = build_schema(raw, tid, st.ids, None, force_replicate=True)
+                self._need_join(dst)  # its rows so far are not in the binlog we read
                 continue
             touched.append(tid)
             if not keep:
