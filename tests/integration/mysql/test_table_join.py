@@ -213,9 +213,7 @@ def test_a_keyless_table_joining_is_a_clear_error_naming_it(mariadb, mydb, tmp_p
         pull(mariadb, root, (f"{mydb}.*",))
 
 
-def test_create_table_select_rows_survive_a_stop_between_create_and_commit(
-    mariadb, mydb, tmp_path
-):
+def test_create_table_select_rows_survive_a_stop_between_create_and_commit(mariadb, mydb, tmp_path):
     root = tmp_path / "cl"
     execute(mariadb, mydb, "CREATE TABLE src (id INT PRIMARY KEY, v INT)",
             "INSERT INTO src VALUES (1, 10), (2, 20), (3, 30)")  # fmt: skip
