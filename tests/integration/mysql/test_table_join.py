@@ -225,3 +225,39 @@ def test_create_table_select_rows_survive_a_stop_between_create_and_commit(maria
     tid = table_id(root, "ctas")
     assert [r["c1"] for r in changes(root, tid)] == [1, 2, 3]
     assert changelog_table(root, tid) == upstream_rows(mariadb, mydb, "ctas")
+
+
+def test_changefeed_update_widening_the_filter_joins_the_table_in_the_next_puller_run(
+    mariadb, mydb, metastore, dagster_env, tmp_path, monkeypatch
+):
+    import dagster as dg
+    from test_puller_job import SINK, _execute, _pullers, _tick
+
+    from cdc_dagster import admin
+    from cdc_dagster.defs import build_definitions
+    from cdc_dagster.defs.catalog import Catalog
+
+    monkeypatch.setenv("CDC_DAGSTER_MYSQL_PULL_S", "3")
+    execute(mariadb, mydb, "CREATE TABLE t (id INT PRIMARY KEY)", "INSERT INTO t VALUES (1)",
+            "CREATE TABLE extra (id INT PRIMARY KEY, v INT)",
+            "INSERT INTO extra VALUES (1, 1), (2, 2)")  # fmt: skip
+    root = tmp_path / "cl"
+    admin.create_changefeed(
+        metastore, "shop", SINK, table_filter=(f"{mydb}.t",),
+        upstream_uri=mariadb.uri(query="server-id=4242"), changelog_root=str(root),
+    )  # fmt: skip
+    assert [s.table for r in ddls(root) for s in r.tables.values()] == ["t"]
+    execute(mariadb, mydb, "UPDATE extra SET v = 20 WHERE id = 2")
+    metastore.changefeeds.pause("shop")
+    metastore.changefeeds.update("shop", table_filter=(f"{mydb}.*",))  # what `update` does
+    metastore.changefeeds.resume("shop")
+    defs = build_definitions(Catalog(()))
+    with dg.instance_for_test() as instance:
+        (req,) = _pullers(_tick(defs, instance, None))
+        out = _execute(defs, instance, req)
+        assert out.success, [e.message for e in out.all_events if e.is_failure]
+    extra = table_id(root, "extra")
+    assert fingerprint(changelog_table(root, extra)) == fingerprint(
+        upstream_rows(mariadb, mydb, "extra")
+    )
+    assert len(changes(root, extra)) == 2  # its snapshot, nothing twice
