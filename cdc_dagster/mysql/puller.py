@@ -31,7 +31,7 @@ from cdc_dagster.mysql.state import (
     load_state,
     save_state,
 )
-from cdc_dagster.mysql.types import converter
+from cdc_dagster.mysql.types import converter, passthrough
 from cdc_dagster.mysql.upstream import UpstreamError, check_upstream, connect, parse_uri
 from cdc_dagster.upstream.schema import DdlRecord, TableSchema, arrow_type
 from scheduler_core.ddl import DDLKind
@@ -87,6 +87,7 @@ class PullerStats:
 
 
 _Change = tuple[int, int, dict[int, Any] | None, dict[int, Any] | None]  # tid, op, after, before
+_Plan = tuple[tuple[int, Callable[[Any], Any], type | None], ...]  # per column: id, fn, as-is type
 
 
 class Puller:
@@ -106,7 +107,7 @@ class Puller:
         self.trx: list[_Change] = []
         self.trx_gtid: str | None = None
         self.last_flush = time.monotonic()
-        self._conv: dict[int, dict[str, tuple[int, Callable[[Any], Any]]]] = {}
+        self._conv: dict[int, dict[tuple[str, ...], _Plan]] = {}  # table id -> column list -> plan
         self.join: PendingJoin | None = None  # tables joining at a snapshot's binlog position
         self.trx_standalone = True  # the GTID group is one statement (a CTAS is not)
 
@@ -312,28 +313,37 @@ class Puller:
         self.flush()
         return self.stats
 
-    def _table_conv(self, tid: int) -> dict[str, tuple[int, Callable[[Any], Any]]]:
-        conv = self._conv.get(tid)
-        if conv is None:
+    def _plan(self, tid: int, values: dict[str, Any]) -> _Plan:
+        """How to convert rows whose columns are ``values``' names, in that order (checked
+        once per table and column list: every row of an event has the event's columns)."""
+        names = tuple(values)
+        plans = self._conv.get(tid)
+        if plans is None:
+            plans = self._conv[tid] = {}
+        plan = plans.get(names)
+        if plan is None:
             t = self.state.tables[tid]
-            conv = {c.name: (c.id, converter(c.type)) for c in t.columns}
-            self._conv[tid] = conv
-        return conv
-
-    def _convert(self, tid: int, values: dict[str, Any]) -> dict[int, Any]:
-        conv = self._table_conv(tid)
-        if len(values) != len(conv) or any(k not in conv for k in values):
-            t = self.state.tables[tid]
-            raise PullerError(
-                f"the binlog's columns of {t.qualified_name} ({sorted(values)}) differ from "
-                f"its schema ({sorted(conv)}): binlog_row_metadata must be FULL, and the "
-                "puller must not lag more than one DDL behind the upstream catalog"
+            by_name = {c.name: c for c in t.columns}
+            if len(names) != len(by_name) or any(n not in by_name for n in names):
+                raise PullerError(
+                    f"the binlog's columns of {t.qualified_name} ({sorted(names)}) differ from "
+                    f"its schema ({sorted(by_name)}): binlog_row_metadata must be FULL, and the "
+                    "puller must not lag more than one DDL behind the upstream catalog"
+                )
+            plan = plans[names] = tuple(
+                (by_name[n].id, converter(by_name[n].type), passthrough(by_name[n].type))
+                for n in names
             )
-        out = {}
-        for name, v in values.items():
-            cid, fn = conv[name]
-            out[cid] = None if v is None else fn(v)
-        return out
+        return plan
+
+    def _convert(self, tid: int, values: dict[str, Any], plan: _Plan | None = None) -> dict:
+        if plan is None:
+            plan = self._plan(tid, values)
+        # a value already of the column's Arrow-ready type is kept without a call
+        return {
+            cid: v if v is None or type(v) is ok else fn(v)
+            for (cid, fn, ok), v in zip(plan, values.values(), strict=True)
+        }
 
     def _rows(self, ev: Any) -> None:
         from pymysqlreplication.row_event import DeleteRowsEvent, UpdateRowsEvent
@@ -343,20 +353,28 @@ class Puller:
             return
         key = self.state.tables[tid].primary_key
         pads = _binary_pads(ev, self.state.tables[tid])
-        for row in ev.rows:
-            if pads:
-                for part in ("values", "before_values", "after_values"):
-                    if part in row:
-                        _pad(row[part], pads)
-            if isinstance(ev, UpdateRowsEvent):
-                after = self._convert(tid, row["after_values"])
-                before = self._convert(tid, row["before_values"])
+        rows = ev.rows
+        if not rows:
+            return
+        conv, trx = self._convert, self.trx
+        if isinstance(ev, UpdateRowsEvent):
+            plan = self._plan(tid, rows[0]["after_values"])
+            for row in rows:
+                if pads:
+                    _pad(row["before_values"], pads)
+                    _pad(row["after_values"], pads)
+                after = conv(tid, row["after_values"], plan)
+                before = conv(tid, row["before_values"], plan)
                 moved = any(before[k] != after[k] for k in key)
-                self.trx.append((tid, OP_UPDATE, after, before if moved else None))
-            elif isinstance(ev, DeleteRowsEvent):
-                self.trx.append((tid, OP_DELETE, None, self._convert(tid, row["values"])))
-            else:
-                self.trx.append((tid, OP_INSERT, self._convert(tid, row["values"]), None))
+                trx.append((tid, OP_UPDATE, after, before if moved else None))
+            return
+        plan = self._plan(tid, rows[0]["values"])
+        op = OP_DELETE if isinstance(ev, DeleteRowsEvent) else OP_INSERT
+        for row in rows:
+            if pads:
+                _pad(row["values"], pads)
+            values = conv(tid, row["values"], plan)
+            trx.append((tid, op, None, values) if op == OP_DELETE else (tid, op, values, None))
 
     def _advance(self, gtid: str | None) -> None:
         """Our position moves past ``gtid`` (and, on MySQL, to the reader's file:pos); so does
