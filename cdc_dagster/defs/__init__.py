@@ -1,7 +1,8 @@
 """The production ``Definitions``: this module only assembles (see ``build_definitions``).
 
 Nothing is read at import time; ``defs()`` runs when the code location loads and reads the
-table catalog from the change log named by ``CDC_DAGSTER_CHANGELOG`` (if any). The dbt
+table catalog: every changefeed's tables (the list from etcd, each one's change log), plus
+the change log named by ``CDC_DAGSTER_CHANGELOG`` (that one alone when etcd is down). The dbt
 pieces find their changefeed at tick / run time (``cdc_dagster.dbt.settings``).
 """
 
@@ -13,7 +14,7 @@ from cdc_dagster.dbt.assets import dbt_assets_for, with_replica_lineage
 from cdc_dagster.dbt.sensor import syncpoint_sensor
 from cdc_dagster.defs.admin.jobs import ADMIN_JOBS
 from cdc_dagster.defs.capture.job import build_capture_job
-from cdc_dagster.defs.catalog import Catalog, catalog_from_changelog
+from cdc_dagster.defs.catalog import Catalog, load_catalog
 from cdc_dagster.defs.ddl.job import build_ddl_job
 from cdc_dagster.defs.mysql import mysql_puller
 from cdc_dagster.defs.owner.sensor import build_owner_sensor
@@ -43,5 +44,4 @@ def build_definitions(catalog: Catalog) -> dg.Definitions:
 @dg.definitions
 def defs() -> dg.Definitions:
     """The code location's definitions (the catalog is read when the location loads)."""
-    settings = Settings.from_env()
-    return build_definitions(catalog_from_changelog(settings.changelog, settings.max_table_assets))
+    return build_definitions(load_catalog(Settings.from_env()))

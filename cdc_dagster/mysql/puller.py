@@ -19,18 +19,19 @@ from typing import Any
 import pyarrow as pa
 import pymysql
 
-from cdc_dagster.mysql import catalog
+from cdc_dagster.mysql import catalog, join
 from cdc_dagster.mysql.catalog import TableFilter, build_schema, read_table
 from cdc_dagster.mysql.changelog_io import truncate_above, writer
 from cdc_dagster.mysql.ddl import ParsedDDL, UnsupportedDDLError, is_ignored, parse_ddl
 from cdc_dagster.mysql.evolve import NeedsCatalog, altered_schema, created_schema, renamed
+from cdc_dagster.mysql.join import PendingJoin
 from cdc_dagster.mysql.state import (
     PullerState,
     TsAllocator,
     load_state,
     save_state,
 )
-from cdc_dagster.mysql.types import converter
+from cdc_dagster.mysql.types import converter, passthrough
 from cdc_dagster.mysql.upstream import UpstreamError, check_upstream, connect, parse_uri
 from cdc_dagster.upstream.schema import DdlRecord, TableSchema, arrow_type
 from scheduler_core.ddl import DDLKind
@@ -86,6 +87,7 @@ class PullerStats:
 
 
 _Change = tuple[int, int, dict[int, Any] | None, dict[int, Any] | None]  # tid, op, after, before
+_Plan = tuple[tuple[int, Callable[[Any], Any], type | None], ...]  # per column: id, fn, as-is type
 
 
 class Puller:
@@ -105,7 +107,9 @@ class Puller:
         self.trx: list[_Change] = []
         self.trx_gtid: str | None = None
         self.last_flush = time.monotonic()
-        self._conv: dict[int, dict[str, tuple[int, Callable[[Any], Any]]]] = {}
+        self._conv: dict[int, dict[tuple[str, ...], _Plan]] = {}  # table id -> column list -> plan
+        self.join: PendingJoin | None = None  # tables joining at a snapshot's binlog position
+        self.trx_standalone = True  # the GTID group is one statement (a CTAS is not)
 
     # -- start ------------------------------------------------------------------------
 
@@ -114,6 +118,7 @@ class Puller:
         try:
             self.info = check_upstream(conn)
             state = load_state(self.root)
+            bootstrapped = state is None
             if state is None:
                 from cdc_dagster.mysql.snapshot import bootstrap
 
@@ -123,11 +128,62 @@ class Puller:
                 if removed:
                     log.info("removed %d change-log files above %d (unfinished flush)",
                              removed, state.last_ts)  # fmt: skip
+                    # the writer caches the DDL records it found: one removed here and
+                    # written again (the same record) would be taken as already there
+                    self.writer.close()
+                    self.writer = writer(self.root)
             self.state = state
             self.alloc = TsAllocator(state.last_ts)
             self._conv.clear()
+            if not bootstrapped:
+                self._start_join()
         finally:
             conn.close()
+
+    def _start_join(self) -> None:
+        """Tables the filter selects but the state does not track join at a snapshot (a
+        widened filter, or a join an earlier run did not finish); see ``mysql.join``."""
+        widened = self.state.filters is not None and self.state.filters != self.config.filters
+        if self.state.flavor != "mariadb":
+            if widened:
+                join.refuse_widened_filter(self)
+            self.state.filters = self.config.filters
+            return
+        self.join = join.open_join(self, "puller start" + (": filter changed" if widened else ""))
+        if self.join is None:
+            self.state.filters = self.config.filters
+
+    def _need_join(self, name: tuple[str, str]) -> None:
+        """A table came into the filter under ``name`` (a RENAME): it joins at a snapshot."""
+        if self.state.flavor != "mariadb":
+            join.refuse_on_mysql(self, [name])
+        if self.join is None:
+            self.join = join.open_join(self, f"RENAME into {name[0]}.{name[1]}")
+        elif name not in self.join.candidates:
+            self.join.again = True  # open another join once this one is done
+
+    def _finish_join(self) -> None:
+        """The stream passed the join point: write the joining tables, save the state."""
+        pending = self.join
+        assert pending is not None
+        self.flush()
+        try:
+            self.stats.snapshot_rows += join.complete(self, pending)
+        finally:
+            pending.close()
+            self.join = None
+        self.state.filters = self.config.filters
+        self.flush(force=True)
+        if pending.again:
+            self.join = join.open_join(self, "a table renamed into the filter during a join")
+
+    def _join_due(self) -> bool:
+        return (
+            self.join is not None
+            and self.trx_gtid is None
+            and not self.trx
+            and self.join.reached(self.state.position)
+        )
 
     # -- streaming --------------------------------------------------------------------
 
@@ -166,11 +222,16 @@ class Puller:
         )  # fmt: skip
 
     def run(self, stop: Callable[[PullerStats], bool]) -> PullerStats:
-        """Pull until ``stop(stats)``; then flush. Holds the change log's puller lock."""
+        """Pull until ``stop(stats)``, and past it until an open join is done; then flush.
+        Holds the change log's puller lock."""
         lock = self._lock()
         try:
-            return self._run(stop)
+            return self._run(lambda s: self.join is None and stop(s))
         finally:
+            if self.join is not None:
+                self.join.close()  # not done: nothing of it was saved; the next run joins
+                self.join = None
+            self.writer.close()  # its lock goes now, not when the object is collected
             lock.close()  # releases the flock
 
     def _lock(self):
@@ -205,12 +266,17 @@ class Puller:
             self._reader = stream
             try:
                 while not stop(self.stats):
+                    if self._join_due():
+                        self._finish_join()
+                        continue
                     ev = stream.fetchone()
                     if ev is None:
                         continue
                     retries = 0
                     if isinstance(ev, MariadbGtidEvent | GtidEvent):
                         self.trx, self.trx_gtid = [], ev.gtid
+                        # MariaDB's FL_STANDALONE: a lone statement (DDL); CTAS has rows too
+                        self.trx_standalone = bool(getattr(ev, "flags", 1) & 1)
                     elif isinstance(ev, WriteRowsEvent | UpdateRowsEvent | DeleteRowsEvent):
                         self._rows(ev)
                     elif isinstance(ev, XidEvent):
@@ -247,28 +313,37 @@ class Puller:
         self.flush()
         return self.stats
 
-    def _table_conv(self, tid: int) -> dict[str, tuple[int, Callable[[Any], Any]]]:
-        conv = self._conv.get(tid)
-        if conv is None:
+    def _plan(self, tid: int, values: dict[str, Any]) -> _Plan:
+        """How to convert rows whose columns are ``values``' names, in that order (checked
+        once per table and column list: every row of an event has the event's columns)."""
+        names = tuple(values)
+        plans = self._conv.get(tid)
+        if plans is None:
+            plans = self._conv[tid] = {}
+        plan = plans.get(names)
+        if plan is None:
             t = self.state.tables[tid]
-            conv = {c.name: (c.id, converter(c.type)) for c in t.columns}
-            self._conv[tid] = conv
-        return conv
-
-    def _convert(self, tid: int, values: dict[str, Any]) -> dict[int, Any]:
-        conv = self._table_conv(tid)
-        if len(values) != len(conv) or any(k not in conv for k in values):
-            t = self.state.tables[tid]
-            raise PullerError(
-                f"the binlog's columns of {t.qualified_name} ({sorted(values)}) differ from "
-                f"its schema ({sorted(conv)}): binlog_row_metadata must be FULL, and the "
-                "puller must not lag more than one DDL behind the upstream catalog"
+            by_name = {c.name: c for c in t.columns}
+            if len(names) != len(by_name) or any(n not in by_name for n in names):
+                raise PullerError(
+                    f"the binlog's columns of {t.qualified_name} ({sorted(names)}) differ from "
+                    f"its schema ({sorted(by_name)}): binlog_row_metadata must be FULL, and the "
+                    "puller must not lag more than one DDL behind the upstream catalog"
+                )
+            plan = plans[names] = tuple(
+                (by_name[n].id, converter(by_name[n].type), passthrough(by_name[n].type))
+                for n in names
             )
-        out = {}
-        for name, v in values.items():
-            cid, fn = conv[name]
-            out[cid] = None if v is None else fn(v)
-        return out
+        return plan
+
+    def _convert(self, tid: int, values: dict[str, Any], plan: _Plan | None = None) -> dict:
+        if plan is None:
+            plan = self._plan(tid, values)
+        # a value already of the column's Arrow-ready type is kept without a call
+        return {
+            cid: v if v is None or type(v) is ok else fn(v)
+            for (cid, fn, ok), v in zip(plan, values.values(), strict=True)
+        }
 
     def _rows(self, ev: Any) -> None:
         from pymysqlreplication.row_event import DeleteRowsEvent, UpdateRowsEvent
@@ -278,20 +353,28 @@ class Puller:
             return
         key = self.state.tables[tid].primary_key
         pads = _binary_pads(ev, self.state.tables[tid])
-        for row in ev.rows:
-            if pads:
-                for part in ("values", "before_values", "after_values"):
-                    if part in row:
-                        _pad(row[part], pads)
-            if isinstance(ev, UpdateRowsEvent):
-                after = self._convert(tid, row["after_values"])
-                before = self._convert(tid, row["before_values"])
+        rows = ev.rows
+        if not rows:
+            return
+        conv, trx = self._convert, self.trx
+        if isinstance(ev, UpdateRowsEvent):
+            plan = self._plan(tid, rows[0]["after_values"])
+            for row in rows:
+                if pads:
+                    _pad(row["before_values"], pads)
+                    _pad(row["after_values"], pads)
+                after = conv(tid, row["after_values"], plan)
+                before = conv(tid, row["before_values"], plan)
                 moved = any(before[k] != after[k] for k in key)
-                self.trx.append((tid, OP_UPDATE, after, before if moved else None))
-            elif isinstance(ev, DeleteRowsEvent):
-                self.trx.append((tid, OP_DELETE, None, self._convert(tid, row["values"])))
-            else:
-                self.trx.append((tid, OP_INSERT, self._convert(tid, row["values"]), None))
+                trx.append((tid, OP_UPDATE, after, before if moved else None))
+            return
+        plan = self._plan(tid, rows[0]["values"])
+        op = OP_DELETE if isinstance(ev, DeleteRowsEvent) else OP_INSERT
+        for row in rows:
+            if pads:
+                _pad(row["values"], pads)
+            values = conv(tid, row["values"], plan)
+            trx.append((tid, op, None, values) if op == OP_DELETE else (tid, op, values, None))
 
     def _advance(self, gtid: str | None) -> None:
         """Our position moves past ``gtid`` (and, on MySQL, to the reader's file:pos); so does
@@ -327,8 +410,14 @@ class Puller:
         if q.upper() == "COMMIT":
             self._commit(ev.timestamp)
             return
-        gtid = self.trx_gtid
-        self.trx, self.trx_gtid = [], None
+        if not self.trx_standalone and self.state.flavor == "mariadb":
+            # A statement inside a GTID group that ends with a commit (CREATE TABLE ...
+            # SELECT: its rows follow; a SAVEPOINT): the transaction goes on, and the
+            # position moves past it at that commit (a stop in between would lose rows)
+            gtid = None
+        else:
+            gtid = self.trx_gtid
+            self.trx, self.trx_gtid = [], None
         if not is_ignored(q):
             db = ev.schema.decode() if isinstance(ev.schema, bytes) else ev.schema
             self._ddl(q, db or None, ev.timestamp, gtid)
@@ -419,12 +508,7 @@ class Puller:
             if tid is None and not keep:
                 continue
             if tid is None:
-                raw = read_table(conn, *dst)
-                if raw is None:
-                    continue
-                tid = st.ids.new_table_id()
-                creates.append(tid)
-                tables[tid] = build_schema(raw, tid, st.ids, None, force_replicate=True)
+                self._need_join(dst)  # its rows so far are not in the binlog we read
                 continue
             touched.append(tid)
             if not keep:

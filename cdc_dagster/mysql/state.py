@@ -36,6 +36,8 @@ class PullerState:
     gtid_set: str = ""  # mysql_gtid: the executed GTID set ("uuid:1-9,...")
     log_file: str = ""  # mysql_file (kept on mysql_gtid too): binlog file and position
     log_pos: int = 0
+    # the table filter the tracked tables were chosen by (None: a state from before it was kept)
+    filters: tuple[str, ...] | None = None
     _by_name: dict[tuple[str, str], int] | None = field(default=None, repr=False, compare=False)
 
     @property
@@ -86,6 +88,7 @@ class PullerState:
             "gtid_set": self.gtid_set,
             "log_file": self.log_file,
             "log_pos": self.log_pos,
+            "filters": None if self.filters is None else list(self.filters),
         }
 
     @staticmethod
@@ -100,6 +103,7 @@ class PullerState:
             obj.get("gtid_set", ""),
             obj.get("log_file", ""),
             int(obj.get("log_pos", 0)),
+            None if obj.get("filters") is None else tuple(obj["filters"]),
         )
 
 

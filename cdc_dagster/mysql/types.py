@@ -151,6 +151,19 @@ for _t in ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32"):
     CONVERTERS[_t] = _int
 
 
+_AS_IS: dict[str, type] = {"string": str, "float64": float, "datetime": dt.datetime}
+for _t in ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32"):
+    _AS_IS[_t] = int
+
+
+def passthrough(logical: str) -> type | None:
+    """The Python type whose values ``converter(logical)`` returns unchanged (None: none);
+    the puller skips the call for those, the common case."""
+    if logical.startswith("decimal("):
+        return Decimal
+    return _AS_IS.get(logical)
+
+
 def converter(logical: str) -> Callable[[Any], Any]:
     """A function from a binlog (or pymysql) value to the Arrow-ready value (None passes)."""
     if logical.startswith("decimal("):

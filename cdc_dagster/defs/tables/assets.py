@@ -85,10 +85,9 @@ def materializations(
     catalog: Catalog, reports: Iterable[TableReport], capture_id: str, now_ms: int
 ) -> list[dg.AssetMaterialization]:
     """The report's materializations: one per asset key (tables of a group merged)."""
-    by_id = catalog.by_id()
     grouped: dict[dg.AssetKey, list[TableReport]] = {}
     for report in reports:
-        ref = by_id.get(report.table_id) or TableRef(
+        ref = catalog.ref(report.changefeed_id, report.table_id) or TableRef(
             report.table_id, "unknown", f"table_{report.table_id}"
         )
         grouped.setdefault(catalog.replica_key(ref), []).append(report)
@@ -99,10 +98,9 @@ def progress_observations(
     catalog: Catalog, tables: Iterable[TableReport], now_ms: int
 ) -> list[dg.AssetObservation]:
     """The owner's view of each table (state, primary capture, barrier, lag) as observations."""
-    by_id = catalog.by_id()
     grouped: dict[dg.AssetKey, list[TableReport]] = {}
     for t in tables:
-        ref = by_id.get(t.table_id)
+        ref = catalog.ref(t.changefeed_id, t.table_id)
         if ref is not None:
             grouped.setdefault(catalog.replica_key(ref), []).append(t)
     out = []

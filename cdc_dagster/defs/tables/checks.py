@@ -1,5 +1,10 @@
 """Asset checks on replicated tables: lag bound, equality with the upstream at the last
-syncpoint, and the bank workload's invariant total."""
+syncpoint, and the bank workload's invariant total.
+
+Table ids are per change log: a table is compared only against its own changefeed's
+syncpoints and change log (``TableRef.changefeed_id``; a table of no changefeed, from
+CDC_DAGSTER_CHANGELOG, against any changefeed reading that log).
+"""
 
 from collections.abc import Iterator
 from decimal import Decimal
@@ -8,7 +13,7 @@ from typing import Any
 
 import dagster as dg
 
-from cdc_dagster.defs.catalog import Catalog
+from cdc_dagster.defs.catalog import Catalog, TableRef
 from cdc_dagster.defs.resources import CdcResource
 
 LAG_CHECK = "lag_within_bound"
@@ -87,9 +92,7 @@ def build_checks(catalog: Catalog) -> list[dg.AssetChecksDefinition]:
         checks.append(_syncpoint_checks(catalog))
     bank = [t for t in catalog.tables if t.database == "bank"]
     if bank:
-        checks.append(
-            _bank_check(catalog, catalog.replica_key(bank[0]), [t.table_id for t in bank])
-        )
+        checks.append(_bank_check(catalog, catalog.replica_key(bank[0]), bank))
     return checks
 
 
@@ -115,28 +118,48 @@ def _syncpoint_checks(catalog: Catalog) -> dg.AssetChecksDefinition:
         s = cdc.settings()
         feeds = cdc.metastore().changefeeds.list()
         for key, ref in refs.items():
-            yield _compare_at_syncpoint(key, ref.table_id, feeds, s.changelog, Oracle, fingerprint)
+            yield _compare_at_syncpoint(key, ref, feeds, s.changelog, Oracle, fingerprint)
 
     return syncpoint_checks
 
 
+def _feeds_of(ref: TableRef, feeds: list[Any], changelog: Path | None) -> list[Any]:
+    """The changefeeds whose table ``ref`` is: its own, or (no changefeed) every one
+    reading CDC_DAGSTER_CHANGELOG's change log."""
+    if ref.changefeed_id:
+        return [cf for cf in feeds if cf.changefeed_id == ref.changefeed_id]
+    if changelog is None:
+        return feeds
+    return [cf for cf in feeds if _changelog_of(cf) == changelog.resolve()]
+
+
+def _changelog_of(cf: Any) -> Path | None:
+    from cdc_dagster.runtime.spec import UpstreamUriError, changelog_path
+
+    try:
+        return Path(changelog_path(getattr(cf.info, "upstream_uri", "") or "")).resolve()
+    except UpstreamUriError:
+        return None
+
+
 def _compare_at_syncpoint(
     key: dg.AssetKey,
-    table_id: int,
+    ref: TableRef | int,  # an int: a table id of CDC_DAGSTER_CHANGELOG's log
     feeds: list[Any],
     changelog: Path | None,
     oracle_cls: Any,
     fingerprint: Any,
 ) -> dg.AssetCheckResult:
-    for cf in feeds:
+    if isinstance(ref, int):
+        ref = TableRef(ref, "", "")
+    table_id = ref.table_id
+    for cf in _feeds_of(ref, feeds, changelog):
         sp = _last_syncpoint(cf.info.sink_uri, cf.changefeed_id)
-        if sp is None or table_id not in sp.versions:
+        root = _changelog_of(cf) or changelog
+        if sp is None or table_id not in sp.versions or root is None:
             continue
-        upstream = getattr(cf.info, "upstream_uri", "") or (
-            f"changelog://{changelog}" if changelog else ""
-        )
         downstream = _table_at_syncpoint(cf.info.sink_uri, sp, table_id)
-        expected = oracle_cls(upstream.removeprefix("changelog://")).table_at(table_id, sp.ts)
+        expected = oracle_cls(str(root)).table_at(table_id, sp.ts)
         ignore = [c for c in downstream.column_names if c.startswith("_cdc")]
         got, want = fingerprint(downstream, ignore_columns=ignore), fingerprint(expected)
         return dg.AssetCheckResult(
@@ -161,6 +184,7 @@ def _compare_at_syncpoint(
 
 
 def _bank_total(feeds: list[Any], table_ids: list[int]) -> tuple[Decimal, int] | None:
+    """The bank tables' total at the first of ``feeds`` with a syncpoint."""
     for cf in feeds:
         sp = _last_syncpoint(cf.info.sink_uri, cf.changefeed_id)
         if sp is None:
@@ -179,8 +203,12 @@ def _bank_total(feeds: list[Any], table_ids: list[int]) -> tuple[Decimal, int] |
 
 
 def _bank_check(
-    catalog: Catalog, key: dg.AssetKey, table_ids: list[int]
+    catalog: Catalog, key: dg.AssetKey, bank: list[TableRef]
 ) -> dg.AssetChecksDefinition:
+    # the bank tables of one change log (the first one's): ids of two logs never add up
+    first = bank[0].changefeed_id
+    table_ids = [t.table_id for t in bank if t.changefeed_id == first]
+
     @dg.asset_check(
         asset=key,
         name=BANK_CHECK,
@@ -189,7 +217,8 @@ def _bank_check(
     def bank_total(context: dg.AssetCheckExecutionContext, cdc: CdcResource) -> dg.AssetCheckResult:
         from cdc_dagster.upstream.generator import WorkloadConfig
 
-        found = _bank_total(cdc.metastore().changefeeds.list(), table_ids)
+        feeds = _feeds_of(bank[0], cdc.metastore().changefeeds.list(), cdc.settings().changelog)
+        found = _bank_total(feeds, table_ids)
         if found is None:
             return dg.AssetCheckResult(passed=True, description="no syncpoint recorded yet")
         total, ts = found

@@ -1,12 +1,14 @@
 """The DDL gate: a DDL may run only once every table it blocks has checkpointed up to it.
 
 The checkpoint is read from the replicated tables' latest materialization metadata
-(``checkpoint_ts_raw``), what the UI shows, so the gate and the console agree.
+(``checkpoint_ts_raw``), what the UI shows, so the gate and the console agree. Table ids
+are per change log, so a DDL's tables are looked up among its own changefeed's.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Mapping
+from dataclasses import dataclass
 
 from cdc_dagster.defs.catalog import Catalog
 from cdc_dagster.defs.runtime_glue import DdlToRun
@@ -23,9 +25,11 @@ def gate_status(
     The same rule as ``scheduler_core.ddl`` (tables stop at the barrier = commit ts, and no
     row change shares a DDL's commit ts). A global DDL (no table ids) blocks every table of
     the changefeed: ``current_tables`` when known (a table dropped earlier blocks nothing),
-    else every table of the catalog.
+    else every table of that changefeed in the catalog.
     """
-    every = current_tables if current_tables is not None else [t.table_id for t in catalog.tables]
+    if isinstance(checkpoint_of, CheckpointLookup):
+        checkpoint_of = checkpoint_of.for_changefeed(ddl.changefeed_id)
+    every = current_tables if current_tables is not None else catalog.table_ids(ddl.changefeed_id)
     table_ids = ddl.table_ids or tuple(sorted(every))
     behind = []
     for table_id in table_ids:
@@ -41,21 +45,37 @@ def gate_status(
     return True, f"DDL at {ddl.commit_ts}: {len(table_ids)} table(s) checkpointed up to it"
 
 
+@dataclass(frozen=True, slots=True)
+class CheckpointLookup:
+    """A table's checkpoint: its asset's metadata when the catalog has the table (of
+    ``changefeed_id``), else ``fallback()`` (the owner's view, or what the captures report
+    in etcd; called only when needed): tables created after the code server loaded the
+    catalog have no asset, and must not hold a gate closed forever."""
+
+    catalog: Catalog
+    metadata_checkpoint: Callable[[object], int | None]
+    fallback: Callable[[], Mapping[int, int]]
+    changefeed_id: str = ""
+
+    def for_changefeed(self, changefeed_id: str) -> CheckpointLookup:
+        """The same lookup among ``changefeed_id``'s tables."""
+        return CheckpointLookup(
+            self.catalog, self.metadata_checkpoint, self.fallback, changefeed_id
+        )
+
+    def __call__(self, table_id: int) -> int | None:
+        ref = self.catalog.ref(self.changefeed_id, table_id)
+        if ref is not None:
+            key = self.catalog.replica_key(ref)
+            if key not in self.catalog.shared_keys():  # else it may be another changefeed's
+                return self.metadata_checkpoint(key)
+        return self.fallback().get(table_id)
+
+
 def checkpoint_lookup(
     catalog: Catalog,
     metadata_checkpoint: Callable[[object], int | None],
     fallback: Callable[[], Mapping[int, int]],
-) -> Callable[[int], int | None]:
-    """A table's checkpoint: its asset's metadata when the catalog has the table, else
-    ``fallback()`` (the owner's view, or what the captures report in etcd; called only
-    when needed): tables created after the code server loaded the catalog have no asset,
-    and must not hold a gate closed forever."""
-    by_id = catalog.by_id()
-
-    def checkpoint_of(table_id: int) -> int | None:
-        ref = by_id.get(table_id)
-        if ref is not None:
-            return metadata_checkpoint(catalog.replica_key(ref))
-        return fallback().get(table_id)
-
-    return checkpoint_of
+) -> CheckpointLookup:
+    """A table's checkpoint by id (``gate_status`` narrows it to the DDL's changefeed)."""
+    return CheckpointLookup(catalog, metadata_checkpoint, fallback)
