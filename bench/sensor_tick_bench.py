@@ -81,6 +81,7 @@ from cdc_dagster.defs.runtime_glue import TickView, forget_owner_loops
 from cdc_dagster.defs.settings import Settings
 from cdc_dagster.metastore import Metastore, connect
 from cdc_dagster.metastore.embedded import EmbeddedEtcd
+from cdc_dagster.metastore.mailbox import merge
 from cdc_dagster.runtime import CaptureContext, capture_commit, capture_prepare, wire
 from cdc_dagster.runtime.driver import add_capture
 from cdc_dagster.runtime.spec import ExecutorSpec
@@ -321,19 +322,19 @@ class SensorBench:
         databases: int = 100,
         store_runs: bool = True,
         environ: dict[str, str] | None = None,
+        upstream: Upstream | None = None,
     ) -> None:
         self.root = root
         self.tables = tables
         self.store_runs = store_runs
         self.cluster_id = f"sensorbench{uuid.uuid4().hex[:8]}"
-        _log(f"writing a change log of {tables:,} tables in {databases} schemas ...")
-        self.upstream = Upstream(root / "changelog", tables, databases)
+        self.upstream = upstream or Upstream(root / "changelog", tables, databases)
         self.env = {
             "CDC_DAGSTER_ETCD": ",".join(endpoints),
             "CDC_DAGSTER_CLUSTER_ID": self.cluster_id,
             "CDC_DAGSTER_OWNER_ID": "sensor-bench",
-            "CDC_DAGSTER_STATE_DIR": str(root / "state"),
-            "CDC_DAGSTER_CHANGELOG": str(root / "changelog"),
+            "CDC_DAGSTER_STATE_DIR": str(root / "state" / self.cluster_id),
+            "CDC_DAGSTER_CHANGELOG": str(self.upstream.root),
             **(environ or {}),
         }
         os.environ.update(self.env)
@@ -343,7 +344,7 @@ class SensorBench:
             CHANGEFEED,
             "blackhole://",
             start_ts=self.upstream.start_ts,
-            upstream_uri=f"changelog://{root / 'changelog'}",
+            upstream_uri=f"changelog://{self.upstream.root}",
         )
         self.capture_ids = [f"capture-{i}" for i in range(captures)]
         for cid in self.capture_ids:
@@ -373,12 +374,12 @@ class SensorBench:
         forget_owner_loops()
         self.ms.client.delete(self.ms.layout.prefix, prefix=True)
         self.ms.close()
-        self.upstream.writer.close()
 
     # -------------------------------------------------------------- one tick
     def tick(self, instance: dg.DagsterInstance, which: str = "after") -> Tick:
         """One sensor evaluation (timed), the daemon's storing of it, then the capture runs."""
         sensor, repository = self.sensors[which], self.repositories[which]
+        os.environ.update(self.env)  # the sensor reads its settings at tick time
         self.upstream.advance(1000)
         self.probe.reset()
         with self.probe.installed():
@@ -461,12 +462,15 @@ class SensorBench:
         """The capture run's two halves over the run config's messages (untimed)."""
         work, n, adds = _messages(req.run_config)
         cid = str(req.partition_key)
+        # As the receive op: what the owner held in the capture's mailbox comes after.
+        owner_rev = req.run_config["ops"]["receive"]["config"]["owner_rev"]
+        work = merge(work, self.ms.mailbox.take(cid, owner_rev))
         for cf in sorted(work):
             ctx = CaptureContext(
                 self.ms,
                 cid,
                 cf,
-                self.root / "state" / "staging",
+                self.settings.staging_dir(),
                 lambda spec: MemoryExecutor(spec, self.upstream, self.executor_state),
                 lease_ttl_s=600,
             )
@@ -475,9 +479,9 @@ class SensorBench:
         return n, adds
 
     # -------------------------------------------------------------- phases
-    def initialize(self, instance: dg.DagsterInstance, max_ticks: int) -> Phase:
+    def initialize(self, instance: dg.DagsterInstance, max_ticks: int, name: str = "init") -> Phase:
         """Ticks from a fresh owner until every table replicates (or ``max_ticks``)."""
-        phase = Phase("init")
+        phase = Phase(name)
         while len(phase.ticks) < max_ticks:
             t = self.tick(instance)
             phase.ticks.append(t)
@@ -610,6 +614,15 @@ def report(phases: Sequence[Phase], tables: int, captures: int) -> dict[str, flo
         f"timeout; largest reply {biggest:,} bytes = {biggest / GRPC_MAX_BYTES:.2%} of gRPC's "
         "100 MB"
     )
+    before_init = next((p for p in phases if p.name == "init, before"), None)
+    if before_init is not None:
+        nb, est = before_init.ticks_to_finish(tables)
+        print(
+            f"init before/after: {'~' if est else ''}{nb} ticks at 50 tables a tick "
+            f"({'~' if est else ''}{nb * 5 / 3600:.1f} h at the 5 s floor; "
+            f"{'extrapolated from ' + str(len(before_init.ticks)) if est else 'measured'}) "
+            f"-> {mark}{n_init} ticks ({n_init * 5 / 60:.1f} min)"
+        )
     if before is not None:
         b, a = before.stat(lambda t: t.sensor_s)[0], steady.stat(lambda t: t.sensor_s)[0]
         bs, as_ = before.stat(lambda t: t.store_s)[0], steady.stat(lambda t: t.store_s)[0]
@@ -647,42 +660,96 @@ def run(
     databases: int = 100,
     steady_ticks: int = 20,
     before_ticks: int = 5,
+    before_init_ticks: int = 30,
     max_init_ticks: int = 400,
     store_runs: bool = True,
-    environ: dict[str, str] | None = None,
-) -> tuple[SensorBench, list[Phase]]:
-    """Both phases at one size; returns the bench (closed) and its phases."""
+) -> list[Phase]:
+    """The phases at one size: init and steady of the sensor as built now; then (before)
+    steady ticks with an observation per asset, and the first init ticks of an owner
+    adding 50 tables a tick (TiCDC's batch, the default until now) in another cluster."""
     with tempfile.TemporaryDirectory(prefix="sensor-bench-") as tmp:
         root = Path(tmp)
         server = None if endpoints else EmbeddedEtcd(root / "etcd").start()
         eps = list(endpoints) if endpoints else server.endpoints
+        _log(f"writing a change log of {tables:,} tables in {databases} schemas ...")
+        upstream = Upstream(root / "changelog", tables, databases)
         try:
-            bench = SensorBench(
+            phases = _measure(
                 root,
                 eps,
+                upstream,
                 tables,
                 captures,
-                databases=databases,
-                store_runs=store_runs,
-                environ=environ,
+                databases,
+                store_runs,
+                steady_ticks,
+                before_ticks,
+                max_init_ticks,
             )
-            try:
-                (root / "dagster").mkdir()
-                with dg.instance_for_test(temp_dir=str(root / "dagster")) as instance:
-                    _log("init: from a fresh owner until every table replicates ...")
-                    init = bench.initialize(instance, max_init_ticks)
-                    if not init.complete:
-                        return bench, [init]
-                    _log(f"steady: {steady_ticks} ticks, then {before_ticks} as before ...")
-                    phases = [init, bench.steady(instance, steady_ticks)]
-                    if before_ticks:
-                        phases.append(bench.steady(instance, before_ticks, "before"))
-            finally:
-                bench.close()
+            if before_init_ticks and phases[0].complete:
+                phases.append(
+                    _before_init(root, eps, upstream, tables, captures, before_init_ticks)
+                )
         finally:
+            upstream.writer.close()
             if server is not None:
                 server.stop()
-    return bench, phases
+    return phases
+
+
+def _instance(root: Path, name: str) -> Any:
+    (root / name).mkdir()
+    return dg.instance_for_test(temp_dir=str(root / name))
+
+
+def _measure(
+    root: Path,
+    eps: list[str],
+    upstream: Upstream,
+    tables: int,
+    captures: int,
+    databases: int,
+    store_runs: bool,
+    steady_ticks: int,
+    before_ticks: int,
+    max_init_ticks: int,
+) -> list[Phase]:
+    bench = SensorBench(
+        root, eps, tables, captures, databases=databases, store_runs=store_runs, upstream=upstream
+    )
+    try:
+        with _instance(root, "dagster") as instance:
+            _log("init: from a fresh owner until every table replicates ...")
+            init = bench.initialize(instance, max_init_ticks)
+            if not init.complete:
+                return [init]
+            _log(f"steady: {steady_ticks} ticks, then {before_ticks} as before ...")
+            phases = [init, bench.steady(instance, steady_ticks)]
+            if before_ticks:
+                phases.append(bench.steady(instance, before_ticks, "before"))
+            return phases
+    finally:
+        bench.close()
+
+
+def _before_init(
+    root: Path, eps: list[str], upstream: Upstream, tables: int, captures: int, ticks: int
+) -> Phase:
+    bench = SensorBench(
+        root,
+        eps,
+        tables,
+        captures,
+        upstream=upstream,
+        environ={"CDC_DAGSTER_ADD_TABLE_BATCH": "50"},
+    )
+    try:
+        with _instance(root, "dagster-before") as instance:
+            _log(f"init, before: {ticks} ticks of an owner adding 50 tables a tick ...")
+            return bench.initialize(instance, ticks, "init, before")
+    finally:
+        bench.close()
+        os.environ.pop("CDC_DAGSTER_ADD_TABLE_BATCH", None)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -698,16 +765,23 @@ def main(argv: list[str] | None = None) -> int:
         help="steady ticks of the sensor as it was (an observation per asset per tick)",
     )
     parser.add_argument("--max-init-ticks", type=int, default=400)
+    parser.add_argument(
+        "--before-init-ticks",
+        type=int,
+        default=30,
+        help="init ticks of an owner adding 50 tables a tick (extrapolated to the end)",
+    )
     parser.add_argument("--no-store", action="store_true", help="skip the daemon-side store")
     parser.add_argument("--etcd", help="host:port,... of an etcd to use (default: a private one)")
     args = parser.parse_args(argv)
-    _bench, phases = run(
+    phases = run(
         args.tables,
         args.captures,
         endpoints=args.etcd.split(",") if args.etcd else None,
         databases=args.databases,
         steady_ticks=args.ticks,
         before_ticks=args.before_ticks,
+        before_init_ticks=args.before_init_ticks,
         max_init_ticks=args.max_init_ticks,
         store_runs=not args.no_store,
     )
