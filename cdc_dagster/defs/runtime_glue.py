@@ -71,13 +71,17 @@ def open_metastore(settings: Settings) -> Any:
 
 def _owner_loop(settings: Settings) -> Any:
     from cdc_dagster.runtime import OwnerLoop
+    from scheduler_core.coordinator import CoordinatorConfig
 
     key = (*settings.etcd, str(settings.state_dir), settings.cluster_id, settings.owner_id)
     with _LOOPS_LOCK:
         loop = _LOOPS.get(key)
         if loop is None:
             loop = OwnerLoop(
-                open_metastore(settings), settings.owner_id, lease_ttl_s=settings.owner_ttl_s
+                open_metastore(settings),
+                settings.owner_id,
+                lease_ttl_s=settings.owner_ttl_s,
+                config=CoordinatorConfig(add_table_batch_size=settings.add_table_batch),
             )
             _LOOPS[key] = loop
         return loop

@@ -15,6 +15,12 @@ from pathlib import Path
 ENV_PREFIX = "CDC_DAGSTER_"
 DEFAULT_MAX_TABLE_ASSETS = 2000
 DEFAULT_LAG_BOUND_S = 120.0
+# Tables the owner starts adding per tick. TiCDC's 50 is for an owner ticking many times a
+# second; the sensor ticks every 5 s at best, where 50 took 2,000 ticks (2.8 h) to start
+# 100k tables. 1,000 a tick is ~50 KB of run config spread over the captures, and a few
+# hundred tasks in a capture's agent-state key (etcd takes 1.5 MiB) even if one capture
+# takes a whole burst and a few bursts wait for its run (bench/sensor_tick_bench.py).
+DEFAULT_ADD_TABLE_BATCH = 1000
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,6 +37,7 @@ class Settings:
     lag_bound_s: float = DEFAULT_LAG_BOUND_S
     capture_ttl_s: int = 60  # spans several sensor ticks plus a run's launch (~5 s each)
     owner_ttl_s: int = 60
+    add_table_batch: int = DEFAULT_ADD_TABLE_BATCH  # tables the owner starts adding per tick
 
     @staticmethod
     def from_env(environ: Mapping[str, str] | None = None) -> Settings:
@@ -53,6 +60,7 @@ class Settings:
             lag_bound_s=float(get("LAG_BOUND_S", str(DEFAULT_LAG_BOUND_S))),
             capture_ttl_s=int(get("CAPTURE_TTL_S", "60")),
             owner_ttl_s=int(get("OWNER_TTL_S", "60")),
+            add_table_batch=int(get("ADD_TABLE_BATCH", str(DEFAULT_ADD_TABLE_BATCH))),
         )
 
     def staging_dir(self) -> Path:

@@ -11,11 +11,18 @@ from cdc_dagster.defs.owner.plan import CAPTURE_JOB, plan, progress_lines
 from cdc_dagster.defs.partitions import CAPTURES
 from cdc_dagster.defs.runtime_glue import owner_metastore, owner_tick
 from cdc_dagster.defs.settings import Settings
-from cdc_dagster.defs.tables.assets import latest_checkpoint, progress_observations
+from cdc_dagster.defs.tables.assets import (
+    ObservationBudget,
+    latest_checkpoint,
+    progress_observations,
+    replica_key_of,
+)
 from cdc_dagster.defs.tables.gate import checkpoint_lookup
 
 SENSOR_NAME = "cdc_owner"
 MIN_INTERVAL_S = 5  # the daemon's loop wakes every 5 s: the real floor
+# Asset observations per tick: each is one event-log write in the daemon (~12 ms on SQLite).
+OBSERVATIONS_PER_TICK = 50
 
 
 NOT_STARTED = [dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.NOT_STARTED]
@@ -29,8 +36,16 @@ def queued_captures(instance: dg.DagsterInstance) -> set[str]:
     return {p for r in records if (p := r.dagster_run.tags.get("dagster/partition"))}
 
 
-def build_owner_sensor(catalog: Catalog, jobs: list[dg.JobDefinition]) -> dg.SensorDefinition:
-    """The owner sensor over ``catalog``'s tables, launching ``jobs`` (capture tick, DDL)."""
+def build_owner_sensor(
+    catalog: Catalog,
+    jobs: list[dg.JobDefinition],
+    *,
+    observations_per_tick: int | None = OBSERVATIONS_PER_TICK,
+) -> dg.SensorDefinition:
+    """The owner sensor over ``catalog``'s tables, launching ``jobs`` (capture tick, DDL);
+    at most ``observations_per_tick`` asset observations a tick (None: one per asset)."""
+    budget = ObservationBudget(observations_per_tick)  # lives as long as the code server
+    keys: dict[tuple[str, int], dg.AssetKey] = {}  # (changefeed, table id) -> replica key
 
     @dg.sensor(
         name=SENSOR_NAME,
@@ -51,10 +66,12 @@ def build_owner_sensor(catalog: Catalog, jobs: list[dg.JobDefinition]) -> dg.Sen
         # when it starts (its newest barriers), or the capture's next run does.
         outbox = MailboxOutbox(owner_metastore(settings).mailbox)
 
-        # Tables without an asset (created after the catalog was loaded): the owner's view.
-        owner_view = {t.table_id: t.checkpoint_ts for t in view.tables if t.state == "replicating"}
+        # Tables without an asset (created after the catalog was loaded): the owner's view,
+        # built only when a DDL gate asks for such a table (it is O(tables)).
         checkpoint_of = checkpoint_lookup(
-            catalog, lambda key: latest_checkpoint(context.instance, key), lambda: owner_view
+            catalog,
+            lambda key: latest_checkpoint(context.instance, key),
+            lambda: {t.table_id: t.checkpoint_ts for t in view.tables if t.state == "replicating"},
         )
 
         known = context.instance.get_dynamic_partitions(CAPTURES.name)
@@ -80,7 +97,11 @@ def build_owner_sensor(catalog: Catalog, jobs: list[dg.JobDefinition]) -> dg.Sen
                 outbox.held(cid),
             )
         if view.is_owner and view.tables:
-            observations = progress_observations(catalog, view.tables, time.time_ns() // 1_000_000)
+            if not keys:
+                keys.update(replica_key_of(catalog))
+            observations = progress_observations(
+                catalog, view.tables, time.time_ns() // 1_000_000, budget, keys
+            )
             return dg.SensorResult(
                 run_requests=result.run_requests,
                 dynamic_partitions_requests=result.dynamic_partitions_requests,

@@ -1,0 +1,53 @@
+"""The owner sensor's asset observations: a bounded number a tick, changed assets first."""
+
+from __future__ import annotations
+
+from cdc_dagster.defs.catalog import Catalog, TableRef
+from cdc_dagster.defs.runtime_glue import TableReport
+from cdc_dagster.defs.tables.assets import ObservationBudget, progress_observations
+from scheduler_core.ts import compose
+
+NOW_MS = 1_700_000_000_000
+CATALOG = Catalog.of(TableRef(t, f"db{t % 4}", f"t{t}") for t in range(1, 101))  # 100 assets
+
+
+def reports(state: str = "replicating", capture: str = "c1") -> list[TableReport]:
+    ts = compose(NOW_MS - 1000)
+    return [TableReport("cf", t.table_id, state, ts, ts, ts, 0, capture) for t in CATALOG.tables]
+
+
+def test_without_a_budget_every_asset_is_observed_every_tick() -> None:
+    for _ in range(2):
+        assert len(progress_observations(CATALOG, reports(), NOW_MS)) == 100
+
+
+def test_a_budget_caps_the_observations_of_a_tick_and_observes_the_rest_on_later_ticks() -> None:
+    budget = ObservationBudget(per_tick=30, refresh_s=60)
+    seen = []
+    for tick in range(4):
+        events = progress_observations(CATALOG, reports(), NOW_MS + tick * 5000, budget)
+        assert len(events) == min(30, 100 - len(seen))
+        seen += [e.asset_key for e in events]
+    assert len(set(seen)) == 100  # each once, none twice
+    assert progress_observations(CATALOG, reports(), NOW_MS + 20_000, budget) == []
+
+
+def test_an_asset_whose_state_changed_goes_before_stale_ones() -> None:
+    budget = ObservationBudget(per_tick=10, refresh_s=60)
+    for tick in range(10):
+        progress_observations(CATALOG, reports(), NOW_MS + tick * 1000, budget)
+    moved = reports()
+    r = moved[0]
+    moved[0] = TableReport("cf", 1, "commit", r.checkpoint_ts, r.resolved_ts, r.barrier_ts, 0, "c2")
+    later = NOW_MS + 120_000  # every asset is stale by now
+    (first, *rest) = progress_observations(CATALOG, moved, later, budget)
+    assert first.asset_key == CATALOG.replica_key(CATALOG.tables[0])
+    assert first.metadata["state"].value == "commit"
+    assert len(rest) == 9  # then the stalest, up to the budget
+
+
+def test_grouped_tables_make_one_observation_per_schema() -> None:
+    grouped = Catalog.of(CATALOG.tables, max_table_assets=10)
+    events = progress_observations(grouped, reports(), NOW_MS, ObservationBudget(per_tick=50))
+    assert sorted(e.asset_key.path[-1] for e in events) == ["db0", "db1", "db2", "db3"]
+    assert {e.metadata["tables"].value for e in events} == {25}
