@@ -68,3 +68,14 @@ def pg_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
         yield server
     finally:
         server.cleanup()
+
+
+@pytest.fixture(autouse=True)
+def one_tick_per_capture_run(
+    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Capture runs executed in process by a test tick once (a run that follows its mailbox
+    would wait for a sensor nobody evaluates); the e2e tests run the real daemon and keep
+    the default, and tests of the follow op set their own."""
+    if "e2e" not in request.node.path.parts:
+        monkeypatch.setenv("CDC_DAGSTER_CAPTURE_LOOP_S", "0")

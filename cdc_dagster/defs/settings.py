@@ -21,6 +21,7 @@ DEFAULT_LAG_BOUND_S = 120.0
 # hundred tasks in a capture's agent-state key (etcd takes 1.5 MiB) even if one capture
 # takes a whole burst and a few bursts wait for its run (bench/sensor_tick_bench.py).
 DEFAULT_ADD_TABLE_BATCH = 1000
+DEFAULT_CAPTURE_LOOP_S = 60.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,6 +37,9 @@ class Settings:
     max_table_assets: int = DEFAULT_MAX_TABLE_ASSETS
     lag_bound_s: float = DEFAULT_LAG_BOUND_S
     capture_ttl_s: int = 60  # spans several sensor ticks plus a run's launch (~5 s each)
+    # A capture run goes on ticking from its mailbox this long after its first tick
+    # (cdc_dagster/defs/capture/job.py); 0: one tick per run.
+    capture_loop_s: float = DEFAULT_CAPTURE_LOOP_S
     owner_ttl_s: int = 60
     add_table_batch: int = DEFAULT_ADD_TABLE_BATCH  # tables the owner starts adding per tick
 
@@ -59,6 +63,7 @@ class Settings:
             max_table_assets=int(get("MAX_TABLE_ASSETS", str(DEFAULT_MAX_TABLE_ASSETS))),
             lag_bound_s=float(get("LAG_BOUND_S", str(DEFAULT_LAG_BOUND_S))),
             capture_ttl_s=int(get("CAPTURE_TTL_S", "60")),
+            capture_loop_s=float(get("CAPTURE_LOOP_S", str(DEFAULT_CAPTURE_LOOP_S))),
             owner_ttl_s=int(get("OWNER_TTL_S", "60")),
             add_table_batch=int(get("ADD_TABLE_BATCH", str(DEFAULT_ADD_TABLE_BATCH))),
         )

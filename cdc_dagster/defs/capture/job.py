@@ -1,7 +1,19 @@
-"""The capture job: receive -> prepare (phase 1) -> commit (phase 2) -> report.
+"""The capture job: receive -> prepare (phase 1) -> commit (phase 2) -> report -> follow.
 
-Partitioned by capture id; in-process executor and in-memory IO (a run is one short tick:
-no subprocess per op, nothing pickled between ops).
+Partitioned by capture id; in-process executor and in-memory IO (a tick is short: no
+subprocess per op, nothing pickled between ops).
+
+The first four ops are one tick with the messages of the run config. ``follow`` then keeps
+the run going for ``seconds`` (the sensor sets ``CDC_DAGSTER_CAPTURE_LOOP_S``, 0: one tick
+per run): each time the owner's sensor puts messages in the capture's mailbox (it does so,
+instead of requesting another run, while this run is in progress), ``follow`` takes them
+and runs one more tick, both halves, with the same Spark session, and reports it. A run
+launch costs seconds (a process, the code location, a Spark session); a tick with a warm
+session costs about one, so a looping run cuts the time from an upstream commit to its
+rows in the sink to about a sensor interval plus a tick. Each tick is as durable as a
+run's (the halves persist the Agent and the executor), so a run that dies mid-loop is a
+capture that missed ticks, as before. The loop stops early when another owner takes over
+(its messages are not for this run) or the capture's registration is gone.
 """
 
 import json
@@ -18,6 +30,9 @@ from cdc_dagster.defs.resources import CdcResource, SparkConnectResource
 from cdc_dagster.defs.runtime_glue import CaptureTick
 from cdc_dagster.defs.tables.assets import materializations
 from cdc_dagster.metastore.mailbox import merge
+
+POLL_S = 0.25  # how often an idle follow op looks at the mailbox
+RENEW_S = 10.0  # an idle follow op renews the capture's lease this often (ttl 60 s)
 
 # A capture run is one tick (seconds; minutes when catching up on a large backlog). One
 # still running after this long is hung: run monitoring (dagster.yaml) fails it, so it
@@ -116,19 +131,88 @@ def build_report_op(catalog: Catalog) -> dg.OpDefinition:
     return report
 
 
+class FollowConfig(dg.Config):
+    """How long the run goes on ticking after its first tick (the sensor sets it)."""
+
+    seconds: float = 0.0  # 0: one tick per run
+
+
+def build_follow_op(catalog: Catalog) -> dg.OpDefinition:
+    """The follow op: more ticks from the capture's mailbox until ``seconds`` have passed."""
+
+    @dg.op(name="follow", ins={"after": dg.In(dg.Nothing)})
+    def follow(
+        context: dg.OpExecutionContext,
+        config: FollowConfig,
+        received: Received,
+        cdc: CdcResource,
+        spark: SparkConnectResource,
+    ) -> None:
+        """Tick again each time the owner sends this capture messages, for ``seconds``."""
+        from cdc_dagster.metastore.errors import CaptureNotRegisteredError, LeaseExpiredError
+
+        if config.seconds <= 0:
+            context.log.info("one tick per run (follow seconds = 0)")
+            return
+        ms, settings, cid = cdc.metastore(), cdc.settings(), received.capture_id
+        started = time.monotonic()
+        deadline, renewed, ticks, why = started + config.seconds, started, 0, "time is up"
+        while time.monotonic() < deadline:
+            work = ms.mailbox.take(cid, received.owner_rev)
+            if not work:
+                owner = ms.election.current_owner()
+                if owner is None or owner.owner_rev != received.owner_rev:
+                    why = f"owner_rev {received.owner_rev} is no longer the owner"
+                    break
+                if time.monotonic() - renewed >= RENEW_S:
+                    try:
+                        ms.captures.attach(cid).keep_alive()
+                    except (CaptureNotRegisteredError, LeaseExpiredError):
+                        why = f"capture {cid} is no longer registered"
+                        break
+                    renewed = time.monotonic()
+                time.sleep(POLL_S)
+                continue
+            ticks += 1
+            tick_started = time.perf_counter()
+            capture = CaptureTick(ms, settings, cid, spark.spark_session, work)
+            lines = capture.prepare()
+            committed, reports = capture.commit()
+            events = materializations(catalog, reports, cid, time.time_ns() // 1_000_000)
+            for event in events:
+                context.log_event(event)
+            context.log.info(
+                "tick %d: %s; %.2f s\n%s",
+                ticks,
+                ", ".join(f"{len(m)} message(s) of {cf}" for cf, m in work.items()),
+                time.perf_counter() - tick_started,
+                "\n".join([*(f"prepare {x}" for x in lines), *(f"commit {x}" for x in committed)]),
+            )
+            renewed = time.monotonic()
+        context.log.info(
+            "%d more tick(s) in %.0f s; stopped: %s", ticks, time.monotonic() - started, why
+        )
+
+    return follow
+
+
 def build_capture_job(catalog: Catalog) -> dg.JobDefinition:
     """The capture job over ``catalog``."""
     report = build_report_op(catalog)
+    follow = build_follow_op(catalog)
 
     @dg.job(
         name=CAPTURE_JOB,
         partitions_def=CAPTURES,
         executor_def=dg.in_process_executor,
         tags={"dagster/max_runtime": str(MAX_RUNTIME_S)},
-        description="One processor tick of one capture: receive -> prepare -> commit -> report.",
+        description=(
+            "Ticks of one capture: receive -> prepare -> commit -> report, then follow: more "
+            "ticks as the owner sends messages, for CDC_DAGSTER_CAPTURE_LOOP_S seconds."
+        ),
     )
     def capture_tick() -> None:
         received = receive()
-        report(received, commit(prepare(received)))
+        follow(received, after=report(received, commit(prepare(received))))
 
     return capture_tick

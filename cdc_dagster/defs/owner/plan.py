@@ -22,9 +22,10 @@ def capture_run_request(
     view: TickView,
     tick: int,
     messages: Mapping[str, list[dict[str, Any]]] | None = None,
+    follow_s: float = 0.0,
 ) -> dg.RunRequest:
-    """One capture tick: its owner messages (this tick's unless given), ``owner_rev`` and the
-    tick in the run config."""
+    """One capture run: its owner messages (this tick's unless given), ``owner_rev`` and the
+    tick in the run config, and how long it goes on ticking from its mailbox."""
     work = view.work.get(capture_id, {}) if messages is None else messages
     config = {
         "capture_id": capture_id,
@@ -37,7 +38,9 @@ def capture_run_request(
         run_key=f"capture:{capture_id}:{view.owner_rev}:{tick}",
         partition_key=capture_id,
         job_name=CAPTURE_JOB,
-        run_config={"ops": {"receive": {"config": config}}},
+        run_config={
+            "ops": {"receive": {"config": config}, "follow": {"config": {"seconds": follow_s}}}
+        },
         tags={"cdc/owner_rev": str(view.owner_rev), "cdc/tick": str(tick)},
     )
 
@@ -118,11 +121,14 @@ def plan(
     *,
     queued: Collection[str] = (),
     outbox: Outbox | None = None,
+    follow_s: float = 0.0,
 ) -> dg.SensorResult:
     """The sensor's answer for one tick.
 
     A run per capture with work (a heartbeat is work: it renews the lease) unless the
-    capture has a run still queued: then its messages wait in ``outbox`` for its next run;
+    capture has a run still queued (or, with ``follow_s``, in progress: a run that follows
+    its mailbox takes them itself): then its messages wait in ``outbox`` for that run or
+    the next;
     partitions follow the alive captures; a DDL run only when the tables' checkpoint
     metadata has reached its commit ts (the gate op re-checks inside the run).
     """
@@ -150,7 +156,7 @@ def plan(
         if c in queued:
             box.hold(c, m)
             continue
-        runs.append(capture_run_request(c, view, tick, box.take(c, m)))
+        runs.append(capture_run_request(c, view, tick, box.take(c, m), follow_s))
     for ddl in view.ddls:
         current = {t.table_id for t in view.tables if t.changefeed_id == ddl.changefeed_id}
         is_open, _ = gate_status(ddl, catalog, checkpoint_of, current or None)

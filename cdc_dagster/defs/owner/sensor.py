@@ -26,12 +26,15 @@ OBSERVATIONS_PER_TICK = 50
 
 
 NOT_STARTED = [dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.NOT_STARTED]
+IN_PROGRESS = [dg.DagsterRunStatus.STARTING, dg.DagsterRunStatus.STARTED]
 
 
-def queued_captures(instance: dg.DagsterInstance) -> set[str]:
-    """Captures with a capture run that has not started yet (one query)."""
+def queued_captures(instance: dg.DagsterInstance, in_progress: bool = False) -> set[str]:
+    """Captures with a capture run that has not started yet, or (``in_progress``) not
+    finished yet (one query)."""
+    statuses = NOT_STARTED + (IN_PROGRESS if in_progress else [])
     records = instance.get_run_records(
-        dg.RunsFilter(job_name=CAPTURE_JOB, statuses=NOT_STARTED), limit=1000
+        dg.RunsFilter(job_name=CAPTURE_JOB, statuses=statuses), limit=1000
     )
     return {p for r in records if (p := r.dagster_run.tags.get("dagster/partition"))}
 
@@ -75,8 +78,22 @@ def build_owner_sensor(
         )
 
         known = context.instance.get_dynamic_partitions(CAPTURES.name)
-        queued = queued_captures(context.instance) if view.is_owner else set()
-        result = plan(view, tick, known, catalog, checkpoint_of, queued=queued, outbox=outbox)
+        # A run that follows its mailbox (capture_loop_s > 0) takes the messages sent while
+        # it runs: no second run for its capture meanwhile.
+        follow_s = settings.capture_loop_s
+        queued = (
+            queued_captures(context.instance, in_progress=follow_s > 0) if view.is_owner else set()
+        )
+        result = plan(
+            view,
+            tick,
+            known,
+            catalog,
+            checkpoint_of,
+            queued=queued,
+            outbox=outbox,
+            follow_s=follow_s,
+        )
         if view.is_owner:  # binlog pullers of mysql:// changefeeds
             result = with_puller_runs(result, context.instance, view.owner_rev, tick)
         for cf, line in progress_lines(view).items():
@@ -92,7 +109,7 @@ def build_owner_sensor(
         )
         for cid in sorted(queued):
             context.log.info(
-                "capture %s has a run still queued: %d message(s) wait for its next run",
+                "capture %s has a run queued or following its mailbox: %d message(s) wait there",
                 cid,
                 outbox.held(cid),
             )

@@ -127,7 +127,8 @@ def test_capture_job_is_partitioned_by_capture_and_in_process() -> None:
     assert isinstance(job.partitions_def, dg.DynamicPartitionsDefinition)
     assert job.partitions_def.name == "captures"
     assert job.executor_def.name == "in_process"
-    assert [n.name for n in job.graph.node_defs] == ["receive", "prepare", "commit", "report"]
+    names = [n.name for n in job.graph.node_defs]
+    assert names == ["receive", "prepare", "commit", "report", "follow"]
 
 
 def test_definitions_without_a_change_log_have_no_table_assets(

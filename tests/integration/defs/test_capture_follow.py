@@ -1,0 +1,128 @@
+"""A capture run that follows its mailbox: one run per capture ticks many times.
+
+Real etcd, real OwnerLoop through the sensor, the capture job executed in process (in a
+thread, as the daemon's run worker would) with a local Spark session. While the runs are
+in progress the sensor requests no other capture run: it puts the owner's messages in the
+mailboxes, and the runs' follow ops take them and tick, until every table replicates.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import dagster as dg
+import pytest
+
+pytest.importorskip("cdc_dagster.pipeline.executor")
+
+from test_capture_job import _first_create, _workload, spark  # noqa: F401 - a fixture
+
+from cdc_dagster import admin
+from cdc_dagster.defs import build_definitions
+from cdc_dagster.defs.catalog import catalog_from_changelog
+from cdc_dagster.defs.runtime_glue import forget_owner_loops
+from cdc_dagster.metastore import Metastore
+
+FOLLOW_S = 25.0
+
+
+@pytest.mark.slow
+def test_one_run_per_capture_follows_the_owner_until_every_table_replicates(
+    tmp_path: Path,
+    metastore: Metastore,
+    etcd_endpoints: list[str],
+    cluster_id: str,
+    monkeypatch: pytest.MonkeyPatch,
+    spark: object,  # noqa: F811 - the imported fixture
+) -> None:
+    changelog = tmp_path / "changelog"
+    for name, value in {
+        "ETCD": ",".join(etcd_endpoints),
+        "CLUSTER_ID": cluster_id,
+        "STATE_DIR": str(tmp_path / "state"),
+        "CHANGELOG": str(changelog),
+        "OWNER_ID": "owner-1",
+        "CAPTURE_LOOP_S": str(FOLLOW_S),
+    }.items():
+        monkeypatch.setenv(f"CDC_DAGSTER_{name}", value)
+    forget_owner_loops()
+    workload = _workload(changelog)
+    admin.create_changefeed(
+        metastore,
+        "cf",
+        f"delta://{tmp_path / 'lake'}",
+        start_ts=_first_create(changelog),
+        upstream_uri=f"changelog://{changelog}",
+    )
+    for c in ("c1", "c2"):
+        admin.add_capture(metastore, c)
+    catalog = catalog_from_changelog(changelog, 2000)
+    defs = build_definitions(catalog)
+    sensor = defs.get_repository_def().get_sensor_def("cdc_owner")
+    job = defs.get_job_def("capture_tick")
+    results: list[dg.ExecuteInProcessResult] = []
+    running: dict[str, threading.Thread] = {}
+    keys = catalog.replica_keys()
+
+    def replicating(instance: dg.DagsterInstance) -> bool:
+        events = [instance.get_latest_materialization_event(k) for k in keys]
+        return all(
+            e is not None and e.asset_materialization.metadata["state"].value == "replicating"
+            for e in events
+        )
+
+    with dg.instance_for_test() as instance:
+        cursor = None
+        deadline = time.monotonic() + 150
+        while not replicating(instance) and time.monotonic() < deadline:
+            result = sensor(
+                dg.build_sensor_context(instance=instance, cursor=cursor, definitions=defs)
+            )
+            cursor = result.cursor
+            assert result.skip_reason is None, result.skip_reason
+            for req in result.dynamic_partitions_requests or []:
+                instance.add_dynamic_partitions("captures", list(req.partition_keys))
+            for run in result.run_requests:
+                assert run.job_name == "capture_tick"
+                assert run.run_config["ops"]["follow"]["config"]["seconds"] == FOLLOW_S
+                # Never a second run while the capture's run follows its mailbox.
+                previous = running.get(run.partition_key)
+                assert previous is None or not previous.is_alive(), run.partition_key
+
+                def execute(run: dg.RunRequest = run) -> None:
+                    results.append(
+                        job.execute_in_process(
+                            run_config=run.run_config,
+                            partition_key=run.partition_key,
+                            instance=instance,
+                            raise_on_error=False,
+                        )
+                    )
+
+                running[run.partition_key] = threading.Thread(target=execute)
+                running[run.partition_key].start()
+                time.sleep(1.0)  # the run records itself as started
+            workload.step()  # type: ignore[attr-defined]
+            workload.advance_resolved()  # type: ignore[attr-defined]
+            time.sleep(1.0)
+        assert replicating(instance), "tables did not reach replicating"
+        for t in running.values():
+            t.join(timeout=120)
+        # Every run ticked more than once: the later ticks' messages came by the mailbox.
+        assert 2 <= len(results) <= 8, len(results)
+        more = []
+        for out in results:
+            assert out.success, [e.message for e in out.all_events if e.is_failure]
+            (summary,) = [
+                e.user_message
+                for e in instance.all_logs(out.run_id)
+                if e.user_message and "more tick(s)" in e.user_message
+            ]
+            more.append(int(summary.split(" more tick(s)")[0].split()[-1]))
+        assert min(more[:2]) >= 3, more
+        # The owner read the follow ticks' reports: the checkpoint passed the start.
+        status = metastore.changefeeds.get("cf").status
+        assert status.checkpoint_ts > _first_create(changelog)
+        assert metastore.mailbox.held("c1") + metastore.mailbox.held("c2") <= 4
