@@ -28,7 +28,7 @@ from cdc_dagster.defs.owner.plan import CAPTURE_JOB
 from cdc_dagster.defs.partitions import CAPTURES
 from cdc_dagster.defs.resources import CdcResource, SparkConnectResource
 from cdc_dagster.defs.runtime_glue import CaptureTick
-from cdc_dagster.defs.tables.assets import materializations
+from cdc_dagster.defs.tables.assets import MaterializationThrottle, materializations
 from cdc_dagster.metastore.mailbox import merge
 
 POLL_S = 0.25  # how often an idle follow op looks at the mailbox
@@ -157,6 +157,7 @@ def build_follow_op(catalog: Catalog) -> dg.OpDefinition:
         ms, settings, cid = cdc.metastore(), cdc.settings(), received.capture_id
         started = time.monotonic()
         deadline, renewed, ticks, why = started + config.seconds, started, 0, "time is up"
+        throttle = MaterializationThrottle()
         while time.monotonic() < deadline:
             work = ms.mailbox.take(cid, received.owner_rev)
             if not work:
@@ -179,12 +180,15 @@ def build_follow_op(catalog: Catalog) -> dg.OpDefinition:
             lines = capture.prepare()
             committed, reports = capture.commit()
             events = materializations(catalog, reports, cid, time.time_ns() // 1_000_000)
-            for event in events:
+            logged = throttle.select(events, time.monotonic())
+            for event in logged:
                 context.log_event(event)
             context.log.info(
-                "tick %d: %s; %.2f s\n%s",
+                "tick %d: %s; %d of %d asset event(s); %.2f s\n%s",
                 ticks,
                 ", ".join(f"{len(m)} message(s) of {cf}" for cf, m in work.items()),
+                len(logged),
+                len(events),
                 time.perf_counter() - tick_started,
                 "\n".join([*(f"prepare {x}" for x in lines), *(f"commit {x}" for x in committed)]),
             )

@@ -94,6 +94,42 @@ def materializations(
     return [table_materialization(k, rs, capture_id, now_ms) for k, rs in grouped.items()]
 
 
+class MaterializationThrottle:
+    """Which of a follow tick's materializations to log, for a capture holding many assets.
+
+    Each materialization is one event-log write (~12 ms on SQLite); a run following its
+    mailbox ticks every sensor interval, so a capture holding 2,000 table assets would
+    write 2,000 events every 5 s. Up to ``free`` assets per tick everything is logged;
+    past that, an asset is logged when its state or holder changed, else at most every
+    ``every_s`` (the lag plot keeps a point per ``every_s``; the DDL gate, which reads the
+    checkpoint metadata, then opens up to ``every_s`` later). One per run, in memory.
+    """
+
+    def __init__(self, free: int = 200, every_s: float = 15.0) -> None:
+        self.free = free
+        self.every_s = every_s
+        self._last: dict[dg.AssetKey, tuple[str, float]] = {}
+
+    def select(
+        self, events: Sequence[dg.AssetMaterialization], now_s: float
+    ) -> list[dg.AssetMaterialization]:
+        """The events to log now (all of them while there are at most ``free``)."""
+        out = []
+        for event in events:
+            md = event.metadata
+            sig = f"{md['state'].value}|{md['capture'].value}"  # type: ignore[union-attr]
+            last = self._last.get(event.asset_key)
+            if (
+                len(events) <= self.free
+                or last is None
+                or last[0] != sig
+                or now_s - last[1] >= self.every_s
+            ):
+                self._last[event.asset_key] = (sig, now_s)
+                out.append(event)
+        return out
+
+
 class ObservationBudget:
     """Which replica assets get an owner observation this tick, at most ``per_tick`` of them.
 

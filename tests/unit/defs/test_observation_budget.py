@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dagster as dg
+
 from cdc_dagster.defs.catalog import Catalog, TableRef
 from cdc_dagster.defs.runtime_glue import TableReport
 from cdc_dagster.defs.tables.assets import ObservationBudget, progress_observations
@@ -51,3 +53,31 @@ def test_grouped_tables_make_one_observation_per_schema() -> None:
     events = progress_observations(grouped, reports(), NOW_MS, ObservationBudget(per_tick=50))
     assert sorted(e.asset_key.path[-1] for e in events) == ["db0", "db1", "db2", "db3"]
     assert {e.metadata["tables"].value for e in events} == {25}
+
+
+def test_follow_ticks_log_every_materialization_of_a_small_capture_and_throttle_a_large_one() -> (
+    None
+):
+    from cdc_dagster.defs.tables.assets import MaterializationThrottle
+
+    def events(n: int, state: str = "replicating") -> list[dg.AssetMaterialization]:
+        return [
+            dg.AssetMaterialization(
+                asset_key=dg.AssetKey(["replica", "db", f"t{i}"]),
+                metadata={"state": state if i else "preparing", "capture": "c1"},
+            )
+            for i in range(n)
+        ]
+
+    small = MaterializationThrottle(free=10, every_s=15)
+    for t in range(3):
+        assert len(small.select(events(10), float(t))) == 10  # every tick, all of them
+    big = MaterializationThrottle(free=10, every_s=15)
+    assert len(big.select(events(50), 0.0)) == 50  # first sight: all
+    assert big.select(events(50), 5.0) == []  # nothing changed, not due
+    changed = events(50)
+    changed[0] = dg.AssetMaterialization(
+        asset_key=changed[0].asset_key, metadata={"state": "replicating", "capture": "c1"}
+    )
+    assert [e.asset_key for e in big.select(changed, 6.0)] == [changed[0].asset_key]
+    assert len(big.select(changed, 15.0)) == 49  # due again (the changed one logged at 6 s)
