@@ -21,7 +21,7 @@ DEFAULT_LAG_BOUND_S = 120.0
 # hundred tasks in a capture's agent-state key (etcd takes 1.5 MiB) even if one capture
 # takes a whole burst and a few bursts wait for its run (bench/sensor_tick_bench.py).
 DEFAULT_ADD_TABLE_BATCH = 1000
-DEFAULT_CAPTURE_LOOP_S = 60.0
+DEFAULT_CAPTURE_LOOP_S = 300.0
 
 
 @dataclass(frozen=True, slots=True)

@@ -34,10 +34,11 @@ from cdc_dagster.metastore.mailbox import merge
 POLL_S = 0.25  # how often an idle follow op looks at the mailbox
 RENEW_S = 10.0  # an idle follow op renews the capture's lease this often (ttl 60 s)
 
-# A capture run is one tick (seconds; minutes when catching up on a large backlog). One
-# still running after this long is hung: run monitoring (dagster.yaml) fails it, so it
-# stops holding its capture's slot in the run queue. Its lease has long expired by then:
-# the owner moved its tables and the sink's fence refuses any late write of it.
+# A capture run is a tick (seconds; minutes when catching up on a large backlog), then
+# follow ticks for CDC_DAGSTER_CAPTURE_LOOP_S (300 s). One still running after this long is
+# hung: run monitoring (dagster.yaml) fails it, so it stops holding its capture's slot in
+# the run queue; once it is gone its lease expires, the owner moves its tables, and the
+# sink's fence refuses any late write of it.
 MAX_RUNTIME_S = 1800
 
 
