@@ -11,6 +11,10 @@ records two moments:
   those reports) has passed it.
 
     python bench/e2e_latency_bench.py --tables 10 [--duration 120] [--warmup 60]
+        [--follow-s 300] [--baseline]
+
+``--baseline`` first measures capture runs of one tick each (no follow ticks) on a stack
+of its own, then the setting measured, and prints baseline / measured latency ratios.
 
 It also prints where a capture run's time goes (the run queue, the run worker's start,
 the ops) from the Dagster instance's event log. Ends with: latency_p50_s=...
@@ -21,6 +25,7 @@ rows_per_s=... (latency_* is the readable latency).
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import tempfile
@@ -31,6 +36,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from cdc_dagster.defs.settings import Settings
 from cdc_dagster.services import stack, workload
 from scheduler_core.ts import physical_ms
 
@@ -118,15 +124,11 @@ def last_create(changelog: Path) -> int:
     return max(r.commit_ts for r in ChangeLog(changelog).ddl_records() if r.creates)
 
 
-def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--tables", type=int, default=10)
-    p.add_argument("--duration", type=float, default=120.0, help="measured seconds")
-    p.add_argument(
-        "--warmup", type=float, default=60.0, help="seconds after the first checkpoint move"
-    )
-    p.add_argument("--txns-per-s", type=int, default=20)
-    args = p.parse_args()
+def measure(args: argparse.Namespace, follow_s: float) -> dict[str, float] | None:
+    """One stack, one changefeed, capture runs following their mailbox for ``follow_s``
+    (0: one tick per run); the figures, or None when the checkpoint never moved."""
+    os.environ["CDC_DAGSTER_CAPTURE_LOOP_S"] = str(follow_s)  # dagster dev inherits it
+    stack.say(f"--- capture runs following their mailbox for {follow_s:.0f} s")
     state = Path(tempfile.mkdtemp(prefix="e2e-bench-"))  # under $TMPDIR
     changelog, lake = state / "changelog", state / "lake"
     started: list = []
@@ -197,7 +199,7 @@ def main() -> int:
                     break
                 if first_move is None and now - t0 > 600:
                     stack.say("the checkpoint never moved in 10 minutes")
-                    return 1
+                    return None
                 time.sleep(0.5)
             stop.set()
             window_start = first_move + args.warmup  # type: ignore[operator]
@@ -229,16 +231,61 @@ def main() -> int:
             )
             ms.close()
             launch = phases["launch"]
-            print(
-                f"latency_p50_s={percentile(rlat, 0.5):.2f} latency_p99_s={percentile(rlat, 0.99):.2f} "
-                f"checkpoint_p50_s={percentile(lat, 0.5):.2f} "
-                f"checkpoint_p99_s={percentile(lat, 0.99):.2f} "
-                f"sensor_tick_p50_s={statistics.median(ticks) if ticks else float('nan'):.2f} "
-                f"run_launch_p50_s={statistics.median(launch) if launch else float('nan'):.2f} "
-                f"rows_per_s={measured_rows / max(elapsed, 1e-9):.1f}"
-            )
+            return {
+                "latency_p50_s": percentile(rlat, 0.5),
+                "latency_p99_s": percentile(rlat, 0.99),
+                "checkpoint_p50_s": percentile(lat, 0.5),
+                "checkpoint_p99_s": percentile(lat, 0.99),
+                "sensor_tick_p50_s": statistics.median(ticks) if ticks else float("nan"),
+                "run_launch_p50_s": statistics.median(launch) if launch else float("nan"),
+                "rows_per_s": measured_rows / max(elapsed, 1e-9),
+            }
     finally:
         gen.stop()
+
+
+def line(figures: dict[str, float]) -> str:
+    """``name=value ...`` with two decimals (rows/s with one)."""
+    return " ".join(
+        f"{k}={v:.1f}" if k == "rows_per_s" else f"{k}={v:.2f}" for k, v in figures.items()
+    )
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--tables", type=int, default=10)
+    p.add_argument("--duration", type=float, default=120.0, help="measured seconds")
+    p.add_argument(
+        "--warmup", type=float, default=60.0, help="seconds after the first checkpoint move"
+    )
+    p.add_argument("--txns-per-s", type=int, default=20)
+    p.add_argument(
+        "--follow-s",
+        type=float,
+        default=Settings().capture_loop_s,
+        help="how long a capture run follows its mailbox (CDC_DAGSTER_CAPTURE_LOOP_S)",
+    )
+    p.add_argument(
+        "--baseline",
+        action="store_true",
+        help="first measure one tick per run (follow 0 s) on a stack of its own, then the "
+        "measured setting, and print their ratios",
+    )
+    args = p.parse_args()
+    base = measure(args, 0.0) if args.baseline else None
+    if args.baseline and base is None:
+        return 1
+    figures = measure(args, args.follow_s)
+    if figures is None:
+        return 1
+    if base is not None:
+        stack.say(f"baseline (one tick per run): {line(base)}")
+        ratios = {k: base[k] / v for k, v in figures.items() if k.startswith(("latency", "check"))}
+        stack.say(
+            "baseline / this, latency: "
+            + " ".join(f"{k.removesuffix('_s')}={r:.2f}x" for k, r in ratios.items())
+        )
+    print(line(figures))
     return 0
 
 
