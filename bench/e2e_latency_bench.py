@@ -11,7 +11,7 @@ records two moments:
   those reports) has passed it.
 
     python bench/e2e_latency_bench.py --tables 10 [--duration 120] [--warmup 60]
-        [--follow-s 300] [--baseline]
+        [--follow-s 300] [--baseline] [--syncpoint-s 60]
 
 ``--baseline`` first measures capture runs of one tick each (no follow ticks) on a stack
 of its own, then the setting measured, and prints baseline / measured latency ratios.
@@ -154,6 +154,7 @@ def measure(args: argparse.Namespace, follow_s: float) -> dict[str, float] | Non
                     stack.DEMO_CAPTURES,
                     changelog,
                     last_create(changelog),
+                    sync_point_interval_s=args.syncpoint_s,
                 )
             )
             from cdc_dagster.metastore import connect
@@ -259,6 +260,12 @@ def main() -> int:
         "--warmup", type=float, default=60.0, help="seconds after the first checkpoint move"
     )
     p.add_argument("--txns-per-s", type=int, default=20)
+    p.add_argument(
+        "--syncpoint-s",
+        type=int,
+        default=60,
+        help="the changefeed's syncpoint interval (the demo's: 60; each syncpoint is a barrier)",
+    )
     p.add_argument(
         "--follow-s",
         type=float,
