@@ -65,7 +65,9 @@ class Owner:
 
     def _flush(self, before_ts: int) -> None:
         for tid, t in self.schemas.items():
-            rows = [r for r in _rows(self.root, tid) if self.done[tid] < r["_commit_ts"] < before_ts]
+            rows = [
+                r for r in _rows(self.root, tid) if self.done[tid] < r["_commit_ts"] < before_ts
+            ]
             if tid not in self.tokens:
                 self.tokens[tid] = self.sink.acquire(CF, t)
             # a table started above what the sink holds for it is refused (SinkGapError)
@@ -82,7 +84,10 @@ def _setup(mariadb, mydb: str, pg_server, tmp_path: Path):
     with psycopg.connect(pg_server.dsn(), autocommit=True) as conn:
         conn.execute(f'CREATE DATABASE "{mydb}"')
     root = tmp_path / "cl"
-    sinks = [Owner(root, PostgresSink(pg_server.uri(mydb))), Owner(root, DeltaSink(str(tmp_path / "lake")))]
+    sinks = [
+        Owner(root, PostgresSink(pg_server.uri(mydb))),
+        Owner(root, DeltaSink(str(tmp_path / "lake"))),
+    ]
     return root, sinks
 
 
