@@ -194,3 +194,48 @@ def test_a_rejoin_cut_short_leaves_nothing_and_the_next_run_rejoins_once(
     for o in owners:
         o.run(wide, s.resolved_ts)
     _check(mariadb, mydb, pg_server, root, owners)
+
+
+def test_changefeed_update_narrowing_then_widening_re_joins_through_the_puller_runs(
+    mariadb, mydb, metastore, dagster_env, tmp_path, monkeypatch
+):
+    import dagster as dg
+    from test_puller_job import SINK, _execute, _pullers, _tick
+
+    from cdc_dagster import admin
+    from cdc_dagster.defs import build_definitions
+    from cdc_dagster.defs.catalog import Catalog
+
+    monkeypatch.setenv("CDC_DAGSTER_MYSQL_PULL_S", "3")
+    execute(mariadb, mydb, "CREATE TABLE t (id INT PRIMARY KEY)", "INSERT INTO t VALUES (1)",
+            "CREATE TABLE extra (id INT PRIMARY KEY, v INT)",
+            "INSERT INTO extra VALUES (1, 1), (2, 2), (3, 3)")  # fmt: skip
+    root = tmp_path / "cl"
+    admin.create_changefeed(
+        metastore, "shop", SINK, table_filter=(f"{mydb}.*",),
+        upstream_uri=mariadb.uri(query="server-id=4242"), changelog_root=str(root),
+    )  # fmt: skip
+    old = table_id(root, "extra")
+    defs = build_definitions(Catalog(()))
+
+    def update_and_pull(rules: tuple[str, ...]) -> None:
+        metastore.changefeeds.pause("shop")
+        metastore.changefeeds.update("shop", table_filter=rules)  # what `update` does
+        metastore.changefeeds.resume("shop")
+        (req,) = _pullers(_tick(defs, instance, None))
+        out = _execute(defs, instance, req)
+        assert out.success, [e.message for e in out.all_events if e.is_failure]
+
+    with dg.instance_for_test() as instance:
+        update_and_pull((f"{mydb}.t",))
+        assert load_state(root).left == {(mydb, "extra"): old}
+        execute(mariadb, mydb, "UPDATE extra SET v = 20 WHERE id = 2",
+                "DELETE FROM extra WHERE id = 3", "INSERT INTO extra VALUES (4, 4)")  # fmt: skip
+        update_and_pull((f"{mydb}.*",))
+    new = table_id_now(root, "extra")
+    (create,) = [r for r in ddls(root) if new in r.creates]
+    assert new != old and create.replaces == (old,)
+    assert fingerprint(changelog_table(root, new)) == fingerprint(
+        upstream_rows(mariadb, mydb, "extra")
+    )
+    assert len(changes(root, new)) == 3  # its snapshot, nothing twice
