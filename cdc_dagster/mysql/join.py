@@ -206,9 +206,11 @@ def complete(puller: Puller, join: PendingJoin) -> int:
         schema = build_schema(raw, tid, st.ids, None,
                               force_replicate=puller.upstream.force_replicate)  # fmt: skip
         ts = alloc.issue(0.0)  # next to the stream's own ts (the binlog's time)
-        query = f"CREATE TABLE {_q(db)}.{_q(t)} /* joined the changefeed at {where} */"
+        gone = replaced(puller, db, t)
+        note = f"; replaces table id {next(iter(gone))} downstream" if gone else ""
+        query = f"CREATE TABLE {_q(db)}.{_q(t)} /* joined the changefeed at {where}{note} */"
         writer.write_ddl(DdlRecord(ts, DDLKind.CREATE_TABLE, "create_table", query,
-                                   creates=(tid,), tables={tid: schema}))  # fmt: skip
+                                   creates=(tid,), tables={tid: schema, **gone}))  # fmt: skip
         st.set_table(tid, schema, ts)
         puller._conv.pop(tid, None)
         joined.append(tid)
@@ -230,6 +232,39 @@ def complete(puller: Puller, join: PendingJoin) -> int:
         join.reason,
     )
     return rows_written
+
+
+def leave_unselected(puller: Puller) -> list[int]:
+    """Tables tracked but no longer selected by the filter (a narrowed filter) leave the
+    changefeed: one ``drop_table`` record each (the owner, whose filter no longer selects
+    them either, leaves their downstream table as it is), then they are forgotten, so their
+    binlog rows are skipped, and their names are kept in ``state.left``. The caller saves
+    the state (with the records) right after. Returns the ids that left."""
+    st = puller.state
+    gone = sorted(t for t, s in st.tables.items() if not puller.filter(s.database, s.table))
+    for tid in gone:
+        schema = st.tables[tid]
+        db, t = schema.database, schema.table
+        query = (
+            f"DROP TABLE {_q(db)}.{_q(t)} /* left the changefeed: the filter no longer "
+            "selects it; its downstream table is kept */"
+        )
+        ts = puller.alloc.issue(0.0)
+        puller.writer.write_ddl(DdlRecord(ts, DDLKind.DROP_TABLE, "drop_table", query, (tid,),
+                                          drops=(tid,), tables={tid: None}))  # fmt: skip
+        st.set_table(tid, None, ts)
+        st.left[(db, t)] = tid
+        puller._conv.pop(tid, None)
+        log.info("%s.%s (id %d) left the changefeed (filter %s)", db, t, tid, puller.filter)
+    return gone
+
+
+def replaced(puller: Puller, db: str, table: str) -> dict[int, None]:
+    """For a table created (or joining) as ``db.table``: the id of a table that left the
+    changefeed under that name, as ``DdlRecord.tables`` entries (``{id: None}``), so the sink
+    replaces that downstream table (``DdlRecord.replaces``); forgets it in the state."""
+    old = puller.state.left.pop((db, table), None)
+    return {} if old is None else {old: None}
 
 
 def _names(c: dict[Name, RawTable]) -> str:

@@ -136,6 +136,8 @@ class Puller:
             self.alloc = TsAllocator(state.last_ts)
             self._conv.clear()
             if not bootstrapped:
+                if join.leave_unselected(self):
+                    self.flush(force=True)  # the drop records and the state that forgot them
                 self._start_join()
         finally:
             conn.close()
@@ -479,7 +481,7 @@ class Puller:
                     return None  # dropped again before we read it: its drop is skipped too
                 schema = build_schema(raw, tid, st.ids, None, force_replicate=force)
             return DdlRecord(issue(), DDLKind.CREATE_TABLE, p.action, query, creates=(tid,),
-                             tables={tid: schema})  # fmt: skip
+                             tables={tid: schema, **join.replaced(self, db, name)})  # fmt: skip
         if p.action == "drop_table":
             ids = tuple(t for t in (st.table_id(*n) for n in p.drops) if t is not None)
             if not ids:

@@ -38,6 +38,9 @@ class PullerState:
     log_pos: int = 0
     # the table filter the tracked tables were chosen by (None: a state from before it was kept)
     filters: tuple[str, ...] | None = None
+    # tables that left the changefeed (the filter stopped selecting them): name -> the id
+    # they had; a table created or joining under that name replaces it downstream
+    left: dict[tuple[str, str], int] = field(default_factory=dict)
     _by_name: dict[tuple[str, str], int] | None = field(default=None, repr=False, compare=False)
 
     @property
@@ -89,6 +92,7 @@ class PullerState:
             "log_file": self.log_file,
             "log_pos": self.log_pos,
             "filters": None if self.filters is None else list(self.filters),
+            "left": [[d, t, tid] for (d, t), tid in sorted(self.left.items())],
         }
 
     @staticmethod
@@ -104,6 +108,7 @@ class PullerState:
             obj.get("log_file", ""),
             int(obj.get("log_pos", 0)),
             None if obj.get("filters") is None else tuple(obj["filters"]),
+            {(d, t): int(tid) for d, t, tid in obj.get("left", ())},
         )
 
 

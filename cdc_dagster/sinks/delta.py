@@ -23,6 +23,7 @@ aborts at exit, delta-rs#2184): ``read_table_at`` reads a pinned version's
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import random
@@ -346,9 +347,10 @@ class DeltaSink:
         if moves:
             self._relocate(changefeed_id, record, moves, where)
         for table_id in record.creates:
-            self._create_for_ddl(
-                changefeed_id, record, _need_schema(record.tables, table_id, "after", where)
-            )
+            table = _need_schema(record.tables, table_id, "after", where)
+            for gone in record.replaces:  # a table that left the changefeed had this name
+                self._drop(changefeed_id, dataclasses.replace(table, table_id=gone))
+            self._create_for_ddl(changefeed_id, record, table)
         for b, a in pairs:
             self._alter(changefeed_id, record, b, a, where)
         if record.action == "drop_schema" and record.schema:

@@ -405,6 +405,10 @@ def ddl_statements(
                 stmts.append(pg_ddl.drop_table(old))
         elif old is None or table_id in record.creates:
             if new is not None:
+                if record.replaces and table_id in record.creates:
+                    # a table that left the changefeed had this name: start over (its rows
+                    # and columns are those of before it left)
+                    stmts.append(pg_ddl.drop_table(new))
                 stmts += pg_ddl.create_table(new)
         elif new is not None:
             if record.action == "truncate_table":

@@ -258,6 +258,19 @@ class DdlRecord:
             )
         object.__setattr__(self, "tables", MappingProxyType(tables))
 
+    @property
+    def replaces(self) -> tuple[int, ...]:
+        """Ids of tables that left the changefeed under the name a ``create_table`` creates
+        (``tables`` maps them to null, neither created nor touched): the sink replaces their
+        downstream table with the new one (a table re-joining after a narrowed filter)."""
+        if self.action != "create_table":
+            return ()
+        return tuple(
+            t
+            for t, s in self.tables.items()
+            if s is None and t not in self.creates and t not in self.table_ids
+        )
+
     def to_event(self) -> DDLEvent:
         """The event the owner's DDL manager schedules."""
         return DDLEvent(
