@@ -162,7 +162,10 @@ def _running(state_dir: Path) -> Iterator[list[procs.Service]]:
 
 def _wait_forever(check: Callable[[], str | None]) -> None:
     stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    # Ctrl-C as well as SIGTERM, also when started with SIGINT ignored (a background job
+    # of a script, nohup): Python raises KeyboardInterrupt only if SIGINT was not ignored.
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
     while not stop.wait(2.0):
         problem = check()
         if problem:
