@@ -33,6 +33,7 @@ from cdc_dagster.metastore.mailbox import merge
 
 POLL_S = 0.25  # how often an idle follow op looks at the mailbox
 RENEW_S = 10.0  # an idle follow op renews the capture's lease this often (ttl 60 s)
+OWNER_CHECK_S = 1.0  # and looks whether its owner still is the owner this often
 
 # A capture run is a tick (seconds; minutes when catching up on a large backlog), then
 # follow ticks for CDC_DAGSTER_CAPTURE_LOOP_S (300 s). One still running after this long is
@@ -159,13 +160,16 @@ def build_follow_op(catalog: Catalog) -> dg.OpDefinition:
         started = time.monotonic()
         deadline, renewed, ticks, why = started + config.seconds, started, 0, "time is up"
         throttle = MaterializationThrottle()
+        owner_checked = 0.0
         while time.monotonic() < deadline:
             work = ms.mailbox.take(cid, received.owner_rev)
             if not work:
-                owner = ms.election.current_owner()
-                if owner is None or owner.owner_rev != received.owner_rev:
-                    why = f"owner_rev {received.owner_rev} is no longer the owner"
-                    break
+                if time.monotonic() - owner_checked >= OWNER_CHECK_S:
+                    owner = ms.election.current_owner()
+                    if owner is None or owner.owner_rev != received.owner_rev:
+                        why = f"owner_rev {received.owner_rev} is no longer the owner"
+                        break
+                    owner_checked = time.monotonic()
                 if time.monotonic() - renewed >= RENEW_S:
                     try:
                         ms.captures.attach(cid).keep_alive()

@@ -126,3 +126,61 @@ def test_one_run_per_capture_follows_the_owner_until_every_table_replicates(
         status = metastore.changefeeds.get("cf").status
         assert status.checkpoint_ts > _first_create(changelog)
         assert metastore.mailbox.held("c1") + metastore.mailbox.held("c2") <= 4
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("leave", ["owner_resigns", "capture_removed"])
+def test_follow_stops_early_when_its_owner_or_its_capture_is_gone(
+    leave: str,
+    tmp_path: Path,
+    metastore: Metastore,
+    etcd_endpoints: list[str],
+    cluster_id: str,
+    monkeypatch: pytest.MonkeyPatch,
+    spark: object,  # noqa: F811 - the imported fixture
+) -> None:
+    for name, value in {
+        "ETCD": ",".join(etcd_endpoints),
+        "CLUSTER_ID": cluster_id,
+        "STATE_DIR": str(tmp_path / "state"),
+    }.items():
+        monkeypatch.setenv(f"CDC_DAGSTER_{name}", value)
+    monkeypatch.setattr("cdc_dagster.defs.capture.job.RENEW_S", 0.5)
+    session = metastore.election.try_campaign("owner-1", ttl_s=30)
+    admin.add_capture(metastore, "c1")
+    job = build_definitions(catalog_from_changelog(None, 2000)).get_job_def("capture_tick")
+    config = {"capture_id": "c1", "owner_rev": session.owner_rev, "messages_json": "{}"}
+    with dg.instance_for_test() as instance:
+        instance.add_dynamic_partitions("captures", ["c1"])
+        out: list[dg.ExecuteInProcessResult] = []
+        run = threading.Thread(
+            target=lambda: out.append(
+                job.execute_in_process(
+                    run_config={
+                        "ops": {
+                            "receive": {"config": config},
+                            "follow": {"config": {"seconds": 60}},
+                        }
+                    },
+                    partition_key="c1",
+                    instance=instance,
+                )
+            )
+        )
+        started = time.monotonic()
+        run.start()
+        time.sleep(8)  # past the first tick, into the follow loop
+        assert run.is_alive()
+        if leave == "owner_resigns":
+            session.resign()
+        else:
+            admin.remove_capture(metastore, "c1")
+        run.join(timeout=30)
+        assert not run.is_alive() and time.monotonic() - started < 45
+        (summary,) = [
+            e.user_message
+            for e in instance.all_logs(out[0].run_id)
+            if e.user_message and "more tick(s)" in e.user_message
+        ]
+        want = "no longer the owner" if leave == "owner_resigns" else "no longer registered"
+        assert want in summary, summary
