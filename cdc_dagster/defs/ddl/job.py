@@ -38,7 +38,7 @@ def build_ddl_job(catalog: Catalog) -> dg.JobDefinition:
             return cdc.metastore().tasks.read(config.changefeed_id)
 
         @functools.cache
-        def reported() -> dict[int, int]:
+        def reported(changefeed_id: str) -> dict[int, int]:  # always this run's changefeed
             return reported_checkpoints(tasks())
 
         checkpoint_of = checkpoint_lookup(

@@ -1,7 +1,7 @@
 """The sensor's outbox kept in etcd, where a capture's queued run can take it when it starts.
 
-Same interface as :class:`~cdc_dagster.defs.owner.plan.Outbox` (the in-memory one, for
-tests and planning without etcd); the store and its ordering argument are in
+What :func:`~cdc_dagster.defs.owner.plan.plan` calls of an outbox, as the in-memory
+:class:`~cdc_dagster.defs.owner.plan.Outbox` (planning without etcd: tests); the store and its ordering argument are in
 ``cdc_dagster/metastore/mailbox.py``.
 """
 
@@ -41,7 +41,3 @@ class MailboxOutbox:
         held = self.store.take(capture_id, self.owner_rev) if capture_id in self._present else {}
         self._present.discard(capture_id)
         return merge(held, work)
-
-    def held(self, capture_id: str) -> int:
-        """Messages waiting for the capture."""
-        return self.store.held(capture_id) if capture_id in self._present else 0

@@ -12,6 +12,7 @@ from cdc_dagster.defs.catalog import Catalog
 from cdc_dagster.defs.partitions import CAPTURES
 from cdc_dagster.defs.runtime_glue import DdlToRun, TickView
 from cdc_dagster.defs.tables.gate import gate_status
+from cdc_dagster.metastore.mailbox import merge
 
 CAPTURE_JOB = "capture_tick"
 DDL_JOB = "apply_ddl"
@@ -64,7 +65,11 @@ def ddl_run_request(ddl: DdlToRun, view: TickView, tick: int) -> dg.RunRequest:
 
 
 class Outbox:
-    """Owner messages of captures whose previous run has not started yet.
+    """Owner messages of captures whose previous run has not started yet, in memory.
+
+    The owner sensor keeps them in etcd instead (``cdc_dagster/defs/owner/mailbox.py``,
+    where a run in progress or just started can take them); this one serves ``plan``
+    without etcd.
 
     A capture runs one tick at a time (the run queue's limit per partition), and a run
     takes longer than the sensor's interval on a busy machine: a run per capture per tick
@@ -72,8 +77,7 @@ class Outbox:
     starts. So while a capture has a queued run, the sensor requests no other one and
     keeps that tick's messages here; the capture's next run carries them all, in order
     (a delayed message is one the protocol already tolerates). Heartbeats are superseded
-    by the newest one of the same changefeed; dispatches are all kept. Kept in the code
-    server's memory: a restart is an owner switch, whose rebuild re-sends what is needed.
+    by the newest one of the same changefeed; dispatches are all kept (``merge``).
     """
 
     def __init__(self) -> None:
@@ -86,12 +90,7 @@ class Outbox:
 
     def hold(self, capture_id: str, work: Mapping[str, list[dict[str, Any]]]) -> None:
         """Keep ``work`` (changefeed -> encoded messages) for the capture's next run."""
-        box = self._held.setdefault(capture_id, {})
-        for cf, msgs in work.items():
-            kept = box.setdefault(cf, [])
-            if any(m.get("type") == "heartbeat" for m in msgs):
-                kept[:] = [m for m in kept if m.get("type") != "heartbeat"]
-            kept.extend(msgs)
+        self._held[capture_id] = merge(self._held.get(capture_id, {}), work)
 
     def take(
         self, capture_id: str, work: Mapping[str, list[dict[str, Any]]]
@@ -117,7 +116,7 @@ def plan(
     tick: int,
     known_captures: Collection[str],
     catalog: Catalog,
-    checkpoint_of: Callable[[int], int | None],
+    checkpoint_of: Callable[[str, int], int | None],
     *,
     queued: Collection[str] = (),
     outbox: Outbox | None = None,

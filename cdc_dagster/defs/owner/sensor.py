@@ -74,7 +74,11 @@ def build_owner_sensor(
         checkpoint_of = checkpoint_lookup(
             catalog,
             lambda key: latest_checkpoint(context.instance, key),
-            lambda: {t.table_id: t.checkpoint_ts for t in view.tables if t.state == "replicating"},
+            lambda cf: {
+                t.table_id: t.checkpoint_ts
+                for t in view.tables
+                if t.changefeed_id == cf and t.state == "replicating"
+            },
         )
 
         known = context.instance.get_dynamic_partitions(CAPTURES.name)
@@ -107,11 +111,10 @@ def build_owner_sensor(
             len(result.run_requests or []),
             view.duration_s,
         )
-        for cid in sorted(queued):
+        if queued:  # one line, no etcd read per capture
             context.log.info(
-                "capture %s has a run queued or following its mailbox: %d message(s) wait there",
-                cid,
-                outbox.held(cid),
+                "run queued or following its mailbox (their messages wait there): %s",
+                ", ".join(sorted(queued)),
             )
         if view.is_owner and view.tables:
             if not keys:

@@ -1,8 +1,7 @@
 """The DDL gate: a DDL may run only once every table it blocks has checkpointed up to it.
 
 The checkpoint is read from the replicated tables' latest materialization metadata
-(``checkpoint_ts_raw``), what the UI shows, so the gate and the console agree. Table ids
-are per change log, so a DDL's tables are looked up among its own changefeed's.
+(``checkpoint_ts_raw``), what the UI shows, so the gate and the console agree.
 """
 
 from __future__ import annotations
@@ -17,23 +16,23 @@ from cdc_dagster.defs.runtime_glue import DdlToRun
 def gate_status(
     ddl: DdlToRun,
     catalog: Catalog,
-    checkpoint_of: Callable[[int], int | None],
+    checkpoint_of: Callable[[str, int], int | None],
     current_tables: Collection[int] | None = None,
 ) -> tuple[bool, str]:
     """(open, reason): open when each blocked table's checkpoint >= the DDL's commit ts.
 
-    The same rule as ``scheduler_core.ddl`` (tables stop at the barrier = commit ts, and no
-    row change shares a DDL's commit ts). A global DDL (no table ids) blocks every table of
-    the changefeed: ``current_tables`` when known (a table dropped earlier blocks nothing),
-    else every table of that changefeed in the catalog.
+    ``checkpoint_of(changefeed_id, table_id)``: table ids are per change log, so a DDL's
+    tables are its own changefeed's. The same rule as ``scheduler_core.ddl`` (tables stop
+    at the barrier = commit ts, and no row change shares a DDL's commit ts). A global DDL
+    (no table ids) blocks every table of the changefeed: ``current_tables`` when known (a
+    table dropped earlier blocks nothing), else every table of that changefeed in the
+    catalog.
     """
-    if isinstance(checkpoint_of, CheckpointLookup):
-        checkpoint_of = checkpoint_of.for_changefeed(ddl.changefeed_id)
     every = current_tables if current_tables is not None else catalog.table_ids(ddl.changefeed_id)
     table_ids = ddl.table_ids or tuple(sorted(every))
     behind = []
     for table_id in table_ids:
-        checkpoint = checkpoint_of(table_id)
+        checkpoint = checkpoint_of(ddl.changefeed_id, table_id)
         if checkpoint is None or checkpoint < ddl.commit_ts:
             behind.append(f"{table_id}@{checkpoint if checkpoint is not None else 'none'}")
     if behind:
@@ -47,35 +46,28 @@ def gate_status(
 
 @dataclass(frozen=True, slots=True)
 class CheckpointLookup:
-    """A table's checkpoint: its asset's metadata when the catalog has the table (of
-    ``changefeed_id``), else ``fallback()`` (the owner's view, or what the captures report
-    in etcd; called only when needed): tables created after the code server loaded the
-    catalog have no asset, and must not hold a gate closed forever."""
+    """A table's checkpoint: its asset's metadata when the catalog has the table (of that
+    changefeed), else ``fallback(changefeed_id)`` (the owner's view, or what the captures
+    report in etcd; called only when needed): tables created after the code server loaded
+    the catalog have no asset, and must not hold a gate closed forever."""
 
     catalog: Catalog
     metadata_checkpoint: Callable[[object], int | None]
-    fallback: Callable[[], Mapping[int, int]]
-    changefeed_id: str = ""
+    fallback: Callable[[str], Mapping[int, int]]
 
-    def for_changefeed(self, changefeed_id: str) -> CheckpointLookup:
-        """The same lookup among ``changefeed_id``'s tables."""
-        return CheckpointLookup(
-            self.catalog, self.metadata_checkpoint, self.fallback, changefeed_id
-        )
-
-    def __call__(self, table_id: int) -> int | None:
-        ref = self.catalog.ref(self.changefeed_id, table_id)
+    def __call__(self, changefeed_id: str, table_id: int) -> int | None:
+        ref = self.catalog.ref(changefeed_id, table_id)
         if ref is not None:
             key = self.catalog.replica_key(ref)
             if key not in self.catalog.shared_keys():  # else it may be another changefeed's
                 return self.metadata_checkpoint(key)
-        return self.fallback().get(table_id)
+        return self.fallback(changefeed_id).get(table_id)
 
 
 def checkpoint_lookup(
     catalog: Catalog,
     metadata_checkpoint: Callable[[object], int | None],
-    fallback: Callable[[], Mapping[int, int]],
+    fallback: Callable[[str], Mapping[int, int]],
 ) -> CheckpointLookup:
-    """A table's checkpoint by id (``gate_status`` narrows it to the DDL's changefeed)."""
+    """A table's checkpoint by (changefeed id, table id)."""
     return CheckpointLookup(catalog, metadata_checkpoint, fallback)

@@ -91,7 +91,7 @@ def test_defs_list_every_changefeeds_tables_and_keep_colliding_ids_apart(
     ]
     # the gate looks at the DDL's own changefeed's tables (a global DDL: all of them)
     metadata = {dg.AssetKey(["replica", mydb, "orders"]): 100}
-    lookup = checkpoint_lookup(catalog, metadata.get, dict)
+    lookup = checkpoint_lookup(catalog, metadata.get, lambda cf: {})
     assert gate_status(DdlToRun("shop", 100, ()), catalog, lookup)[0]
     is_open, reason = gate_status(DdlToRun("demo", 100, ()), catalog, lookup)
     assert not is_open and "1@none, 2@none" in reason

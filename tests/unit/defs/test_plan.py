@@ -30,14 +30,16 @@ def owner_view(**kw: object) -> TickView:
 
 
 def test_not_owner_skips_naming_the_owner() -> None:
-    result = plan(TickView(False, "dagster-other (owner_rev 9)"), 3, [], CATALOG, lambda t: None)
+    result = plan(
+        TickView(False, "dagster-other (owner_rev 9)"), 3, [], CATALOG, lambda cf, t: None
+    )
     assert result.skip_reason is not None
     assert "dagster-other" in result.skip_reason.skip_message
     assert not result.run_requests
 
 
 def test_one_run_per_capture_with_owner_rev_and_tick_in_run_key_and_config() -> None:
-    result = plan(owner_view(), 7, ["c1", "c2"], CATALOG, lambda t: None)
+    result = plan(owner_view(), 7, ["c1", "c2"], CATALOG, lambda cf, t: None)
     runs = {r.partition_key: r for r in result.run_requests}
     assert set(runs) == {"c1", "c2"}
     assert runs["c1"].run_key == "capture:c1:42:7"
@@ -47,7 +49,7 @@ def test_one_run_per_capture_with_owner_rev_and_tick_in_run_key_and_config() -> 
 
 
 def test_partitions_follow_captures_joining_and_leaving() -> None:
-    result = plan(owner_view(captures=("c1", "c2")), 1, ["c1", "c0"], CATALOG, lambda t: None)
+    result = plan(owner_view(captures=("c1", "c2")), 1, ["c1", "c0"], CATALOG, lambda cf, t: None)
     adds = [
         r
         for r in result.dynamic_partitions_requests
@@ -62,15 +64,15 @@ def test_partitions_follow_captures_joining_and_leaving() -> None:
 
 
 def test_capture_without_work_gets_no_run() -> None:
-    result = plan(owner_view(work={"c1": WORK["c1"]}), 1, ["c1", "c2"], CATALOG, lambda t: None)
+    result = plan(owner_view(work={"c1": WORK["c1"]}), 1, ["c1", "c2"], CATALOG, lambda cf, t: None)
     assert [r.partition_key for r in result.run_requests] == ["c1"]
 
 
 def test_ddl_run_only_when_checkpoint_metadata_reached_its_commit_ts() -> None:
     ddl = DdlToRun("cf", 1000, (1,))
-    closed = plan(owner_view(ddls=(ddl,)), 1, ["c1", "c2"], CATALOG, {1: 999}.get)
+    closed = plan(owner_view(ddls=(ddl,)), 1, ["c1", "c2"], CATALOG, lambda cf, t: {1: 999}.get(t))
     assert all(r.job_name != "apply_ddl" for r in closed.run_requests)
-    opened = plan(owner_view(ddls=(ddl,)), 1, ["c1", "c2"], CATALOG, {1: 1000}.get)
+    opened = plan(owner_view(ddls=(ddl,)), 1, ["c1", "c2"], CATALOG, lambda cf, t: {1: 1000}.get(t))
     ddl_runs = [r for r in opened.run_requests if r.job_name == "apply_ddl"]
     assert (
         len(ddl_runs) == 1
@@ -80,8 +82,8 @@ def test_ddl_run_only_when_checkpoint_metadata_reached_its_commit_ts() -> None:
 
 def test_global_ddl_waits_for_every_table() -> None:
     ddl = DdlToRun("cf", 1000, ())
-    assert gate_status(ddl, CATALOG, {1: 1000, 2: 5}.get)[0] is False
-    is_open, reason = gate_status(ddl, CATALOG, {1: 1000, 2: 1000}.get)
+    assert gate_status(ddl, CATALOG, lambda cf, t: {1: 1000, 2: 5}.get(t))[0] is False
+    is_open, reason = gate_status(ddl, CATALOG, lambda cf, t: {1: 1000, 2: 1000}.get(t))
     assert is_open and "2 table(s)" in reason
 
 
@@ -109,11 +111,11 @@ def test_a_capture_with_a_queued_run_gets_no_new_run_and_its_next_run_carries_ev
     hb2 = {"type": "heartbeat", "seq": 3}
     d2 = {"type": "dispatch", "seq": 4}
     tick1 = owner_view(work={"c1": {"cf": [hb1, d1]}, "c2": {"cf": [hb1]}})
-    result = plan(tick1, 1, ["c1", "c2"], CATALOG, lambda t: None, queued={"c1"}, outbox=box)
+    result = plan(tick1, 1, ["c1", "c2"], CATALOG, lambda cf, t: None, queued={"c1"}, outbox=box)
     assert [r.partition_key for r in result.run_requests] == ["c2"]
     assert box.held("c1") == 2
     tick2 = owner_view(work={"c1": {"cf": [hb2, d2]}})
-    result = plan(tick2, 2, ["c1", "c2"], CATALOG, lambda t: None, queued=set(), outbox=box)
+    result = plan(tick2, 2, ["c1", "c2"], CATALOG, lambda cf, t: None, queued=set(), outbox=box)
     (run,) = result.run_requests
     carried = json.loads(run.run_config["ops"]["receive"]["config"]["messages_json"])
     # Every dispatch in order; only the newest heartbeat (it supersedes the older one).
@@ -131,19 +133,19 @@ def test_held_messages_of_another_owner_rev_or_a_departed_capture_are_dropped() 
         1,
         ["c1"],
         CATALOG,
-        lambda t: None,
+        lambda cf, t: None,
         queued={"c1"},
         outbox=box,
     )
     assert box.held("c1") == 1
-    plan(owner_view(owner_rev=43, work={}), 2, ["c1"], CATALOG, lambda t: None, outbox=box)
+    plan(owner_view(owner_rev=43, work={}), 2, ["c1"], CATALOG, lambda cf, t: None, outbox=box)
     assert box.held("c1") == 0
     plan(
         owner_view(owner_rev=43, work={"c1": {"cf": [d1]}}),
         3,
         ["c1"],
         CATALOG,
-        lambda t: None,
+        lambda cf, t: None,
         queued={"c1"},
         outbox=box,
     )
@@ -152,7 +154,7 @@ def test_held_messages_of_another_owner_rev_or_a_departed_capture_are_dropped() 
         4,
         ["c1"],
         CATALOG,
-        lambda t: None,
+        lambda cf, t: None,
         outbox=box,
     )
     assert box.held("c1") == 0
@@ -164,13 +166,13 @@ def test_gate_reads_tables_without_an_asset_from_the_owner_view_and_global_ddls_
     from cdc_dagster.defs.tables.gate import checkpoint_lookup
 
     # Table 9 was created after the catalog was loaded: no asset, the owner's view decides.
-    lookup = checkpoint_lookup(CATALOG, lambda key: 500, lambda: {9: 400})
-    assert lookup(1) == 500 and lookup(9) == 400 and lookup(10) is None
+    lookup = checkpoint_lookup(CATALOG, lambda key: 500, lambda cf: {9: 400})
+    assert lookup("cf", 1) == 500 and lookup("cf", 9) == 400 and lookup("cf", 10) is None
     assert gate_status(DdlToRun("cf", 400, (9,)), CATALOG, lookup)[0]
     assert not gate_status(DdlToRun("cf", 450, (9,)), CATALOG, lookup)[0]
     # A global DDL: every current table (2 was dropped earlier, it blocks nothing).
     lookup = checkpoint_lookup(
-        CATALOG, lambda key: 500 if key.path[-1] == "a" else 100, lambda: {9: 600}
+        CATALOG, lambda key: 500 if key.path[-1] == "a" else 100, lambda cf: {9: 600}
     )
     assert not gate_status(DdlToRun("cf", 450, ()), CATALOG, lookup)[0]
     assert gate_status(DdlToRun("cf", 450, ()), CATALOG, lookup, {1, 9})[0]
