@@ -15,7 +15,6 @@ from cdc_dagster.defs.tables.assets import (
     ObservationBudget,
     latest_checkpoint,
     progress_observations,
-    replica_key_of,
 )
 from cdc_dagster.defs.tables.gate import checkpoint_lookup
 
@@ -48,7 +47,6 @@ def build_owner_sensor(
     """The owner sensor over ``catalog``'s tables, launching ``jobs`` (capture tick, DDL);
     at most ``observations_per_tick`` asset observations a tick (None: one per asset)."""
     budget = ObservationBudget(observations_per_tick)  # lives as long as the code server
-    keys: dict[tuple[str, int], dg.AssetKey] = {}  # (changefeed, table id) -> replica key
 
     @dg.sensor(
         name=SENSOR_NAME,
@@ -117,10 +115,8 @@ def build_owner_sensor(
                 ", ".join(sorted(queued)),
             )
         if view.is_owner and view.tables:
-            if not keys:
-                keys.update(replica_key_of(catalog))
             observations = progress_observations(
-                catalog, view.tables, time.time_ns() // 1_000_000, budget, keys
+                catalog, view.tables, time.time_ns() // 1_000_000, budget
             )
             return dg.SensorResult(
                 run_requests=result.run_requests,

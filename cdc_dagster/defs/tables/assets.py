@@ -87,10 +87,12 @@ def materializations(
     """The report's materializations: one per asset key (tables of a group merged)."""
     grouped: dict[dg.AssetKey, list[TableReport]] = {}
     for report in reports:
-        ref = catalog.ref(report.changefeed_id, report.table_id) or TableRef(
-            report.table_id, "unknown", f"table_{report.table_id}"
-        )
-        grouped.setdefault(catalog.replica_key(ref), []).append(report)
+        key = catalog.replica_key_for(report.changefeed_id, report.table_id)
+        if key is None:  # created after the catalog was loaded
+            key = catalog.replica_key(
+                TableRef(report.table_id, "unknown", f"table_{report.table_id}")
+            )
+        grouped.setdefault(key, []).append(report)
     return [table_materialization(k, rs, capture_id, now_ms) for k, rs in grouped.items()]
 
 
@@ -169,26 +171,18 @@ class ObservationBudget:
         return chosen
 
 
-def replica_key_of(catalog: Catalog) -> dict[tuple[str, int], dg.AssetKey]:
-    """(changefeed id, table id) -> the table's replica asset key (built once per catalog: a
-    key costs ~5 us; changefeed "" for the tables of CDC_DAGSTER_CHANGELOG)."""
-    return {(ref.changefeed_id, ref.table_id): catalog.replica_key(ref) for ref in catalog.tables}
-
-
 def progress_observations(
     catalog: Catalog,
     tables: Iterable[TableReport],
     now_ms: int,
     budget: ObservationBudget | None = None,
-    key_of: dict[tuple[str, int], dg.AssetKey] | None = None,
 ) -> list[dg.AssetObservation]:
     """The owner's view of each table (state, primary capture, barrier, lag) as observations,
     one per asset key (tables of a group merged), for the keys ``budget`` picks (all of
     them without one)."""
-    key_of = key_of if key_of is not None else replica_key_of(catalog)
     grouped: dict[dg.AssetKey, list[TableReport]] = {}
     for t in tables:
-        key = key_of.get((t.changefeed_id, t.table_id)) or key_of.get(("", t.table_id))
+        key = catalog.replica_key_for(t.changefeed_id, t.table_id)
         if key is not None:
             grouped.setdefault(key, []).append(t)
     keys = list(grouped)
