@@ -16,6 +16,11 @@ from cdc_dagster.upstream.schema import ColumnSchema, IndexSchema, TableSchema
 SYSTEM_SCHEMAS = frozenset({"mysql", "information_schema", "performance_schema", "sys"})
 
 
+def quote_ident(name: str) -> str:
+    """``name`` as a MySQL identifier: in backticks, a backtick doubled."""
+    return "`" + name.replace("`", "``") + "`"
+
+
 class CatalogError(Exception):
     """A table cannot be replicated as it is (the message names it and what to do)."""
 

@@ -35,6 +35,7 @@ import pymysql
 
 from cdc_dagster.mysql.catalog import CatalogError, IdRegistry, RawTable, build_schema
 from cdc_dagster.mysql.catalog import list_tables as _list_tables
+from cdc_dagster.mysql.catalog import quote_ident as _q
 from cdc_dagster.mysql.catalog import read_table as _read_table
 from cdc_dagster.mysql.upstream import connect
 from cdc_dagster.upstream.schema import DdlRecord
@@ -48,10 +49,6 @@ log = logging.getLogger(__name__)
 Name = tuple[str, str]
 OPEN_ATTEMPTS = 5
 _RACE_CODES = (1146, 1412)  # no such table, table definition changed (a DDL raced the open)
-
-
-def _q(name: str) -> str:
-    return "`" + name.replace("`", "``") + "`"
 
 
 def _seq(gtid: str) -> int:

@@ -13,6 +13,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from cdc_dagster.mysql.catalog import build_schema, list_tables, read_table
+from cdc_dagster.mysql.catalog import quote_ident as _q
 from cdc_dagster.mysql.state import PullerState, TsAllocator, parse_gtid_pos, save_state
 from cdc_dagster.mysql.types import converter
 from cdc_dagster.mysql.upstream import connect
@@ -21,10 +22,6 @@ from scheduler_core.ddl import DDLKind
 
 if TYPE_CHECKING:
     from cdc_dagster.mysql.puller import Puller
-
-
-def _q(name: str) -> str:
-    return "`" + name.replace("`", "``") + "`"
 
 
 def bootstrap(puller: Puller, conn: Any) -> PullerState:
