@@ -42,7 +42,7 @@ import pyarrow as pa
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from cdc_dagster.upstream.schema import ColumnSchema, DdlRecord, TableSchema
+from cdc_dagster.schema import ColumnSchema, DdlRecord, TableSchema
 from scheduler_core.ddl import DDLKind
 from scheduler_core.messages import Barrier
 from scheduler_core.model import Checkpoint

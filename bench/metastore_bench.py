@@ -38,7 +38,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from cdc_dagster.metastore import ChangefeedProgress, Metastore, TaskStatus, connect
-from cdc_dagster.metastore.embedded import EmbeddedEtcd
+from cdc_dagster.testing.etcd import EmbeddedEtcd
 from scheduler_core.messages import Liveness, TableStatusBatch
 from scheduler_core.model import TableState
 from scheduler_core.ts import compose

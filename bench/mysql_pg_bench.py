@@ -29,11 +29,11 @@ import pyarrow.parquet as pq
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from cdc_dagster.mysql.embedded import PrivateMariaDB, PrivatePostgres
 from cdc_dagster.mysql.puller import PullerConfig, run_puller
 from cdc_dagster.mysql.state import load_state
 from cdc_dagster.sinks.base import COMMIT_TS_COLUMN, OP_COLUMN
 from cdc_dagster.sinks.postgres import PostgresSink
+from cdc_dagster.testing.servers import PrivateMariaDB, PrivatePostgres
 
 
 def _workload(my: PrivateMariaDB, rows: int, txn_rows: int) -> None:

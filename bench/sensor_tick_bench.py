@@ -73,6 +73,7 @@ from typing import Any
 
 import dagster as dg
 import numpy as np
+from cdc_dagster.runtime.driver import add_capture
 from dagster._core.events import DagsterEvent, DagsterEventType
 from dagster._serdes import serialize_value
 
@@ -87,13 +88,12 @@ from cdc_dagster.defs.resources import table_resources
 from cdc_dagster.defs.runtime_glue import TickView, forget_owner_loops
 from cdc_dagster.defs.settings import Settings
 from cdc_dagster.metastore import Metastore, connect
-from cdc_dagster.metastore.embedded import EmbeddedEtcd
 from cdc_dagster.metastore.mailbox import merge
 from cdc_dagster.runtime import CaptureContext, capture_commit, capture_prepare, wire
-from cdc_dagster.runtime.driver import add_capture
 from cdc_dagster.runtime.spec import ExecutorSpec
+from cdc_dagster.schema import ColumnSchema, DdlRecord, TableSchema
+from cdc_dagster.testing.etcd import EmbeddedEtcd
 from cdc_dagster.upstream.changelog import ChangeLogWriter
-from cdc_dagster.upstream.schema import ColumnSchema, DdlRecord, TableSchema
 from scheduler_core.ddl import DDLKind
 from scheduler_core.errors import ExecutorContractError
 from scheduler_core.messages import Barrier, TableStatusBatch

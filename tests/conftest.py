@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import pytest
 
 from cdc_dagster.metastore import KeyLayout, Metastore, connect
-from cdc_dagster.metastore.embedded import EmbeddedEtcd, EtcdTuning
+from cdc_dagster.testing.etcd import EmbeddedEtcd, EtcdTuning
 
 
 @pytest.fixture(scope="session")
@@ -57,7 +57,7 @@ def metastore(etcd_endpoints: list[str], cluster_id: str) -> Iterator[Metastore]
 def pg_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
     """One private PostgreSQL on a free loopback port for the whole session (started on
     first use; skips the test when Debian's postgresql is missing)."""
-    from cdc_dagster.mysql.embedded import EmbeddedServerError, PrivatePostgres
+    from cdc_dagster.testing.servers import EmbeddedServerError, PrivatePostgres
 
     server = PrivatePostgres(tmp_path_factory.mktemp("pg"))
     try:

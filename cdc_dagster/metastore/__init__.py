@@ -24,10 +24,10 @@ from cdc_dagster.metastore.changefeeds import (
 from cdc_dagster.metastore.client import EtcdClient, RpcCounts, TlsConfig
 from cdc_dagster.metastore.ddl_state import DdlState
 from cdc_dagster.metastore.election import Election, OwnerInfo, OwnerSession
-from cdc_dagster.metastore.embedded import EmbeddedEtcd, EtcdTuning
 from cdc_dagster.metastore.errors import *  # noqa: F403 - the error hierarchy is public API
 from cdc_dagster.metastore.errors import EtcdNotRunningError, InvalidEndpointError
 from cdc_dagster.metastore.etcd_binary import EtcdBinary, choose_etcd_binary
+from cdc_dagster.metastore.etcd_process import EtcdTuning
 from cdc_dagster.metastore.keys import KeyLayout
 from cdc_dagster.metastore.mailbox import MailboxStore
 from cdc_dagster.metastore.owner_tick import (
@@ -62,7 +62,6 @@ __all__ = [
     "ConfigCache",
     "DdlState",
     "Election",
-    "EmbeddedEtcd",
     "EtcdBinary",
     "EtcdClient",
     "EtcdTuning",

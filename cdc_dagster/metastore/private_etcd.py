@@ -32,9 +32,15 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from cdc_dagster.metastore.embedded import EtcdTuning, etcd_args, free_ports, is_healthy, log_tail
 from cdc_dagster.metastore.errors import EtcdStartError
 from cdc_dagster.metastore.etcd_binary import choose_etcd_binary
+from cdc_dagster.metastore.etcd_process import (
+    EtcdTuning,
+    etcd_args,
+    free_ports,
+    is_healthy,
+    log_tail,
+)
 
 _log = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cdc_dagster.mysql.types import default_text, logical_type
-from cdc_dagster.upstream.schema import ColumnSchema, IndexSchema, TableSchema
+from cdc_dagster.schema import ColumnSchema, IndexSchema, TableSchema
 
 SYSTEM_SCHEMAS = frozenset({"mysql", "information_schema", "performance_schema", "sys"})
 

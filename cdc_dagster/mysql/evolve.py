@@ -15,7 +15,7 @@ from sqlglot import exp
 from cdc_dagster.mysql.catalog import IdRegistry, RawTable, build_schema
 from cdc_dagster.mysql.ddl import UnsupportedDDLError, parse_mysql
 from cdc_dagster.mysql.types import default_text, logical_type
-from cdc_dagster.upstream.schema import ColumnSchema, IndexSchema, TableSchema
+from cdc_dagster.schema import ColumnSchema, IndexSchema, TableSchema
 
 
 class NeedsCatalog(Exception):

@@ -38,7 +38,7 @@ from cdc_dagster.mysql.catalog import list_tables as _list_tables
 from cdc_dagster.mysql.catalog import quote_ident as _q
 from cdc_dagster.mysql.catalog import read_table as _read_table
 from cdc_dagster.mysql.upstream import connect
-from cdc_dagster.upstream.schema import DdlRecord
+from cdc_dagster.schema import DdlRecord
 from scheduler_core.ddl import DDLKind
 
 if TYPE_CHECKING:

@@ -33,7 +33,7 @@ from cdc_dagster.mysql.state import (
 )
 from cdc_dagster.mysql.types import converter, passthrough
 from cdc_dagster.mysql.upstream import UpstreamError, check_upstream, connect, parse_uri
-from cdc_dagster.upstream.schema import DdlRecord, TableSchema, arrow_type
+from cdc_dagster.schema import DdlRecord, TableSchema, arrow_type
 from scheduler_core.ddl import DDLKind
 
 log = logging.getLogger(__name__)

@@ -17,7 +17,7 @@ from cdc_dagster.mysql.catalog import quote_ident as _q
 from cdc_dagster.mysql.state import PullerState, TsAllocator, parse_gtid_pos, save_state
 from cdc_dagster.mysql.types import converter
 from cdc_dagster.mysql.upstream import connect
-from cdc_dagster.upstream.schema import DdlRecord, TableSchema
+from cdc_dagster.schema import DdlRecord, TableSchema
 from scheduler_core.ddl import DDLKind
 
 if TYPE_CHECKING:

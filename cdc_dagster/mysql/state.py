@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from cdc_dagster.mysql.catalog import IdRegistry
-from cdc_dagster.upstream.schema import TableSchema
+from cdc_dagster.schema import TableSchema
 from scheduler_core.ts import compose
 
 

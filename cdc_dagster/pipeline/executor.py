@@ -44,10 +44,10 @@ import numpy as np
 
 from cdc_dagster.pipeline import job
 from cdc_dagster.pipeline.staging import StagedFile, Staging, TableRecord
+from cdc_dagster.schema import SchemaError, TableSchema
 from cdc_dagster.sinks.base import Sink
 from cdc_dagster.sinks.uri import sink_for_uri
 from cdc_dagster.upstream.changelog import ChangeLog, ChangeLogError
-from cdc_dagster.upstream.schema import SchemaError, TableSchema
 from scheduler_core.errors import ExecutorContractError
 from scheduler_core.messages import Barrier, TableStatusBatch
 from scheduler_core.model import Checkpoint, TableState, TableStatus

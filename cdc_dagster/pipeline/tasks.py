@@ -19,8 +19,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from cdc_dagster.schema import TableSchema
 from cdc_dagster.upstream.changelog import ChangeLog, ChangeLogError, DataFile
-from cdc_dagster.upstream.schema import TableSchema
 
 OP_COLUMN = "_cdc_op"
 COMMIT_TS_COLUMN = "_cdc_commit_ts"

@@ -14,8 +14,6 @@ from cdc_dagster.runtime.capture import (
     capture_commit,
     capture_prepare,
 )
-from cdc_dagster.runtime.driver import Driver, add_capture, remove_capture
-from cdc_dagster.runtime.fake import fake_executor_factory
 from cdc_dagster.runtime.owner import (
     ChangefeedTick,
     OwnerLoop,
@@ -34,7 +32,6 @@ __all__ = [
     "CaptureContext",
     "ChangefeedTick",
     "CommitOutcome",
-    "Driver",
     "ExecutorFactory",
     "ExecutorSpec",
     "OwnerLoop",
@@ -45,15 +42,12 @@ __all__ = [
     "RuntimeExecutor",
     "TableLine",
     "TableProgress",
-    "add_capture",
     "admin",
     "apply_ddl_at",
     "apply_ready_ddl",
     "apply_syncpoint",
     "capture_commit",
     "capture_prepare",
-    "fake_executor_factory",
-    "remove_capture",
     "spark_executor_factory",
     "wire",
 ]

@@ -30,7 +30,6 @@ from cdc_dagster.metastore import CaptureSession, Metastore, TaskStatus
 from cdc_dagster.metastore.client import Put
 from cdc_dagster.metastore.errors import CaptureNotRegisteredError, LeaseExpiredError
 from cdc_dagster.metastore.status_codec import encode as encode_status
-from cdc_dagster.runtime.fake import fake_executor_factory
 from cdc_dagster.runtime.spec import ExecutorFactory, ExecutorSpec, RuntimeExecutor, capture_epoch
 from cdc_dagster.runtime.wire import (
     decode_dispatch,
@@ -61,7 +60,7 @@ class CaptureContext:
     capture_id: str
     changefeed_id: str
     staging_root: Path  # staging of every capture: <staging_root>/<changefeed>/<capture>
-    executor_factory: ExecutorFactory = fake_executor_factory
+    executor_factory: ExecutorFactory
     lease_ttl_s: int = 60  # spans a few Dagster runs (~10-20 s apart): failing runs lose it
     address: str = ""
 

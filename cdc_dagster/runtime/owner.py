@@ -44,9 +44,9 @@ from cdc_dagster.runtime import admin
 from cdc_dagster.runtime.sinks import open_sink
 from cdc_dagster.runtime.spec import capture_epoch, changelog_path
 from cdc_dagster.runtime.wire import encode
+from cdc_dagster.schema import DdlRecord, TableSchema
 from cdc_dagster.sinks.base import Sink
 from cdc_dagster.upstream.changelog import ChangeLog
-from cdc_dagster.upstream.schema import DdlRecord, TableSchema
 from scheduler_core.checkpoint import barrier_cap
 from scheduler_core.coordinator import Coordinator, CoordinatorConfig, TickResult
 from scheduler_core.ddl import DDLEvent, DDLManager

@@ -10,7 +10,7 @@ from cdc_dagster.sinks.uri import sink_for_uri
 def open_sink(uri: str) -> Any:
     """``file:///path`` -> the fake downstream's sink (tests); anything else -> ``sink_for_uri``."""
     if uri.startswith("file://"):
-        from cdc_dagster.runtime.fake import FakeSink
+        from cdc_dagster.testing.fake_runtime import FakeSink
 
         return FakeSink(uri[len("file://") :])
     return sink_for_uri(uri)

@@ -15,7 +15,7 @@ from typing import Protocol, runtime_checkable
 
 import pyarrow as pa
 
-from cdc_dagster.upstream.schema import DdlRecord, TableSchema
+from cdc_dagster.schema import DdlRecord, TableSchema
 
 OP_COLUMN = "_cdc_op"
 COMMIT_TS_COLUMN = "_cdc_commit_ts"

@@ -41,6 +41,7 @@ from deltalake import DeltaTable, write_deltalake
 from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
 from deltalake.transaction import CommitProperties, Transaction
 
+from cdc_dagster.schema import DdlRecord, TableSchema, arrow_type
 from cdc_dagster.sinks.base import (
     COMMIT_TS_COLUMN,
     OP_COLUMN,
@@ -56,7 +57,6 @@ from cdc_dagster.sinks.base import (
 )
 from cdc_dagster.sinks.delta_ddl import evolve, plain_type, same_schema
 from cdc_dagster.sinks.delta_paths import META_DIR, encode_component, table_location, table_path
-from cdc_dagster.upstream.schema import DdlRecord, TableSchema, arrow_type
 
 APP_PREFIX = "cdc-dagster"
 MAX_COMMIT_ATTEMPTS = 50

@@ -16,7 +16,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from cdc_dagster.upstream.schema import ColumnSchema, TableSchema, arrow_type
+from cdc_dagster.schema import ColumnSchema, TableSchema, arrow_type
 from scheduler_core.ts import physical_ms
 
 _NOW = frozenset({"CURRENT_TIMESTAMP", "CURRENT_TIMESTAMP()", "NOW()", "LOCALTIMESTAMP"})

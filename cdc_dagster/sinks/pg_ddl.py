@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from psycopg import sql
 
-from cdc_dagster.upstream.schema import ColumnSchema, IndexSchema, TableSchema
+from cdc_dagster.schema import ColumnSchema, IndexSchema, TableSchema
 
 PG_MAX_IDENT_BYTES = 63
 

@@ -26,7 +26,7 @@ from collections.abc import Sequence
 import psycopg
 from psycopg import sql
 
-from cdc_dagster.upstream.schema import TableSchema
+from cdc_dagster.schema import TableSchema
 
 _log = logging.getLogger(__name__)
 

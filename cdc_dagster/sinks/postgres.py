@@ -24,6 +24,7 @@ import psycopg
 import pyarrow as pa
 from psycopg import sql
 
+from cdc_dagster.schema import DdlRecord, TableSchema
 from cdc_dagster.secrets import SecretReferenceError, redact_uri, resolve_uri
 from cdc_dagster.sinks import pg_ddl, pg_syncpoint
 from cdc_dagster.sinks.base import (
@@ -37,7 +38,6 @@ from cdc_dagster.sinks.base import (
     SinkSchemaError,
     SyncpointRecord,
 )
-from cdc_dagster.upstream.schema import DdlRecord, TableSchema
 
 META_SCHEMA = "cdc_dagster"
 

@@ -29,7 +29,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from cdc_dagster.upstream.schema import (
+from cdc_dagster.schema import (
     ColumnSchema,
     DdlRecord,
     IndexSchema,

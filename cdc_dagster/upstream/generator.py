@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from cdc_dagster.schema import ColumnSchema, DdlRecord, IndexSchema, TableSchema
 from cdc_dagster.upstream import bulk, resume
 from cdc_dagster.upstream import workload_data as wd
 from cdc_dagster.upstream.changelog import (
@@ -34,7 +35,6 @@ from cdc_dagster.upstream.changelog import (
     ChangeLogWriter,
     data_file_schema,
 )
-from cdc_dagster.upstream.schema import ColumnSchema, DdlRecord, IndexSchema, TableSchema
 from cdc_dagster.upstream.values import column_default
 from scheduler_core.ddl import DDLKind
 from scheduler_core.ts import LOGICAL_MASK, compose, physical_ms, split

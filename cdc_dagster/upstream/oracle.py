@@ -20,8 +20,8 @@ from typing import Any
 
 import pyarrow as pa
 
+from cdc_dagster.schema import DdlRecord, SchemaError, TableSchema
 from cdc_dagster.upstream.changelog import OP_DELETE, ChangeLog, ChangeLogError
-from cdc_dagster.upstream.schema import DdlRecord, SchemaError, TableSchema
 from cdc_dagster.upstream.values import WIDE, column_default, widening
 
 Key = tuple[Any, ...]

@@ -33,9 +33,9 @@ from dataclasses import asdict, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from cdc_dagster.schema import DdlRecord
 from cdc_dagster.upstream.changelog import ChangeLog, _write_json
 from cdc_dagster.upstream.oracle import Oracle
-from cdc_dagster.upstream.schema import DdlRecord
 
 if TYPE_CHECKING:
     from cdc_dagster.upstream.generator import Workload, WorkloadConfig

@@ -14,7 +14,7 @@ import re
 from decimal import Context, Decimal, InvalidOperation
 from typing import Any
 
-from cdc_dagster.upstream.schema import ColumnSchema, SchemaError
+from cdc_dagster.schema import ColumnSchema, SchemaError
 from scheduler_core.ts import physical_ms
 
 _INTS = frozenset({"int8", "int16", "int32", "int64", "uint8", "uint16", "uint32"})

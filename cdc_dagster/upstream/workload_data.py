@@ -11,7 +11,7 @@ import random
 from decimal import Decimal
 from typing import Any
 
-from cdc_dagster.upstream.schema import ColumnSchema, TableSchema
+from cdc_dagster.schema import ColumnSchema, TableSchema
 from cdc_dagster.upstream.values import WIDE, decimal_scale
 
 ODD_TABLE = 'wide `t` "q"; ü 表'

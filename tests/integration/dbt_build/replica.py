@@ -15,9 +15,9 @@ from typing import Any
 
 import pyarrow as pa
 
+from cdc_dagster.schema import ColumnSchema, DdlRecord, TableSchema
 from cdc_dagster.sinks.base import COMMIT_TS_COLUMN, OP_COLUMN, OP_DELETE, OP_UPSERT
 from cdc_dagster.sinks.delta import DeltaSink, delta_schema
-from cdc_dagster.upstream.schema import ColumnSchema, DdlRecord, TableSchema
 from scheduler_core.ddl import DDLKind
 
 CF = "cf-dbt"

@@ -16,11 +16,11 @@ import pyarrow as pa
 import pytest
 
 from cdc_dagster.dbt import pin_syncpoint, run_build
+from cdc_dagster.schema import TableSchema
 from cdc_dagster.sinks.base import COMMIT_TS_COLUMN, OP_COLUMN, OP_DELETE, OP_UPSERT
 from cdc_dagster.sinks.delta import DeltaSink
 from cdc_dagster.upstream.generator import Workload, WorkloadConfig
 from cdc_dagster.upstream.oracle import Oracle
-from cdc_dagster.upstream.schema import TableSchema
 from tests.integration.dbt_build.expected import built_models, expected_models
 from tests.integration.dbt_build.replica import CF
 

@@ -18,8 +18,8 @@ import psycopg
 import pytest
 
 from cdc_dagster.dbt import pg
-from cdc_dagster.mysql.embedded import EmbeddedServerError, PrivatePostgres
 from cdc_dagster.sinks.postgres import PostgresSink
+from cdc_dagster.testing.servers import EmbeddedServerError, PrivatePostgres
 from tests.integration.dbt_build.expected import built_pg_models, expected_models
 from tests.integration.dbt_build.replica import BALANCE, CF, TABLES, Replica
 

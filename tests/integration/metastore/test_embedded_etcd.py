@@ -10,13 +10,14 @@ import textwrap
 import time
 from pathlib import Path
 
-from cdc_dagster.metastore.embedded import is_healthy
+from cdc_dagster.metastore.etcd_process import is_healthy
 
 REPO = Path(__file__).resolve().parents[3]
 
 START_IN_A_THREAD = """
     import json, sys, threading, time
-    from cdc_dagster.metastore.embedded import EmbeddedEtcd, is_healthy
+    from cdc_dagster.metastore.etcd_process import is_healthy
+    from cdc_dagster.testing.etcd import EmbeddedEtcd
     box = {}
     t = threading.Thread(target=lambda: box.update(e=EmbeddedEtcd(sys.argv[1]).start()))
     t.start(); t.join()

@@ -12,7 +12,7 @@ import pytest
 from pyetcd import etcdrpc
 
 from cdc_dagster.metastore import EtcdAuthError, TlsConfig, connect
-from cdc_dagster.metastore.embedded import EmbeddedEtcd, EtcdTuning
+from cdc_dagster.testing.etcd import EmbeddedEtcd, EtcdTuning
 
 
 def _enable_auth(endpoint: str, root_password: str) -> None:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from cdc_dagster.metastore import Metastore, connect
-from cdc_dagster.metastore.embedded import EmbeddedEtcd, EtcdTuning
+from cdc_dagster.testing.etcd import EmbeddedEtcd, EtcdTuning
 
 TTL_S = 2
 

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from cdc_dagster.mysql.embedded import EmbeddedServerError, PrivateMariaDB
+from cdc_dagster.testing.servers import EmbeddedServerError, PrivateMariaDB
 
 
 @pytest.fixture(scope="session")
@@ -40,7 +40,7 @@ def mydb(mariadb: PrivateMariaDB) -> Iterator[str]:
 @pytest.fixture(scope="session")
 def etcd_endpoints(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[str]]:
     """A private etcd for the Dagster-plane tests of this directory."""
-    from cdc_dagster.metastore.embedded import EmbeddedEtcd, EtcdTuning
+    from cdc_dagster.testing.etcd import EmbeddedEtcd, EtcdTuning
 
     server = EmbeddedEtcd(tmp_path_factory.mktemp("etcd"), tuning=EtcdTuning.for_tests())
     server.start()

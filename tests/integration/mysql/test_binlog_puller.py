@@ -13,8 +13,8 @@ import pytest
 
 from cdc_dagster.mysql.puller import PullerConfig, PullerError, run_puller
 from cdc_dagster.mysql.upstream import UpstreamError, check_upstream, parse_uri
+from cdc_dagster.schema import DdlRecord
 from cdc_dagster.upstream.changelog import ChangeLog
-from cdc_dagster.upstream.schema import DdlRecord
 
 TIMEOUT = 60.0
 

@@ -20,8 +20,8 @@ from cdc_dagster.defs.settings import Settings
 from cdc_dagster.defs.tables.assets import materializations
 from cdc_dagster.defs.tables.checks import _feeds_of
 from cdc_dagster.defs.tables.gate import checkpoint_lookup, gate_status
+from cdc_dagster.schema import ColumnSchema, DdlRecord, TableSchema
 from cdc_dagster.upstream.changelog import ChangeLogWriter
-from cdc_dagster.upstream.schema import ColumnSchema, DdlRecord, TableSchema
 from scheduler_core.ddl import DDLKind
 from scheduler_core.ts import compose
 

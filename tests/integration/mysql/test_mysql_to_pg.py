@@ -16,9 +16,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from test_binlog_puller import ddls, execute, pull_until_caught_up
 
+from cdc_dagster.schema import TableSchema
 from cdc_dagster.sinks.base import COMMIT_TS_COLUMN, OP_COLUMN
 from cdc_dagster.sinks.postgres import PostgresSink
-from cdc_dagster.upstream.schema import TableSchema
 
 CF = "e2e"
 

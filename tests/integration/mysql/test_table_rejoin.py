@@ -16,10 +16,10 @@ from test_table_join import changelog_table, fingerprint, once, postgres_rows, p
 from cdc_dagster.metastore.validation import TableFilter
 from cdc_dagster.mysql.puller import PullerConfig, run_puller
 from cdc_dagster.mysql.state import load_state
+from cdc_dagster.schema import TableSchema
 from cdc_dagster.sinks.delta import DeltaSink, read_table_at
 from cdc_dagster.sinks.postgres import PostgresSink
 from cdc_dagster.upstream.changelog import ChangeLog
-from cdc_dagster.upstream.schema import TableSchema
 
 CF = "rejoin"
 

@@ -15,8 +15,8 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from cdc_dagster.schema import DdlRecord
 from cdc_dagster.upstream.changelog import ChangeLog
-from cdc_dagster.upstream.schema import DdlRecord
 
 
 def _atomic_write(path: Path, data: bytes) -> None:

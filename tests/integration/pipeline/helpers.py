@@ -7,7 +7,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from cdc_dagster.upstream.schema import ColumnSchema, DdlRecord, TableSchema
+from cdc_dagster.schema import ColumnSchema, DdlRecord, TableSchema
 from scheduler_core.ddl import DDLKind
 
 INSERT, UPDATE, DELETE = 1, 2, 3

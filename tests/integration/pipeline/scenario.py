@@ -10,7 +10,7 @@ from typing import Any
 from changelog_v1 import Writer
 from helpers import DELETE, INSERT, UPDATE, accounts, create, rows
 
-from cdc_dagster.upstream.schema import TableSchema
+from cdc_dagster.schema import TableSchema
 from scheduler_core.ts import compose
 
 BASE_MS = 1_700_000_000_000

@@ -17,7 +17,7 @@ from helpers import INSERT, alter, rows
 from scenario import Workload, delta_content, ts
 from test_executor import OPEN, assert_replicated, make, start
 
-from cdc_dagster.upstream.schema import ColumnSchema
+from cdc_dagster.schema import ColumnSchema
 from scheduler_core.messages import Barrier
 
 # Spark-heavy (a job or more per tick): CI runs slow tests too.

@@ -212,9 +212,9 @@ def test_a_batch_never_spans_a_ddl_of_its_table_and_rows_after_it_carry_the_new_
 
     from helpers import INSERT, alter, rows
 
+    from cdc_dagster.schema import ColumnSchema
     from cdc_dagster.sinks.delta import read_table_at
     from cdc_dagster.sinks.uri import sink_for_uri
-    from cdc_dagster.upstream.schema import ColumnSchema
 
     w = Workload(writer, [1])
     before_ddl = w.write(steps=2)

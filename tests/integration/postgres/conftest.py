@@ -1,4 +1,4 @@
-"""A private PostgreSQL for the session (Debian's postgresql; see cdc_dagster.mysql.embedded)."""
+"""A private PostgreSQL for the session (Debian's postgresql; see cdc_dagster.testing.servers)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import psycopg
 import pytest
 
-from cdc_dagster.mysql.embedded import PrivatePostgres
+from cdc_dagster.testing.servers import PrivatePostgres
 
 
 @pytest.fixture

@@ -11,6 +11,7 @@ import psycopg
 import pyarrow as pa
 import pytest
 
+from cdc_dagster.schema import ColumnSchema, DdlRecord, IndexSchema, TableSchema
 from cdc_dagster.sinks.base import (
     COMMIT_TS_COLUMN,
     OP_COLUMN,
@@ -22,7 +23,6 @@ from cdc_dagster.sinks.base import (
     SinkSchemaError,
 )
 from cdc_dagster.sinks.postgres import PostgresSink, redact_uri
-from cdc_dagster.upstream.schema import ColumnSchema, DdlRecord, IndexSchema, TableSchema
 from scheduler_core.ddl import DDLKind
 
 CF = "cf1"

@@ -9,12 +9,12 @@ import psycopg
 import pyarrow as pa
 from psycopg import sql
 
+from cdc_dagster.schema import TableSchema
 from cdc_dagster.sinks.base import COMMIT_TS_COLUMN, OP_COLUMN
 from cdc_dagster.sinks.postgres import PostgresSink
 from cdc_dagster.upstream.changelog import ChangeLog
 from cdc_dagster.upstream.generator import Workload, WorkloadConfig
 from cdc_dagster.upstream.oracle import Oracle, fingerprint
-from cdc_dagster.upstream.schema import TableSchema
 
 CF = "oracle"
 

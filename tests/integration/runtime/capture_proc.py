@@ -15,9 +15,9 @@ from pathlib import Path
 
 from cdc_dagster.metastore import connect
 from cdc_dagster.runtime.capture import CaptureContext, capture_commit, capture_prepare
-from cdc_dagster.runtime.fake import DurableFakeExecutor
 from cdc_dagster.runtime.spec import ExecutorSpec
 from cdc_dagster.runtime.wire import decode
+from cdc_dagster.testing.fake_runtime import DurableFakeExecutor
 
 endpoints, cluster_id, cf_id, capture_id, staging, config_json, kill = sys.argv[1:8]
 executor_kind = sys.argv[8] if len(sys.argv) > 8 else "fake"

@@ -10,7 +10,7 @@ import pytest
 from upstream_helpers import Upstream
 
 from cdc_dagster.metastore import Metastore
-from cdc_dagster.runtime.driver import Driver
+from cdc_dagster.testing.driver import Driver
 
 
 @pytest.fixture

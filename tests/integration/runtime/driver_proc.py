@@ -10,7 +10,7 @@ import json
 import sys
 
 from cdc_dagster.metastore import connect
-from cdc_dagster.runtime.driver import Driver
+from cdc_dagster.testing.driver import Driver
 
 endpoints, cluster_id, state_dir, root, sink_uri, owner_id, upto, max_ticks = sys.argv[1:9]
 ms = connect(endpoints.split(","), cluster_id=cluster_id, retry_timeout_s=10.0)

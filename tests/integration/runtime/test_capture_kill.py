@@ -14,8 +14,8 @@ import pytest
 from upstream_helpers import Upstream, check_downstream
 
 from cdc_dagster.runtime.capture import CaptureContext
-from cdc_dagster.runtime.driver import Driver
-from cdc_dagster.runtime.fake import FileDownstream
+from cdc_dagster.testing.driver import Driver
+from cdc_dagster.testing.fake_runtime import FileDownstream
 
 PROC = Path(__file__).with_name("capture_proc.py")
 

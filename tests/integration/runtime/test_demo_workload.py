@@ -7,9 +7,9 @@ import time
 from pathlib import Path
 
 from cdc_dagster.metastore import Metastore
-from cdc_dagster.runtime.driver import Driver
-from cdc_dagster.runtime.fake import FileDownstream
 from cdc_dagster.services.workload import GeneratorThread
+from cdc_dagster.testing.driver import Driver
+from cdc_dagster.testing.fake_runtime import FileDownstream
 from cdc_dagster.upstream.changelog import ChangeLog, ChangeLogWriter
 
 

@@ -6,8 +6,8 @@ from collections.abc import Callable
 
 from upstream_helpers import Upstream, check_downstream
 
-from cdc_dagster.runtime.driver import Driver
-from cdc_dagster.runtime.fake import FileDownstream
+from cdc_dagster.testing.driver import Driver
+from cdc_dagster.testing.fake_runtime import FileDownstream
 
 
 def test_changefeed_replicates_to_the_fake_downstream(

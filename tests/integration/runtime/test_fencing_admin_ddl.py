@@ -10,9 +10,9 @@ from upstream_helpers import Upstream, check_downstream
 
 from cdc_dagster.runtime.admin import AdminError
 from cdc_dagster.runtime.capture import capture_commit, capture_prepare
-from cdc_dagster.runtime.driver import Driver
-from cdc_dagster.runtime.fake import FileDownstream
 from cdc_dagster.runtime.wire import decode, encode
+from cdc_dagster.testing.driver import Driver
+from cdc_dagster.testing.fake_runtime import FileDownstream
 from scheduler_core.messages import DispatchTableRequest, Header, RemoveTableRequest
 
 

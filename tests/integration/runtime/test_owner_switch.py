@@ -13,10 +13,10 @@ from pathlib import Path
 from upstream_helpers import Upstream, check_downstream
 
 from cdc_dagster.runtime.capture import capture_prepare
-from cdc_dagster.runtime.driver import Driver
-from cdc_dagster.runtime.fake import FileDownstream
 from cdc_dagster.runtime.owner import OwnerLoop
 from cdc_dagster.runtime.wire import decode
+from cdc_dagster.testing.driver import Driver
+from cdc_dagster.testing.fake_runtime import FileDownstream
 
 PROC = Path(__file__).with_name("driver_proc.py")
 

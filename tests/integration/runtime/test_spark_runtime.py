@@ -12,7 +12,8 @@ from upstream_helpers import RowUpstream
 
 pytest.importorskip("cdc_dagster.pipeline.executor")
 from cdc_dagster.metastore import Metastore
-from cdc_dagster.runtime import Driver, spark_executor_factory
+from cdc_dagster.runtime import spark_executor_factory
+from cdc_dagster.testing.driver import Driver
 
 pytestmark = pytest.mark.slow  # a Spark session and a Spark job per capture half
 

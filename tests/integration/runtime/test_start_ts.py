@@ -8,8 +8,8 @@ from pathlib import Path
 from upstream_helpers import Upstream
 
 from cdc_dagster.metastore import Metastore
-from cdc_dagster.runtime.driver import Driver
-from cdc_dagster.runtime.fake import FileDownstream
+from cdc_dagster.testing.driver import Driver
+from cdc_dagster.testing.fake_runtime import FileDownstream
 from scheduler_core.ts import compose
 
 

@@ -9,9 +9,9 @@ from typing import Any
 
 import pyarrow as pa
 
-from cdc_dagster.runtime.fake import FileDownstream
+from cdc_dagster.schema import ColumnSchema, DdlRecord, TableSchema
+from cdc_dagster.testing.fake_runtime import FileDownstream
 from cdc_dagster.upstream.changelog import ChangeLogWriter
-from cdc_dagster.upstream.schema import ColumnSchema, DdlRecord, TableSchema
 from scheduler_core.ddl import DDLKind
 from scheduler_core.ts import compose
 

@@ -8,9 +8,9 @@ import time
 import pyarrow as pa
 
 import cdc_dagster.sinks.delta as delta_mod
+from cdc_dagster.schema import ColumnSchema, TableSchema
 from cdc_dagster.sinks.base import FencedError
 from cdc_dagster.sinks.delta import DeltaSink
-from cdc_dagster.upstream.schema import ColumnSchema, TableSchema
 
 CF = "race"
 TABLE = TableSchema(

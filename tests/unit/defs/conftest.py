@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from cdc_dagster.schema import ColumnSchema, DdlRecord, TableSchema
 from cdc_dagster.upstream.changelog import ChangeLogWriter
-from cdc_dagster.upstream.schema import ColumnSchema, DdlRecord, TableSchema
 from scheduler_core.ddl import DDLKind
 from scheduler_core.ts import compose
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from cdc_dagster.metastore import embedded, etcd_binary
+from cdc_dagster.metastore import etcd_binary, etcd_process
 from cdc_dagster.metastore.errors import EtcdBinaryNotFoundError
 
 
@@ -86,6 +86,6 @@ def test_environment_variable_names_the_binary(
 
 
 def test_free_ports_are_distinct() -> None:
-    ports = embedded.free_ports(4)
+    ports = etcd_process.free_ports(4)
     assert len(set(ports)) == 4
     assert all(0 < p < 65536 for p in ports)

@@ -10,7 +10,7 @@ from cdc_dagster.metastore import errors as e
 from cdc_dagster.metastore.changefeeds import ChangefeedInfo, decode_info
 from cdc_dagster.metastore.client import Compare, CompareTarget, EtcdClient, KeyValue, TlsConfig
 from cdc_dagster.metastore.election import Election
-from cdc_dagster.metastore.embedded import free_ports
+from cdc_dagster.metastore.etcd_process import free_ports
 from cdc_dagster.metastore.keys import KeyLayout, check_segment
 from cdc_dagster.metastore.validation import (
     MAX_FILTER_RULES,

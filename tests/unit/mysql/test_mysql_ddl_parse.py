@@ -95,7 +95,7 @@ def test_type_map_edges():
 def test_alter_statements_evolve_the_schema_from_the_ast(query, columns, indexes):
     from cdc_dagster.mysql.catalog import IdRegistry
     from cdc_dagster.mysql.evolve import altered_schema
-    from cdc_dagster.upstream.schema import ColumnSchema, IndexSchema, TableSchema
+    from cdc_dagster.schema import ColumnSchema, IndexSchema, TableSchema
 
     before = TableSchema(1, "d", "t", (ColumnSchema(1, "id", "int64", False),
                          ColumnSchema(2, "x", "int32")), (1,), (IndexSchema("a", (2,)),))  # fmt: skip

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from cdc_dagster.schema import ColumnSchema, DdlRecord, IndexSchema, TableSchema
 from cdc_dagster.sinks import pg_ddl
 from cdc_dagster.sinks.postgres import ddl_statements
-from cdc_dagster.upstream.schema import ColumnSchema, DdlRecord, IndexSchema, TableSchema
 from scheduler_core.ddl import DDLKind
 
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 
+from cdc_dagster.schema import ColumnSchema, TableSchema
 from cdc_dagster.sinks.base import COMMIT_TS_COLUMN, OP_COLUMN
 from cdc_dagster.sinks.delta import DeltaSink
-from cdc_dagster.upstream.schema import ColumnSchema, TableSchema
 
 CF = "cf-1"
 

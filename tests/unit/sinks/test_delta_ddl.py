@@ -10,9 +10,9 @@ import pytest
 from conftest import CF, accounts, batch
 from deltalake import DeltaTable
 
+from cdc_dagster.schema import ColumnSchema, DdlRecord, TableSchema
 from cdc_dagster.sinks.base import Committed, FencedError, SinkDDLError, SinkSchemaError
 from cdc_dagster.sinks.delta import read_table_at
-from cdc_dagster.upstream.schema import ColumnSchema, DdlRecord, TableSchema
 from scheduler_core.ddl import DDLKind
 
 KINDS = {

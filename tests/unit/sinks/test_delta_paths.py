@@ -8,9 +8,9 @@ import pytest
 from conftest import CF, batch
 from deltalake import DeltaTable
 
+from cdc_dagster.schema import ColumnSchema, TableSchema
 from cdc_dagster.sinks.delta import read_table_at
 from cdc_dagster.sinks.delta_paths import decode_component, encode_component
-from cdc_dagster.upstream.schema import ColumnSchema, TableSchema
 
 WEIRD = [
     'q"uote',

@@ -10,8 +10,8 @@ import pyarrow as pa
 from conftest import CF, batch
 from deltalake import DeltaTable
 
+from cdc_dagster.schema import ColumnSchema, TableSchema
 from cdc_dagster.sinks.delta import read_table_at
-from cdc_dagster.upstream.schema import ColumnSchema, TableSchema
 
 VALUES = {
     "bool": True,

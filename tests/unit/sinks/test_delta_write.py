@@ -159,7 +159,7 @@ def test_value_that_does_not_fit_the_column_type_is_a_schema_error(sink):
 def test_batch_for_a_schema_the_delta_table_does_not_have_is_a_schema_error(sink):
     t = accounts()
     token = sink.acquire(CF, t)
-    from cdc_dagster.upstream.schema import ColumnSchema
+    from cdc_dagster.schema import ColumnSchema
 
     wider = accounts(extra=(ColumnSchema(4, "added", "int32"),))
     with pytest.raises(SinkSchemaError, match=r"column .added.*DDL not applied"):

@@ -10,10 +10,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
+from cdc_dagster.schema import ACTIONS
 from cdc_dagster.upstream.changelog import OP_DELETE, OP_UPDATE, ChangeLog
 from cdc_dagster.upstream.generator import ShardLag, Workload, WorkloadConfig, WorkloadError
 from cdc_dagster.upstream.oracle import Oracle, fingerprint
-from cdc_dagster.upstream.schema import ACTIONS
 from cdc_dagster.upstream.workload_data import WIDE_TYPES
 from scheduler_core.ddl import DDLKind
 from scheduler_core.ts import LOGICAL_MASK, MAX_TS, compose, physical_ms

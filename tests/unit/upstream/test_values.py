@@ -10,7 +10,7 @@ from decimal import Decimal
 import pyarrow as pa
 import pytest
 
-from cdc_dagster.upstream.schema import ColumnSchema, SchemaError, arrow_type
+from cdc_dagster.schema import ColumnSchema, SchemaError, arrow_type
 from cdc_dagster.upstream.values import column_default, value_from_text, value_to_text, widening
 from cdc_dagster.upstream.workload_data import WIDE_TYPES, random_value
 from scheduler_core.ts import compose

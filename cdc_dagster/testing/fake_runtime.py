@@ -24,9 +24,9 @@ import numpy as np
 
 from cdc_dagster.runtime.spec import ExecutorSpec, atomic_write_json, changelog_path
 from cdc_dagster.runtime.wire import decode_barrier, encode_barrier
+from cdc_dagster.schema import DdlRecord, TableSchema
 from cdc_dagster.sinks.base import Committed, SyncpointRecord
 from cdc_dagster.upstream.changelog import ChangeLog, ChangeLogError
-from cdc_dagster.upstream.schema import DdlRecord, TableSchema
 from scheduler_core.errors import ExecutorContractError
 from scheduler_core.messages import Barrier, TableStatusBatch
 from scheduler_core.model import Checkpoint, TableState, TableStatus

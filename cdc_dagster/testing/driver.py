@@ -25,11 +25,11 @@ from cdc_dagster.runtime.capture import (
     capture_commit,
     capture_prepare,
 )
-from cdc_dagster.runtime.fake import fake_executor_factory
 from cdc_dagster.runtime.owner import OwnerLoop, OwnerTick, apply_ready_ddl, apply_syncpoint
 from cdc_dagster.runtime.sinks import open_sink
 from cdc_dagster.runtime.spec import ExecutorFactory
 from cdc_dagster.runtime.wire import decode
+from cdc_dagster.testing.fake_runtime import fake_executor_factory
 from cdc_dagster.upstream.changelog import ChangeLog
 from scheduler_core.coordinator import CoordinatorConfig
 
