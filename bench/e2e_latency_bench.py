@@ -113,7 +113,7 @@ def readable_ts(ms: Any, changefeed_id: str, tables: int) -> int:
     reported as replicating (moving, or not started)."""
     from cdc_dagster.defs.runtime_glue import reported_checkpoints
 
-    per_table = reported_checkpoints(ms.tasks.read(changefeed_id))
+    per_table = reported_checkpoints(ms.task_statuses.read(changefeed_id))
     return min(per_table.values()) if len(per_table) >= tables else 0
 
 

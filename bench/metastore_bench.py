@@ -113,7 +113,7 @@ def _write_task_statuses(
     for session, batch in zip(
         sessions, _statuses(captures, distinct, start, seed=captures), strict=True
     ):
-        ms.tasks.put(session, "bench", TaskStatus(1, 1, Liveness.ALIVE, batch))
+        ms.task_statuses.put(session, "bench", TaskStatus(1, 1, Liveness.ALIVE, batch))
     used = ms.client.stats - before
     return used.bytes_sent / captures
 

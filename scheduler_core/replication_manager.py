@@ -45,7 +45,7 @@ from scheduler_core.model import (
     TableStatus,
 )
 from scheduler_core.replication import ReplicationSet
-from scheduler_core.tasks import (
+from scheduler_core.schedule_tasks import (
     AddTableTask,
     BurstAddTask,
     BurstTask,

@@ -100,7 +100,7 @@ def forget_owner_loops() -> None:
 
 def reported_checkpoints(tasks: Any) -> dict[int, int]:
     """Each table's checkpoint as the capture replicating it reports it in ``tasks`` (one
-    changefeed's task statuses by capture, as ``ms.tasks.read`` returns them; the min
+    changefeed's task statuses by capture, as ``ms.task_statuses.read`` returns them; the min
     should two report it: never more than one would admit)."""
     from scheduler_core.model import TableState
 

@@ -45,7 +45,7 @@ from cdc_dagster.metastore.private_etcd import (
     stop_private_etcd,
 )
 from cdc_dagster.metastore.status_codec import TaskStatus
-from cdc_dagster.metastore.tasks import TaskStatusStore
+from cdc_dagster.metastore.task_status import TaskStatusStore
 
 _log = logging.getLogger(__name__)
 
@@ -99,7 +99,7 @@ class Metastore:
         self.election = Election(client, layout)
         self.captures = CaptureRegistry(client, layout)
         self.changefeeds = ChangefeedStore(client, layout, now_ms=now_ms)
-        self.tasks = TaskStatusStore(client, layout)
+        self.task_statuses = TaskStatusStore(client, layout)
         self.mailbox = MailboxStore(client, layout)
 
     def read_owner_snapshot(self, cache: ConfigCache | None = None) -> OwnerSnapshot:

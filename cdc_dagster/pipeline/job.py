@@ -14,7 +14,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from cdc_dagster.pipeline import tasks
+from cdc_dagster.pipeline import spark_tasks
 
 _RESULT_DDL = "table_id long, status string, message string, detail string, rows long"
 
@@ -46,5 +46,5 @@ def run(spark: Any, kind: str, specs: Sequence[dict[str, Any]]) -> list[dict[str
     df = spark.range(0, len(slots), 1, len(slots)).select(
         F.element_at(payload, (F.col("id") + 1).cast("int")).alias("spec")
     )
-    fn = tasks.pull_partition if kind == "pull" else tasks.sink_partition
+    fn = spark_tasks.pull_partition if kind == "pull" else spark_tasks.sink_partition
     return [r.asDict() for r in df.mapInArrow(fn, _RESULT_DDL).collect()]

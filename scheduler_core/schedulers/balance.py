@@ -8,8 +8,8 @@ from collections.abc import Callable
 
 import numpy as np
 
+from scheduler_core.schedule_tasks import BurstTask, MoveTableTask, Task
 from scheduler_core.schedulers.base import ScheduleContext
-from scheduler_core.tasks import BurstTask, MoveTableTask, Task
 
 TableCost = Callable[[np.ndarray], np.ndarray]
 """Vectorised cost of tables by id (the seam for load-aware balancing)."""

@@ -10,7 +10,7 @@ import numpy as np
 
 from scheduler_core.captures import CaptureStatus
 from scheduler_core.replication_manager import ReplicationManager
-from scheduler_core.tasks import Task
+from scheduler_core.schedule_tasks import Task
 
 
 @dataclass(frozen=True, slots=True)

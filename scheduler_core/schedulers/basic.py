@@ -7,8 +7,8 @@ import logging
 import numpy as np
 
 from scheduler_core.errors import ConfigError
+from scheduler_core.schedule_tasks import BurstAddTask, BurstTask, RemoveTableTask, Task
 from scheduler_core.schedulers.base import ScheduleContext
-from scheduler_core.tasks import BurstAddTask, BurstTask, RemoveTableTask, Task
 
 log = logging.getLogger(__name__)
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import logging
 
 from scheduler_core.errors import ConfigError
+from scheduler_core.schedule_tasks import MoveTableTask, Task
 from scheduler_core.schedulers.base import ScheduleContext, least_loaded
-from scheduler_core.tasks import MoveTableTask, Task
 
 log = logging.getLogger(__name__)
 

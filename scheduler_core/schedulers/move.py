@@ -7,8 +7,8 @@ from collections import deque
 
 from scheduler_core.errors import ConfigError
 from scheduler_core.model import ReplicationSetState
+from scheduler_core.schedule_tasks import MoveTableTask, Task
 from scheduler_core.schedulers.base import ScheduleContext
-from scheduler_core.tasks import MoveTableTask, Task
 
 log = logging.getLogger(__name__)
 

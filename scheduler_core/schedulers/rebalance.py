@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import random
 
+from scheduler_core.schedule_tasks import BurstTask, Task
 from scheduler_core.schedulers.balance import TableCost, plan_moves, unit_cost
 from scheduler_core.schedulers.base import ScheduleContext
-from scheduler_core.tasks import BurstTask, Task
 
 
 class RebalanceScheduler:

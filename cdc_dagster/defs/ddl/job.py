@@ -35,7 +35,7 @@ def build_ddl_job(catalog: Catalog) -> dg.JobDefinition:
 
         @functools.cache
         def tasks() -> dict:  # etcd is read once, and only when the gate needs it
-            return cdc.metastore().tasks.read(config.changefeed_id)
+            return cdc.metastore().task_statuses.read(config.changefeed_id)
 
         @functools.cache
         def reported(changefeed_id: str) -> dict[int, int]:  # always this run's changefeed

@@ -26,23 +26,23 @@ def test_capture_whose_lease_expires_leaves_alive_list_and_reregisters_with_new_
     try:
         stays = metastore.captures.register("stays", 1)
         lapses = metastore.captures.register("lapses", 1, keepalive=False)
-        metastore.tasks.put(lapses, "cf", make_task_status(1, 2))
+        metastore.task_statuses.put(lapses, "cf", make_task_status(1, 2))
         assert watch.wait_for(lambda alive: set(alive) == {"stays", "lapses"}, 5)
 
         assert _wait_until(
             lambda: [c.capture_id for c in metastore.captures.list_alive()] == ["stays"], 5
         )
         assert watch.wait_for(lambda alive: set(alive) == {"stays"}, 5)
-        assert metastore.tasks.read("cf") == {}, "task statuses go with the capture's lease"
+        assert metastore.task_statuses.read("cf") == {}, "task statuses go with the capture's lease"
         with pytest.raises(CaptureNotRegisteredError):
-            metastore.tasks.put(lapses, "cf", make_task_status(1, 2))
+            metastore.task_statuses.put(lapses, "cf", make_task_status(1, 2))
 
         again = metastore.captures.register("lapses", 1)
         assert again.epoch != lapses.epoch
         assert watch.wait_for(lambda alive: alive.get("lapses") == again.info, 5)
-        metastore.tasks.put(again, "cf", make_task_status(4))
+        metastore.task_statuses.put(again, "cf", make_task_status(4))
         with pytest.raises(CaptureNotRegisteredError):
-            metastore.tasks.put(lapses, "cf", make_task_status(1, 2))
+            metastore.task_statuses.put(lapses, "cf", make_task_status(1, 2))
         again.deregister()
     finally:
         watch.stop()
@@ -58,10 +58,10 @@ def test_reregistration_rotates_the_epoch_and_fences_the_previous_registration(
         assert new.epoch != old.epoch
         registered = metastore.captures.get("cap")
         assert registered is not None and registered.epoch == new.epoch
-        metastore.tasks.put(new, "cf", make_task_status(5))
+        metastore.task_statuses.put(new, "cf", make_task_status(5))
         with pytest.raises(CaptureNotRegisteredError):
-            metastore.tasks.put(old, "cf", make_task_status(9))
-        assert metastore.tasks.read("cf")["cap"].tables == make_task_status(5).tables
+            metastore.task_statuses.put(old, "cf", make_task_status(9))
+        assert metastore.task_statuses.read("cf")["cap"].tables == make_task_status(5).tables
     finally:
         old.keeper.stop()
         new.deregister()
@@ -71,13 +71,13 @@ def test_deregister_removes_capture_and_its_task_statuses_at_once(
     metastore: Metastore, make_task_status
 ) -> None:
     session = metastore.captures.register("leaving", 5)
-    metastore.tasks.put(session, "cf", make_task_status(3))
-    assert set(metastore.tasks.read("cf")) == {"leaving"}
+    metastore.task_statuses.put(session, "cf", make_task_status(3))
+    assert set(metastore.task_statuses.read("cf")) == {"leaving"}
 
     session.deregister()
 
     assert metastore.captures.list_alive() == []
-    assert metastore.tasks.read("cf") == {}
+    assert metastore.task_statuses.read("cf") == {}
 
 
 def test_kept_alive_capture_outlives_its_ttl(metastore: Metastore) -> None:
@@ -118,8 +118,8 @@ def test_later_capture_run_attaches_renews_the_lease_and_writes_under_the_same_e
         for _ in range(4):  # 2 s of runs, each renewing a 1 s lease
             time.sleep(0.5)
             later_run.keep_alive()
-        metastore.tasks.put(later_run, "cf", make_task_status(8))
-        assert set(metastore.tasks.read("cf")) == {"cap"}
+        metastore.task_statuses.put(later_run, "cf", make_task_status(8))
+        assert set(metastore.task_statuses.read("cf")) == {"cap"}
     finally:
         later_run.deregister()
     with pytest.raises(CaptureNotRegisteredError):

@@ -117,11 +117,11 @@ def test_remove_deletes_every_key_of_the_changefeed(
     store.create("keep", "delta:///lake")
     capture = metastore.captures.register("cap", 5)
     try:
-        metastore.tasks.put(capture, "orders", make_task_status(1))
+        metastore.task_statuses.put(capture, "orders", make_task_status(1))
         store.remove("orders")
         with pytest.raises(e.ChangefeedNotFoundError):
             store.get("orders")
-        assert metastore.tasks.read("orders") == {}
+        assert metastore.task_statuses.read("orders") == {}
         assert [cf.changefeed_id for cf in store.list()] == ["keep"]
     finally:
         capture.deregister()

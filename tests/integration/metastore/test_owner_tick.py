@@ -32,7 +32,7 @@ def test_snapshot_reads_captures_changefeeds_and_one_task_key_per_capture_in_one
     sessions = [metastore.captures.register(f"cap-{i}", 5) for i in range(3)]
     try:
         for i, session in enumerate(sessions):
-            metastore.tasks.put(session, "orders", make_task_status(i * 10, i * 10 + 1))
+            metastore.task_statuses.put(session, "orders", make_task_status(i * 10, i * 10 + 1))
         before = metastore.client.stats
 
         snapshot = metastore.read_owner_snapshot()
@@ -220,7 +220,7 @@ def test_one_malformed_capture_report_is_dropped_and_the_others_are_read(
     good = metastore.captures.register("good", 5)
     bad = metastore.captures.register("bad", 5)
     try:
-        metastore.tasks.put(good, "orders", make_task_status(1, 2))
+        metastore.task_statuses.put(good, "orders", make_task_status(1, 2))
         metastore.client.put(metastore.layout.task("orders", "bad"), bad_value, bad.lease_id)
 
         snapshot = metastore.read_owner_snapshot()

@@ -9,7 +9,7 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from cdc_dagster.pipeline import tasks
+from cdc_dagster.pipeline import spark_tasks
 from cdc_dagster.pipeline.job import balance
 
 sys.path.insert(0, str(Path(__file__).parents[2] / "integration" / "pipeline"))
@@ -26,15 +26,15 @@ def test_mount_names_columns_and_keys_deletes_by_before_image() -> None:
             (30, 0, DELETE, None, {"id": 1}),
         ],
     )
-    out = tasks.mount(S, data)
+    out = spark_tasks.mount(S, data)
     assert out.column_names == ["id", "owner", "balance", "_cdc_op", "_cdc_commit_ts", "_cdc_seq"]
     assert out.column("id").to_pylist() == [1, 1]
-    assert out.column("_cdc_op").to_pylist() == [tasks.OP_UPSERT, tasks.OP_DELETE]
+    assert out.column("_cdc_op").to_pylist() == [spark_tasks.OP_UPSERT, spark_tasks.OP_DELETE]
 
 
 def test_mount_splits_a_key_change_into_delete_old_then_upsert_new() -> None:
     data = rows(S, [(30, 0, UPDATE, {"id": 3, "owner": "b", "balance": D("3.00")}, {"id": 2})])
-    out = tasks.mount(S, data).to_pylist()
+    out = spark_tasks.mount(S, data).to_pylist()
     assert [(r["id"], r["_cdc_op"]) for r in out] == [(2, 1), (3, 0)]
     assert out[0]["_cdc_seq"] < out[1]["_cdc_seq"]
 
@@ -50,24 +50,26 @@ def test_collapse_keeps_the_last_change_per_key_within_the_range() -> None:
             (50, 0, DELETE, None, {"id": 1}),
         ],
     )
-    staged = tasks.mount(S, data)
-    batch = tasks.collapse(S, staged, 10, 40).to_pylist()
+    staged = spark_tasks.mount(S, data)
+    batch = spark_tasks.collapse(S, staged, 10, 40).to_pylist()
     got = {r["id"]: (r["owner"], r["_cdc_op"], r["_cdc_commit_ts"]) for r in batch}
     assert got == {1: ("a2", 0, 30), 2: (None, 1, 40), 4: ("b", 0, 40)}
-    assert tasks.collapse(S, staged, 40, 50).to_pylist()[0]["_cdc_op"] == tasks.OP_DELETE
+    assert (
+        spark_tasks.collapse(S, staged, 40, 50).to_pylist()[0]["_cdc_op"] == spark_tasks.OP_DELETE
+    )
 
 
 def test_a_null_in_a_not_null_column_is_bad_input_naming_the_file(tmp_path: Path) -> None:
     data = rows(S, [(20, 0, INSERT, {"id": 1, "owner": "a", "balance": None}, None)])
-    with pytest.raises(tasks.BadInputError, match=r"f\.parquet.*'balance'.*rewrite"):
-        tasks._fit(S, data, "f.parquet", "table bank.accounts_1 (id 1)")
+    with pytest.raises(spark_tasks.BadInputError, match=r"f\.parquet.*'balance'.*rewrite"):
+        spark_tasks._fit(S, data, "f.parquet", "table bank.accounts_1 (id 1)")
 
 
 def test_a_column_of_another_type_is_bad_input(tmp_path: Path) -> None:
     data = rows(S, [(20, 0, INSERT, {"id": 1, "owner": "a", "balance": D("1")}, None)])
     data = data.set_column(4, "c2", pa.array([b"\xff"], pa.binary()))
-    with pytest.raises(tasks.BadInputError, match="c2"):
-        tasks._fit(S, data, "f.parquet", "table bank.accounts_1 (id 1)")
+    with pytest.raises(spark_tasks.BadInputError, match="c2"):
+        spark_tasks._fit(S, data, "f.parquet", "table bank.accounts_1 (id 1)")
 
 
 def test_balance_spreads_the_biggest_tables_over_slots() -> None:

@@ -11,8 +11,8 @@ from scheduler_core import Checkpoint, ReplicationSet, TableState, TableStatus
 from scheduler_core.messages import AddTableRequest, TableStatusBatch
 from scheduler_core.model import ReplicationSetState
 from scheduler_core.replication_manager import ReplicationManager
+from scheduler_core.schedule_tasks import BurstAddTask, MoveTableTask
 from scheduler_core.schedulers.basic import fill_evenly
-from scheduler_core.tasks import BurstAddTask, MoveTableTask
 
 T = TableState
 CAPS = ("a", "b")

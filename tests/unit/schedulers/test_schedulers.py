@@ -12,6 +12,7 @@ from scheduler_core.captures import CaptureManager, CaptureState, CaptureStatus
 from scheduler_core.errors import ConfigError, SchedulerError
 from scheduler_core.messages import Header, HeartbeatResponse, Liveness, TableStatusBatch
 from scheduler_core.replication_manager import ReplicationManager
+from scheduler_core.schedule_tasks import BurstAddTask, BurstTask, MoveTableTask, RemoveTableTask
 from scheduler_core.schedulers import (
     BalanceScheduler,
     BasicScheduler,
@@ -20,7 +21,6 @@ from scheduler_core.schedulers import (
     RebalanceScheduler,
     ScheduleContext,
 )
-from scheduler_core.tasks import BurstAddTask, BurstTask, MoveTableTask, RemoveTableTask
 
 T = TableState
 CP = Checkpoint.at(100)
