@@ -19,6 +19,7 @@ from typing import Any
 
 from cdc_dagster import admin
 from cdc_dagster.secrets import SecretReferenceError, redact_text, redact_uri
+from cdc_dagster.upstream.uri import is_mysql_uri
 from scheduler_core.ts import format_ts
 
 DEFAULT_STATE_DIR = ".state"
@@ -208,8 +209,6 @@ def _print(obj: Any) -> None:
 
 def _mysql_create_options(args: argparse.Namespace) -> dict[str, Any]:
     """For a mysql:// upstream: where its change log goes, and the snapshot's progress lines."""
-    from cdc_dagster.mysql.upstream import is_mysql_uri
-
     if not args.upstream_uri or not is_mysql_uri(args.upstream_uri):
         return {}
     root = args.changelog_dir or state_dir_of(args) / "mysql" / args.changefeed_id
@@ -258,10 +257,10 @@ def cmd_changefeed(args: argparse.Namespace) -> None:
         elif args.action == "query":
             _print(_changefeed_row(ms.changefeeds.get(args.changefeed_id)))
         elif args.action == "pause":
-            ms.changefeeds.pause(args.changefeed_id)
+            admin.pause_changefeed(ms, args.changefeed_id)
             print(f"paused changefeed {args.changefeed_id}")
         elif args.action == "resume":
-            ms.changefeeds.resume(args.changefeed_id)
+            admin.resume_changefeed(ms, args.changefeed_id)
             print(f"resumed changefeed {args.changefeed_id}")
         elif args.action == "update":
             options = load_changefeed_config(args.config) if args.config else {}
@@ -271,10 +270,10 @@ def cmd_changefeed(args: argparse.Namespace) -> None:
                 options["target_ts"] = args.target_ts
             if not options:
                 raise CliError("nothing to update: pass --sink-uri, --target-ts or --config")
-            ms.changefeeds.update(args.changefeed_id, **options)
+            admin.update_changefeed(ms, args.changefeed_id, **options)
             print(f"updated changefeed {args.changefeed_id}")
         elif args.action == "remove":
-            ms.changefeeds.remove(args.changefeed_id)
+            admin.remove_changefeed(ms, args.changefeed_id)
             print(f"removed changefeed {args.changefeed_id}")
 
 

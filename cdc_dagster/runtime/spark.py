@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from cdc_dagster.runtime.spec import ExecutorFactory, ExecutorSpec, RuntimeExecutor, changelog_path
+from cdc_dagster.runtime.spec import ExecutorFactory, ExecutorSpec, RuntimeExecutor
 from cdc_dagster.upstream.changelog import ChangeLog
+from cdc_dagster.upstream.uri import changelog_path
 
 
 def spark_executor_factory(spark: Any) -> ExecutorFactory:

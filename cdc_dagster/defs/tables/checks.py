@@ -134,11 +134,11 @@ def _feeds_of(ref: TableRef, feeds: list[Any], changelog: Path | None) -> list[A
 
 
 def _changelog_of(cf: Any) -> Path | None:
-    from cdc_dagster.runtime.spec import UpstreamUriError, changelog_path
+    from cdc_dagster.upstream.uri import UpstreamError, changelog_path
 
     try:
         return Path(changelog_path(getattr(cf.info, "upstream_uri", "") or "")).resolve()
-    except UpstreamUriError:
+    except UpstreamError:
         return None
 
 

@@ -4,8 +4,15 @@ from __future__ import annotations
 
 import dagster as dg
 
-from cdc_dagster.dbt.assets import BUILD_TAG
-from cdc_dagster.dbt.settings import DELTA_ROOT_ENV, DbtSettings, NoTargetError, resolve_settings
+from cdc_dagster.dbt.settings import (
+    DELTA_ROOT_ENV,
+    DbtSettings,
+    NoTargetError,
+    changefeeds_of,
+    resolve_settings,
+)
+from cdc_dagster.defs.dbt.assets import BUILD_TAG
+from cdc_dagster.defs.resources import CdcResource
 
 BUILD_JOB = "dbt_build"
 
@@ -95,9 +102,15 @@ def syncpoint_sensor(
         default_status=default_status,
         description="dbt build at each new syncpoint of the changefeed (never between)",
     )
-    def _sensor(context: dg.SensorEvaluationContext) -> dg.SensorResult | dg.SkipReason:
+    def _sensor(
+        context: dg.SensorEvaluationContext, cdc: CdcResource
+    ) -> dg.SensorResult | dg.SkipReason:
         try:
-            settings = resolve_settings(delta_root or "", changefeed_id or "")
+            settings = resolve_settings(
+                delta_root or "",
+                changefeed_id or "",
+                lookup=lambda: changefeeds_of(cdc.metastore()),
+            )
         except NoTargetError as exc:
             return dg.SkipReason(
                 f"no changefeed to build on: {exc} (or set {DELTA_ROOT_ENV} to a Delta sink)"
