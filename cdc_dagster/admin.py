@@ -25,6 +25,9 @@ from cdc_dagster.metastore import Changefeed, ChangefeedStatus, Metastore, Owner
 from cdc_dagster.metastore.client import Delete
 from cdc_dagster.metastore.errors import ChangefeedNotFoundError, MetastoreError
 from cdc_dagster.metastore.validation import TableFilter
+from cdc_dagster.mysql.catalog import CatalogError
+from cdc_dagster.mysql.changefeed import discard_snapshot, take_initial_snapshot
+from cdc_dagster.mysql.puller import PullerError
 from cdc_dagster.secrets import redact_uri
 from cdc_dagster.sinks.uri import validate_sink_uri
 from cdc_dagster.upstream.uri import UpstreamError, is_mysql_uri, parse_uri
@@ -294,9 +297,6 @@ def create_mysql_changefeed(
     Everything the metastore would refuse is checked before the snapshot; if the create
     fails after it, the snapshot is removed: nothing is left half-written.
     """
-    from cdc_dagster.mysql.catalog import CatalogError  # the snapshot's stack: pymysql, ...
-    from cdc_dagster.mysql.changefeed import discard_snapshot, take_initial_snapshot
-    from cdc_dagster.mysql.puller import PullerError
 
     try:
         ms.changefeeds.get(changefeed_id)

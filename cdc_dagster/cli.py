@@ -18,7 +18,10 @@ from pathlib import Path
 from typing import Any
 
 from cdc_dagster import admin
+from cdc_dagster.metastore import connect
+from cdc_dagster.metastore.errors import MetastoreError
 from cdc_dagster.secrets import SecretReferenceError, redact_text, redact_uri
+from cdc_dagster.services import stack
 from cdc_dagster.upstream.uri import is_mysql_uri
 from scheduler_core.ts import format_ts
 
@@ -176,7 +179,6 @@ def state_dir_of(args: argparse.Namespace) -> Path:
 
 def open_metastore(args: argparse.Namespace) -> Any:
     """The metastore of ``--etcd`` or of the state dir's private etcd (which must run)."""
-    from cdc_dagster.metastore import connect
 
     endpoints = [e for e in (args.etcd or "").split(",") if e.strip()]
     return connect(endpoints or None, state_dir_of(args), cluster_id=args.cluster_id)
@@ -329,7 +331,6 @@ def cmd_owner(args: argparse.Namespace) -> None:
 
 def cmd_server(args: argparse.Namespace) -> None:
     """server start|stop|status."""
-    from cdc_dagster.services import stack
 
     state = state_dir_of(args)
     if args.action == "start":
@@ -343,7 +344,6 @@ def cmd_server(args: argparse.Namespace) -> None:
 
 def cmd_demo(args: argparse.Namespace) -> None:
     """demo: etcd, Spark Connect, generator, changefeed, Dagster; Ctrl-C stops them."""
-    from cdc_dagster.services import stack
 
     stack.demo(state_dir_of(args), tables=args.tables, port=args.port, dagster=not args.no_dagster)
 
@@ -361,7 +361,6 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], None]] = {
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command; returns the exit status (1 with a one-line reason on error)."""
     args = build_parser().parse_args(argv)
-    from cdc_dagster.metastore.errors import MetastoreError
 
     try:
         COMMANDS[args.group](args)

@@ -24,6 +24,7 @@ import dagster as dg
 
 from cdc_dagster.defs.resources import open_metastore
 from cdc_dagster.metastore.errors import MetastoreError
+from cdc_dagster.upstream.changelog import ChangeLog
 from cdc_dagster.upstream.uri import UpstreamError, changelog_path
 
 if TYPE_CHECKING:
@@ -153,7 +154,6 @@ def changelog_tables(
     selects (none if there is no log yet)."""
     if root is None or not (root / "FORMAT").exists():
         return []
-    from cdc_dagster.upstream.changelog import ChangeLog
 
     log = ChangeLog(root)
     tables = log.tables_at(log.ddl_resolved_ts() or (1 << 62))

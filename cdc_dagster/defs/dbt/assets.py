@@ -16,6 +16,7 @@ from typing import Any
 import dagster as dg
 from dagster_dbt import DagsterDbtTranslator, DbtCliResource, DbtProject, dbt_assets
 
+from cdc_dagster.dbt import pg
 from cdc_dagster.dbt.build import (
     PROJECT_DIR,
     build_lock,
@@ -238,7 +239,6 @@ def _build_postgres(
     ts: int,
     manifest: Mapping[str, Any],
 ) -> Iterator[Any]:
-    from cdc_dagster.dbt import pg
 
     tables = source_tables(manifest)
     with pg.build_lock(res.sink_uri) as conn:

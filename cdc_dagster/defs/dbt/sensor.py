@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import dagster as dg
+from dagster_dbt.asset_utils import get_manifest_and_translator_from_dbt_assets
 
+from cdc_dagster.dbt.build import source_tables
+from cdc_dagster.dbt.pg import register_and_list
 from cdc_dagster.dbt.settings import (
     DELTA_ROOT_ENV,
     DbtSettings,
@@ -13,6 +16,7 @@ from cdc_dagster.dbt.settings import (
 )
 from cdc_dagster.defs.dbt.assets import BUILD_TAG
 from cdc_dagster.defs.resources import CdcResource
+from cdc_dagster.sinks.delta import list_syncpoints
 
 BUILD_JOB = "dbt_build"
 
@@ -59,10 +63,7 @@ def list_syncpoints_of(settings: DbtSettings, sources: set[tuple[str, str]]) -> 
     copied (``cdc_dagster.dbt.pg``).
     """
     if settings.is_postgres:
-        from cdc_dagster.dbt.pg import register_and_list
-
         return register_and_list(settings.sink_uri, settings.changefeed_id, sources)
-    from cdc_dagster.sinks.delta import list_syncpoints
 
     return list_syncpoints(settings.delta_root, settings.changefeed_id)
 
@@ -132,9 +133,6 @@ def syncpoint_sensor(
 
 
 def _sources_of(assets: dg.AssetsDefinition) -> set[tuple[str, str]]:
-    from dagster_dbt.asset_utils import get_manifest_and_translator_from_dbt_assets
-
-    from cdc_dagster.dbt.build import source_tables
 
     manifest = get_manifest_and_translator_from_dbt_assets([assets])[0]
     return source_tables(manifest)
