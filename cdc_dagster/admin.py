@@ -297,7 +297,6 @@ def create_mysql_changefeed(
     Everything the metastore would refuse is checked before the snapshot; if the create
     fails after it, the snapshot is removed: nothing is left half-written.
     """
-
     try:
         ms.changefeeds.get(changefeed_id)
     except ChangefeedNotFoundError:

@@ -179,7 +179,6 @@ def state_dir_of(args: argparse.Namespace) -> Path:
 
 def open_metastore(args: argparse.Namespace) -> Any:
     """The metastore of ``--etcd`` or of the state dir's private etcd (which must run)."""
-
     endpoints = [e for e in (args.etcd or "").split(",") if e.strip()]
     return connect(endpoints or None, state_dir_of(args), cluster_id=args.cluster_id)
 
@@ -331,7 +330,6 @@ def cmd_owner(args: argparse.Namespace) -> None:
 
 def cmd_server(args: argparse.Namespace) -> None:
     """server start|stop|status."""
-
     state = state_dir_of(args)
     if args.action == "start":
         stack.serve(state, etcd=args.etcd, port=args.port, dagster=not args.no_dagster)
@@ -344,7 +342,6 @@ def cmd_server(args: argparse.Namespace) -> None:
 
 def cmd_demo(args: argparse.Namespace) -> None:
     """demo: etcd, Spark Connect, generator, changefeed, Dagster; Ctrl-C stops them."""
-
     stack.demo(state_dir_of(args), tables=args.tables, port=args.port, dagster=not args.no_dagster)
 
 

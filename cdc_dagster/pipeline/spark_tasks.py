@@ -258,7 +258,6 @@ def read_staged(paths: Sequence[str]) -> pa.Table:
 
 def sink_table(spec: dict[str, Any]) -> dict[str, Any]:
     """Collapse one table's staged changes in (start, end] and write them with the sink."""
-
     table_id = spec["table_id"]
     schema = TableSchema.from_json(spec["schema"])
     where = f"table {schema.qualified_name} (id {table_id})"
