@@ -19,11 +19,12 @@ from typing import Any
 
 from cdc_dagster import admin
 from cdc_dagster.metastore import connect
+from cdc_dagster.metastore.changefeeds import wall_ms
 from cdc_dagster.metastore.errors import MetastoreError
 from cdc_dagster.secrets import SecretReferenceError, redact_text, redact_uri
 from cdc_dagster.services import stack
 from cdc_dagster.upstream.uri import is_mysql_uri
-from scheduler_core.ts import format_ts
+from scheduler_core.ts import compose, physical_ms, wall_time
 
 DEFAULT_STATE_DIR = ".state"
 _DURATION = re.compile(r"(?:(\d+)h)?(?:(\d+)m(?!s))?(?:(\d+)s)?")
@@ -183,24 +184,28 @@ def open_metastore(args: argparse.Namespace) -> Any:
     return connect(endpoints or None, state_dir_of(args), cluster_id=args.cluster_id)
 
 
-def _ts(ts: int) -> str:
-    return f"{ts} ({format_ts(ts)})" if ts else "0"
+def _time(ts: int) -> str:
+    return wall_time(ts) if ts else ""
 
 
-def _changefeed_row(cf: Any) -> dict[str, Any]:
+def _changefeed_row(cf: Any, now_ms: int) -> dict[str, Any]:
     info, status = cf.info, cf.status
     return {
         "id": info.changefeed_id,
         "state": str(status.state),
-        "checkpoint": _ts(status.checkpoint_ts),
-        "resolved": _ts(status.resolved_ts),
+        "error": redact_text(status.last_error),
+        "warning_since": _time(compose(status.warning_since_ms)) if status.warning_since_ms else "",
+        "checkpoint_ts": status.checkpoint_ts,
+        "checkpoint_time": _time(status.checkpoint_ts),
+        "resolved_ts": status.resolved_ts,
+        "resolved_time": _time(status.resolved_ts),
+        "lag_s": round(max(0.0, (now_ms - physical_ms(status.checkpoint_ts)) / 1000), 1),
         "sink_uri": redact_uri(info.sink_uri),
         "upstream_uri": redact_uri(info.upstream_uri),
         "filter": list(info.table_filter),
         "start_ts": info.start_ts,
         "target_ts": info.target_ts,
         "sync_point_interval_s": info.sync_point_interval_s,
-        "error": redact_text(status.last_error),
     }
 
 
@@ -247,16 +252,17 @@ def cmd_changefeed(args: argparse.Namespace) -> None:
                 **options,
             )
             print(f"created changefeed {cf.changefeed_id} into {redact_uri(cf.info.sink_uri)}")
-            print(f"start ts {_ts(cf.info.start_ts)}")
+            print(f"start ts {cf.info.start_ts} ({_time(cf.info.start_ts)})")
         elif args.action == "list":
+            now = wall_ms()
             _print(
                 [
-                    {k: r[k] for k in ("id", "state", "checkpoint")}
-                    for r in map(_changefeed_row, ms.changefeeds.list())
+                    {k: r[k] for k in ("id", "state", "checkpoint_time", "lag_s", "error")}
+                    for r in (_changefeed_row(cf, now) for cf in ms.changefeeds.list())
                 ]
             )
         elif args.action == "query":
-            _print(_changefeed_row(ms.changefeeds.get(args.changefeed_id)))
+            _print(_changefeed_row(ms.changefeeds.get(args.changefeed_id), wall_ms()))
         elif args.action == "pause":
             admin.pause_changefeed(ms, args.changefeed_id)
             print(f"paused changefeed {args.changefeed_id}")

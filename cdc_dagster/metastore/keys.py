@@ -15,6 +15,9 @@
     {root}/{cluster}/admin/{cf}/{request_id}        an admin request the owner applies (JSON)
     {root}/{cluster}/applied/{cf}/ddl-{ts}-{digest} a DDL ran downstream (marker)
     {root}/{cluster}/applied/{cf}/syncpoint-{ts}    a syncpoint was recorded (marker)
+    {root}/{cluster}/problem/{cf}/{source}          what keeps a changefeed from moving, as a
+                                                    capture, the puller or a DDL run saw it
+                                                    (JSON; metastore/problems.py)
 
 The owner reads O(captures) keys per tick: one range over ``task/{cf}/`` per changefeed.
 """
@@ -171,6 +174,17 @@ class KeyLayout:
     def syncpoint_recorded(self, changefeed_id: str, ts: int) -> str:
         """The marker that says a syncpoint was recorded downstream."""
         return f"{self.applied(changefeed_id)}syncpoint-{ts:020d}"
+
+    def problems(self, changefeed_id: str | None = None) -> str:
+        """Prefix of the problems (of one changefeed, or of all)."""
+        base = self.prefix + "problem/"
+        if changefeed_id is None:
+            return base
+        return base + check_segment("changefeed_id", changefeed_id) + "/"
+
+    def problem(self, changefeed_id: str, source: str) -> str:
+        """One source's problem with a changefeed (a capture id, ``puller`` or ``ddl``)."""
+        return self.problems(changefeed_id) + check_segment("source", source)
 
     def last_segment(self, key: str) -> str:
         """The id at the end of ``key`` (capture id, changefeed id)."""

@@ -42,14 +42,17 @@ from cdc_dagster.metastore import (
 )
 from cdc_dagster.metastore.changefeeds import wall_ms
 from cdc_dagster.metastore.errors import LeaseExpiredError, NotOwnerError
+from cdc_dagster.metastore.problems import DDL, PULLER, Problem
+from cdc_dagster.runtime.health import Health, HealthConfig, Motion, judge
 from cdc_dagster.runtime.progress import MISSING, TableProgress
 from cdc_dagster.runtime.spec import capture_epoch
 from cdc_dagster.runtime.wire import encode
 from cdc_dagster.schema import DdlRecord, TableSchema
+from cdc_dagster.secrets import redact_uri
 from cdc_dagster.sinks.base import Sink
 from cdc_dagster.sinks.uri import open_sink
 from cdc_dagster.upstream.changelog import ChangeLog
-from cdc_dagster.upstream.uri import changelog_path
+from cdc_dagster.upstream.uri import UpstreamError, changelog_path, is_mysql_uri
 from scheduler_core.checkpoint import barrier_cap
 from scheduler_core.coordinator import Coordinator, CoordinatorConfig, TickResult
 from scheduler_core.ddl import DDLEvent, DDLManager
@@ -76,6 +79,8 @@ class ChangefeedTick:
     finished: bool
     rebuilt: bool
     tables: tuple[TableProgress, ...] = ()
+    problem: str | None = None  # what keeps it from moving (its state: warning), if anything
+    failed: bool = False  # the owner fails it this tick
 
 
 @dataclass(frozen=True, slots=True)
@@ -198,6 +203,7 @@ class _Feed:
         self.finished_ddl_ts = done  # every DDL at or below it ran (or preceded the start)
         self.last_syncpoint_ts = ddl_state.last_syncpoint_ts if ddl_state else 0
         self.fresh = True
+        self.motion = Motion()
 
     def note_ddls_done(self) -> None:
         """Advance ``finished_ddl_ts``: below the first pending DDL, or to the DDL resolved ts."""
@@ -278,6 +284,33 @@ class _Feed:
 
 
 # ------------------------------------------------------------------------------ the loop
+@dataclass(slots=True)
+class _TickState:
+    """What one owner tick reads and collects, changefeed by changefeed."""
+
+    snapshot: OwnerSnapshot
+    alive: dict[str, str]  # capture id -> registration epoch
+    requests: dict[str, list[admin.Request]]
+    now_ms: int
+    messages: dict[str, dict[str, list[OwnerMessage]]] = field(default_factory=dict)
+    ticks: dict[str, ChangefeedTick] = field(default_factory=dict)
+    ddls: list[ReadyDdl] = field(default_factory=list)
+    syncs: list[ReadySyncpoint] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    progress: dict[str, ChangefeedProgress] = field(default_factory=dict)
+    ddl_states: dict[str, DdlState] = field(default_factory=dict)
+
+
+def _producer(upstream_uri: str) -> str:
+    """Who writes a changefeed's change log, for messages."""
+    if is_mysql_uri(upstream_uri):
+        return f"the binlog puller of {redact_uri(upstream_uri)} (its mysql_puller runs)"
+    try:
+        return f"the producer of the change log at {changelog_path(upstream_uri)}"
+    except UpstreamError:
+        return f"the producer of {redact_uri(upstream_uri)}"
+
+
 class OwnerLoop:
     """The owner: keep or win the election, then one tick over every changefeed."""
 
@@ -290,6 +323,7 @@ class OwnerLoop:
         config: CoordinatorConfig | None = None,
         now_ms: Any = wall_ms,
         table_progress: bool = True,
+        health: HealthConfig | None = None,
     ) -> None:
         self.metastore = metastore
         self.owner_id = owner_id
@@ -297,8 +331,10 @@ class OwnerLoop:
         self.config = config or CoordinatorConfig()
         self.now_ms = now_ms
         self.table_progress = table_progress
+        self.health = health or HealthConfig()
         self._session: OwnerSession | None = None
         self._feeds: dict[str, _Feed] = {}
+        self._waiting_since: dict[str, int] = {}  # changefeed -> when it began to wait
 
     # -------------------------------------------------------------- election
     def _ensure_owner(self) -> OwnerSession | None:
@@ -348,48 +384,16 @@ class OwnerLoop:
     def _tick(self, session: OwnerSession) -> OwnerTick:
         ms = self.metastore
         snapshot = ms.read_owner_snapshot()
-        alive = {cid: info.epoch for cid, info in snapshot.captures.items()}
-        requests = admin.pending_requests(ms)
-        messages: dict[str, dict[str, list[OwnerMessage]]] = {}
-        ticks: dict[str, ChangefeedTick] = {}
-        ddls: list[ReadyDdl] = []
-        syncs: list[ReadySyncpoint] = []
-        errors: list[str] = []
-        progress: dict[str, ChangefeedProgress] = {}
-        ddl_states: dict[str, DdlState] = {}
-        for cf_id, cf in sorted(snapshot.changefeeds.items()):
-            stopped = cf.status.state is not ChangefeedState.NORMAL
-            if stopped and not _held_anywhere(snapshot, cf_id):
-                self._feeds.pop(cf_id, None)  # paused, failed or finished, and nothing held
-                continue
-            feed = self._feed(
-                cf, session.owner_rev, snapshot.ddl.get(cf_id), stopped, snapshot.revision
-            )
-            if feed is None:
-                continue  # the change log's DDL stream has not reached the checkpoint yet
-            rebuilt, feed.fresh = feed.fresh, False
-            if stopped:
-                feed.stop_tables()
-            else:
-                feed.feed_ddls()
-            reports = feed.reports_from(snapshot, alive, self.owner_id)
-            result = feed.coordinator.tick(alive, reports)
-            for m in result.messages:
-                messages.setdefault(m.to, {}).setdefault(cf_id, []).append(m)
-            if stopped:
-                continue  # only the removes travel; no progress, DDL or syncpoint
-            errors += admin.apply_requests(session, feed.coordinator, requests.get(cf_id, []))
-            ddls += self._ddls(feed, result)
-            feed.note_ddls_done()
-            syncs += self._syncpoint(feed, result)
-            cp = result.checkpoint
-            progress[cf_id] = ChangefeedProgress(cp.checkpoint_ts, cp.resolved_ts)
-            ddl_states[cf_id] = DdlState(
-                result.barrier, feed.finished_ddl_ts, feed.last_syncpoint_ts
-            )
-            ticks[cf_id] = self._progress(feed, result, rebuilt)
-        ms.commit_owner_tick(session, snapshot, progress, ddl_states)
-        for cf_id, t in ticks.items():
+        step = _TickState(
+            snapshot,
+            {cid: info.epoch for cid, info in snapshot.captures.items()},
+            admin.pending_requests(ms),
+            self.now_ms(),
+        )
+        for _, cf in sorted(snapshot.changefeeds.items()):
+            self._tick_changefeed(session, step, cf)
+        ms.commit_owner_tick(session, snapshot, step.progress, step.ddl_states)
+        for cf_id, t in step.ticks.items():
             if t.finished:
                 self._finish(session, cf_id)
         return OwnerTick(
@@ -397,13 +401,103 @@ class OwnerLoop:
             self.owner_id,
             session.owner_rev,
             "",
-            messages,
-            ticks,
-            tuple(ddls),
-            tuple(syncs),
-            tuple(errors),
-            tuple(sorted(alive)),
+            step.messages,
+            step.ticks,
+            tuple(step.ddls),
+            tuple(step.syncs),
+            tuple(step.errors),
+            tuple(sorted(step.alive)),
         )
+
+    def _tick_changefeed(self, session: OwnerSession, step: _TickState, cf: Changefeed) -> None:
+        """One changefeed's part of the tick (its failure to build waits, visibly)."""
+        cf_id, snapshot = cf.changefeed_id, step.snapshot
+        stopped = not cf.status.state.running
+        if stopped and not _held_anywhere(snapshot, cf_id):
+            self._feeds.pop(cf_id, None)  # paused, failed or finished, and nothing held
+            return
+        feed = self._feed(
+            cf, session.owner_rev, snapshot.ddl.get(cf_id), stopped, snapshot.revision
+        )
+        if feed is None:  # the change log's DDL stream has not reached the checkpoint yet
+            step.progress[cf_id] = self._waiting(cf, step)
+            return
+        self._waiting_since.pop(cf_id, None)
+        rebuilt, feed.fresh = feed.fresh, False
+        if stopped:
+            feed.stop_tables()
+        else:
+            feed.feed_ddls()
+        reports = feed.reports_from(snapshot, step.alive, self.owner_id)
+        result = feed.coordinator.tick(step.alive, reports)
+        for m in result.messages:
+            step.messages.setdefault(m.to, {}).setdefault(cf_id, []).append(m)
+        if stopped:
+            return  # only the removes travel; no progress, DDL or syncpoint
+        step.errors += admin.apply_requests(session, feed.coordinator, step.requests.get(cf_id, []))
+        step.ddls += self._ddls(feed, result)
+        feed.note_ddls_done()
+        step.syncs += self._syncpoint(feed, result)
+        tick = self._progress(feed, result, rebuilt)
+        health = self._health(feed, cf, result, tick, step)
+        step.ticks[cf_id] = dataclasses.replace(tick, problem=health.message, failed=health.failed)
+        cp = result.checkpoint
+        step.progress[cf_id] = ChangefeedProgress(
+            cp.checkpoint_ts, cp.resolved_ts, health.message, health.failed, step.now_ms
+        )
+        step.ddl_states[cf_id] = DdlState(
+            result.barrier, feed.finished_ddl_ts, feed.last_syncpoint_ts
+        )
+
+    def _health(
+        self,
+        feed: _Feed,
+        cf: Changefeed,
+        result: TickResult,
+        tick: ChangefeedTick,
+        step: _TickState,
+    ) -> Health:
+        """What keeps the changefeed from moving, if anything (:mod:`cdc_dagster.runtime.health`)."""
+        feed.motion.observe(tick.checkpoint_ts, tick.resolved_ts, step.now_ms)
+        return judge(
+            alive=bool(step.alive),
+            table_failure=str(result.error) if result.error is not None else None,
+            problems=self._problems(cf.changefeed_id, step),
+            motion=feed.motion,
+            tables=tick.tables,
+            now_ms=step.now_ms,
+            config=self.health,
+            producer=_producer(cf.info.upstream_uri),
+        )
+
+    def _waiting(self, cf: Changefeed, step: _TickState) -> ChangefeedProgress:
+        """A changefeed whose change log has not caught up with its checkpoint: its progress
+        stands still, and its health says why (no captures, a puller's problem, or, after
+        the stall time, that the change log's producer is not advancing)."""
+        status = cf.status
+        since = self._waiting_since.setdefault(cf.changefeed_id, step.now_ms)
+        motion = Motion(status.resolved_ts, since, status.checkpoint_ts, since)
+        health = judge(
+            alive=bool(step.alive),
+            table_failure=None,
+            problems=self._problems(cf.changefeed_id, step),
+            motion=motion,
+            tables=(),
+            now_ms=step.now_ms,
+            config=self.health,
+            producer=_producer(cf.info.upstream_uri),
+        )
+        return ChangefeedProgress(
+            status.checkpoint_ts, status.resolved_ts, health.message, health.failed, step.now_ms
+        )
+
+    def _problems(self, changefeed_id: str, step: _TickState) -> dict[str, Problem]:
+        """The problems recorded for the changefeed by alive captures, the puller, DDL runs."""
+        return {
+            source: p
+            for source, p in step.snapshot.problems.get(changefeed_id, {}).items()
+            if source in step.alive or source in (PULLER, DDL)
+        }
 
     def _feed(
         self,
@@ -500,7 +594,7 @@ class OwnerLoop:
 
     def _finish(self, session: OwnerSession, cf_id: str) -> None:
         def change(status: Any) -> Any:
-            if status.state is not ChangefeedState.NORMAL:
+            if not status.state.running:
                 return None
             return dataclasses.replace(status, state=ChangefeedState.FINISHED)
 

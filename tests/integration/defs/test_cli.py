@@ -46,7 +46,11 @@ def test_changefeed_lifecycle_create_list_query_pause_update_resume_remove(
     code, out, _ = cli("changefeed", "query", "-c", "cf-1")
     row = json.loads(out)
     assert row["filter"] == ["bank.*", "!bank.tmp"] and row["sync_point_interval_s"] == 30
-    assert row["state"] == "normal"
+    assert (row["state"], row["error"]) == ("normal", "")
+    # Each ts once, as a number and as UTC time, and the lag in seconds.
+    assert isinstance(row["checkpoint_ts"], int) and row["checkpoint_time"].endswith("Z")
+    assert isinstance(row["resolved_ts"], int) and row["resolved_time"].endswith("Z")
+    assert isinstance(row["lag_s"], float) and row["lag_s"] >= 0
     assert cli("changefeed", "pause", "-c", "cf-1")[0] == 0
     assert cli("changefeed", "update", "-c", "cf-1", "--sink-uri", "delta:///tmp/lake2")[0] == 0
     assert (
