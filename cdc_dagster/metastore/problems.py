@@ -2,7 +2,8 @@
 
 One key per (changefeed, source), ``problem/<changefeed>/<source>`` (JSON), where the source
 is a capture id (written with the capture's report, under its lease: it goes with the
-capture), ``puller`` (the binlog puller runs) or ``ddl`` (the gated DDL runs). The owner
+capture), ``puller`` (the binlog puller runs), ``ddl`` (applying a DDL downstream, by the
+owner or a gated DDL run) or ``syncpoint`` (recording a syncpoint downstream). The owner
 reads every problem in its one snapshot read, shows them in the changefeed's state
 (warning, with the whole message) and fails the changefeed when one is fatal or lasts too
 long; the source clears its key once it works again.
@@ -26,6 +27,7 @@ BACKOFF_MAX_S = 60.0
 MAX_MESSAGE_CHARS = 4000
 PULLER = "puller"
 DDL = "ddl"
+SYNCPOINT = "syncpoint"
 
 
 def backoff_s(attempts: int) -> float:

@@ -23,7 +23,7 @@ import hashlib
 import logging
 import random
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,14 +41,14 @@ from cdc_dagster.metastore import (
     TaskStatus,
 )
 from cdc_dagster.metastore.changefeeds import wall_ms
-from cdc_dagster.metastore.errors import LeaseExpiredError, NotOwnerError
-from cdc_dagster.metastore.problems import DDL, PULLER, Problem
+from cdc_dagster.metastore.errors import LeaseExpiredError, MetastoreError, NotOwnerError
+from cdc_dagster.metastore.problems import DDL, PULLER, SYNCPOINT, Problem
 from cdc_dagster.runtime.health import Health, HealthConfig, Motion, judge
 from cdc_dagster.runtime.progress import MISSING, TableProgress
 from cdc_dagster.runtime.spec import capture_epoch
 from cdc_dagster.runtime.wire import encode
 from cdc_dagster.schema import DdlRecord, TableSchema
-from cdc_dagster.secrets import redact_uri
+from cdc_dagster.secrets import redact_text, redact_uri
 from cdc_dagster.sinks.base import Sink
 from cdc_dagster.sinks.uri import open_sink
 from cdc_dagster.upstream.changelog import ChangeLog
@@ -496,7 +496,7 @@ class OwnerLoop:
         return {
             source: p
             for source, p in step.snapshot.problems.get(changefeed_id, {}).items()
-            if source in step.alive or source in (PULLER, DDL)
+            if source in step.alive or source in (PULLER, DDL, SYNCPOINT)
         }
 
     def _feed(
@@ -729,19 +729,52 @@ def owner_step(
     ms = loop.metastore
     notes = [f"admin request refused: {e}" for e in tick.admin_errors]
     for ready in tick.syncpoints:
-        apply_syncpoint(ms, ready, sink=sink)
-        notes.append(
-            f"syncpoint {ready.ts} of {ready.changefeed_id} recorded ({len(ready.table_ids)} tables)"
+        _, note = carry_out(
+            ms,
+            ready.changefeed_id,
+            SYNCPOINT,
+            f"recording syncpoint {ready.ts} at the sink",
+            lambda ready=ready: apply_syncpoint(ms, ready, sink=sink),
         )
+        notes.append(note)
     gated = []
     for ddl in tick.ready_ddls:
         if ddl.table_ids and not apply_gated:
             gated.append(ddl)
             continue
-        apply_ready_ddl(ms, ddl, sink=sink)
-        notes.append(f"DDL at {ddl.commit_ts} of {ddl.changefeed_id} applied: {ddl.query}")
+        _, note = carry_out(
+            ms,
+            ddl.changefeed_id,
+            DDL,
+            f"applying DDL {ddl.query!r} (commit ts {ddl.commit_ts}) at the sink",
+            lambda ddl=ddl: apply_ready_ddl(ms, ddl, sink=sink),
+        )
+        notes.append(note)
     work = {c: w for c in tick.messages if (w := tick.run_config(c))}
     return OwnerStep(tick, work, tuple(gated), tuple(notes), time.perf_counter() - started)
+
+
+def carry_out(
+    ms: Metastore, changefeed_id: str, source: str, what: str, action: Callable[[], object]
+) -> tuple[bool, str]:
+    """Do ``action`` for one changefeed, unless its last failure is still backing off; a
+    failure is that changefeed's problem (shown in its state, retried with backoff), never
+    the owner's or another changefeed's. Returns whether it was done, and a log line."""
+    previous = ms.problems.get(changefeed_id, source)
+    if previous is not None and previous.retry_at_ms > wall_ms():
+        return False, f"{changefeed_id}: {what} waits for its retry after: {previous.message}"
+    try:
+        action()
+    except MetastoreError:
+        raise  # etcd's trouble is the owner's own, not the changefeed's
+    except Exception as exc:
+        message = f"{what} failed: {type(exc).__name__}: {redact_text(' '.join(str(exc).split()))}"
+        problem = ms.problems.report(changefeed_id, source, message, wall_ms())
+        log.warning("changefeed %s: %s (attempt %d)", changefeed_id, message, problem.attempts)
+        return False, f"{changefeed_id}: {message} (attempt {problem.attempts})"
+    if previous is not None:
+        ms.problems.clear(changefeed_id, source)
+    return True, f"{changefeed_id}: {what}: done"
 
 
 def reported_checkpoints(statuses: Mapping[str, TaskStatus]) -> dict[int, int]:
@@ -770,6 +803,7 @@ __all__ = [
     "apply_ddl_at",
     "apply_ready_ddl",
     "apply_syncpoint",
+    "carry_out",
     "ddl_marker",
     "owner_step",
     "reported_checkpoints",

@@ -11,11 +11,15 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
 from upstream_helpers import Upstream
 
 from cdc_dagster.metastore import ChangefeedState, Metastore, connect
 from cdc_dagster.runtime.health import NO_CAPTURES, HealthConfig
+from cdc_dagster.schema import DdlRecord
+from cdc_dagster.sinks.base import SinkDDLError
 from cdc_dagster.testing.driver import Driver, DriverTick
+from cdc_dagster.testing.fake_runtime import FakeSink
 
 
 def caught_up(tick: DriverTick, cf: str, upto_ts: int) -> bool:
@@ -125,3 +129,33 @@ def test_a_removed_changefeed_leaves_no_problem_behind(
     assert metastore.problems.of("bad")
     metastore.changefeeds.remove("bad")
     assert metastore.problems.of("bad") == {}
+
+
+def test_a_ddl_the_sink_refuses_stops_neither_the_owner_nor_the_other_changefeed(
+    tmp_path: Path,
+    make_driver: Callable[..., Driver],
+    upstream: Upstream,
+    metastore: Metastore,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    refusing = tmp_path / "refusing"
+    real_apply_ddl = FakeSink.apply_ddl
+
+    def apply_ddl(self: FakeSink, changefeed_id: str, record: DdlRecord, before: object) -> None:
+        if self.downstream.root == refusing:  # this downstream refuses every DDL
+            raise SinkDDLError(f"downstream {refusing} refused {record.query}")
+        real_apply_ddl(self, changefeed_id, record, before)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(FakeSink, "apply_ddl", apply_ddl)
+    driver = make_driver(captures=1)
+    driver.add_changefeed("bad", f"file://{refusing}", start_ts=upstream.start_ts)
+    upstream.create(9, upstream.ts(2000))  # a CREATE TABLE after the start: applied downstream
+    upstream.table_ids.append(9)
+    target = upstream.ts(4000)
+    upstream.advance(target)
+    ticks_to_catch_up(driver, "cf", target)  # the owner kept ticking; cf got the new table
+    assert 9 in {t.table_id for t in driver.tick().owner.changefeeds["cf"].tables}
+    status = metastore.changefeeds.get("bad").status
+    assert status.state is ChangefeedState.WARNING
+    assert "[ddl] applying DDL 'CREATE TABLE db.t9'" in status.last_error
+    assert "refused CREATE TABLE db.t9" in status.last_error
