@@ -13,6 +13,8 @@ import urllib.parse
 from dataclasses import dataclass
 from typing import Any
 
+import pymysql
+
 from cdc_dagster.secrets import SecretReferenceError, redact_uri, resolve_uri
 
 
@@ -122,9 +124,8 @@ def changelog_root(uri: str) -> str:
     return cfg.changelog
 
 
-def connect(cfg: UpstreamConfig, **kw: Any):
-    import pymysql
-
+def connect(cfg: UpstreamConfig, **kw: Any) -> pymysql.connections.Connection:
+    """A pymysql connection to the upstream (autocommit, utf8mb4); UpstreamError if refused."""
     args = cfg.connect_kwargs()
     try:
         return pymysql.connect(**args, autocommit=True, charset="utf8mb4", **kw)
