@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from cdc_dagster import failpoints
 from cdc_dagster.metastore import (
     Changefeed,
     ChangefeedProgress,
@@ -414,6 +415,7 @@ class OwnerLoop:
                 result.barrier, feed.finished_ddl_ts, feed.last_syncpoint_ts
             )
             ticks[cf_id] = self._progress(feed, result, rebuilt)
+        failpoints.hit(failpoints.OWNER_BEFORE_WRITE)
         ms.commit_owner_tick(session, snapshot, progress, ddl_states)
         for cf_id, t in ticks.items():
             if t.finished:
@@ -600,6 +602,7 @@ def apply_ready_ddl(ms: Metastore, ready: ReadyDdl, *, sink: Sink | None = None)
     rec = ready.record
     before = {t: changelog.schema_at(t, rec.commit_ts - 1) for t in rec.table_ids}
     sink.apply_ddl(ready.changefeed_id, rec, before)
+    failpoints.hit(failpoints.DDL_AFTER_APPLY)
     ms.client.put(ddl_marker(ms, ready.changefeed_id, rec.to_event()), rec.query.encode())
 
 
