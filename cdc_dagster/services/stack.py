@@ -205,6 +205,33 @@ def dagster_parts(state_dir: Path, env: dict[str, str], code_port: int, ui_port:
     ]
 
 
+def prepare_instance(state_dir: Path, env: dict[str, str], timeout_s: float = 180.0) -> None:
+    """Create (or migrate) the Dagster instance's storage before its processes start: the
+    daemon and webserver starting together on a fresh SQLite storage would both stamp its
+    schema ("more than one head present"); ``dagster dev`` does this in its own process."""
+    log = state_dir / "dagster" / "instance-migrate.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "wb") as out:
+        try:
+            done = subprocess.run(
+                [str(VENV_BIN / "dagster"), "instance", "migrate"],
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=env,
+                timeout=timeout_s,
+                check=False,
+            )
+        except subprocess.TimeoutExpired:
+            raise procs.ServiceError(
+                f"`dagster instance migrate` took over {timeout_s:.0f}s; see {log}"
+            ) from None
+    if done.returncode != 0:
+        raise procs.ServiceError(
+            f"`dagster instance migrate` failed with exit code {done.returncode}; see {log}"
+        )
+
+
 @dataclass
 class EtcdHandle:
     """The private etcd: detached by design (it outlives any client), so not our child."""
@@ -375,6 +402,8 @@ class Stack:
             env = dagster_env(
                 self.state_dir, self.etcd_endpoints, self.spark_remote, self.changelog
             )
+            if not any(name in alive for name in DAGSTER_PARTS):
+                prepare_instance(self.state_dir, env)
             parts += dagster_parts(self.state_dir, env, ports[CODE], ports[WEB])
             self.ui_url = f"http://127.0.0.1:{ports[WEB]}"
         for part in parts:
@@ -630,7 +659,7 @@ def status(state_dir: Path) -> tuple[list[str], int]:
     for part in record.parts:
         if part.name == ETCD:
             continue
-        state = _part_state(part)
+        state = part_state(part)
         if state != "running":
             down.append(part.name)
         restarts = f", {part.restarts} restart(s)" if part.restarts else ""
@@ -640,11 +669,16 @@ def status(state_dir: Path) -> tuple[list[str], int]:
     return lines, 1 if down else 0
 
 
-def _part_state(part: procs.Service) -> str:
+def part_state(part: procs.Service) -> str:
+    """``running`` (alive and answering where it should), ``starting``, or ``dead``."""
     if not part.alive():
         return "dead"
-    if part.address.startswith("http"):
-        return "running" if procs.http_ok(f"{part.address}/server_info") else "starting"
-    if part.address:
-        return "running" if procs.listening(_port_of(part.address)) else "starting"
-    return "running"
+    if part.name == ETCD:
+        from cdc_dagster.metastore.etcd_process import is_healthy
+
+        answers = is_healthy(part.address)
+    elif part.address.startswith("http"):
+        answers = procs.http_ok(f"{part.address}/server_info")
+    else:
+        answers = not part.address or procs.listening(_port_of(part.address))
+    return "running" if answers else "starting"

@@ -125,6 +125,7 @@ class Supervisor:
     on_change: Callable[[], None] = lambda: None
     clock: Callable[[], float] = time.monotonic
     slots: dict[str, Slot] = field(default_factory=dict)
+    stopping: threading.Event = field(default_factory=threading.Event)  # set: step no more
 
     def add(self, part: Part) -> None:
         """Supervise ``part`` too (launched by the next :meth:`start`, unless adopted)."""
@@ -195,6 +196,8 @@ class Supervisor:
         """Poll every part once: note deaths, relaunch those due, mark the ready ones."""
         now = self.clock()
         for slot in self.slots.values():
+            if self.stopping.is_set():
+                return  # a part ending now is being stopped, not failing
             if slot.state in (PartState.STARTING, PartState.RUNNING):
                 self._poll(slot, now)
             elif slot.state is PartState.BACKOFF and now >= slot.due:
@@ -251,12 +254,14 @@ class Supervisor:
 
     def run(self, stop: threading.Event, interval_s: float = 0.5) -> None:
         """Step every ``interval_s`` until ``stop`` is set."""
+        self.stopping = stop
         while not stop.wait(interval_s):
             self.step()
 
     # ------------------------------------------------------------------ stop
     def shutdown(self, grace_s: float = 2.5) -> None:
         """Stop every part at once (SIGTERM, SIGKILL after ``grace_s``) and release them."""
+        self.stopping.set()
         handles = [s.handle for s in self.slots.values() if s.handle is not None]
         stop_all([h.target() for h in handles], grace_s=grace_s)
         for slot in self.slots.values():
