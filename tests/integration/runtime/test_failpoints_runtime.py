@@ -87,6 +87,7 @@ def test_crash_at_sink_after_write_leaves_the_sink_written_and_the_report_not(
     )
 
 
+@pytest.mark.slow
 def test_crash_at_capture_prepare_persists_nothing_and_the_next_run_carries_on(
     caught_up: Driver, upstream: Upstream, sink_uri: str, etcd_endpoints: list[str], cluster_id: str
 ) -> None:

@@ -213,7 +213,14 @@ _SCRIPT = textwrap.dedent(
 )
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
+@pytest.mark.parametrize(
+    "sig",
+    [
+        signal.SIGINT,
+        pytest.param(signal.SIGTERM, marks=pytest.mark.slow),
+        pytest.param(signal.SIGHUP, marks=pytest.mark.slow),
+    ],
+)
 def test_supervisor_started_with_sigint_ignored_still_stops_everything_on_a_signal(
     sig: signal.Signals, tmp_path: Path
 ) -> None:
