@@ -57,6 +57,7 @@ class StackRecord:
     kind: str = ""  # "server" or "demo"
     etcd: str = ""  # the external etcd endpoints, "" for the private etcd
     parts: tuple[Service, ...] = field(default_factory=tuple)
+    leftovers: tuple[Service, ...] = field(default_factory=tuple)  # of dead parts, finishing
 
     def part(self, name: str) -> Service | None:
         """The recorded part called ``name``."""
@@ -251,6 +252,7 @@ def read_record(state_dir: Path) -> StackRecord:
             str(raw.get("kind", "")),
             str(raw.get("etcd", "")),
             tuple(Service(**s) for s in raw.get("parts", [])),
+            tuple(Service(**s) for s in raw.get("leftovers", [])),
         )
     except (TypeError, AttributeError):
         return StackRecord()
@@ -265,6 +267,7 @@ def write_record(state_dir: Path, record: StackRecord) -> None:
         "kind": record.kind,
         "etcd": record.etcd,
         "parts": [asdict(p) for p in record.parts],
+        "leftovers": [asdict(p) for p in record.leftovers],
     }
     tmp.write_text(json.dumps(body, indent=1))
     tmp.replace(state_dir / SERVICES_FILE)

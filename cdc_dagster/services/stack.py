@@ -460,7 +460,8 @@ class Stack:
                     slot.restarts,
                 )
             )
-        record = procs.StackRecord(self._me, self.kind, self.external_etcd, tuple(parts))
+        left = tuple(s for s in self.supervisor.leftovers if s.alive())
+        record = procs.StackRecord(self._me, self.kind, self.external_etcd, tuple(parts), left)
         procs.write_record(self.state_dir, record)
 
 
@@ -624,6 +625,7 @@ def _live_targets(record: procs.StackRecord) -> list[tuple[str, procs.Target]]:
     for part in record.parts:
         if part.name != ETCD and part.alive():
             out.append((part.name, procs.Target(part.pid, part.pgid)))
+    out += [(s.name, procs.Target(s.pid)) for s in record.leftovers if s.alive()]
     return out
 
 
@@ -664,6 +666,10 @@ def status(state_dir: Path) -> tuple[list[str], int]:
             down.append(part.name)
         restarts = f", {part.restarts} restart(s)" if part.restarts else ""
         lines.append(f"{part.name}: {state} (pid {part.pid}{restarts}) {part.address}".rstrip())
+    left = [s for s in record.leftovers if s.alive()]
+    if left:
+        pids = ", ".join(f"{s.pid} ({s.name})" for s in left)
+        lines.append(f"still finishing, from parts that died: {pids}")
     if down:
         lines.append(f"down: {', '.join(down)}")
     return lines, 1 if down else 0

@@ -24,7 +24,15 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Protocol
 
-from cdc_dagster.services.procs import Service, ServiceError, Stoppable, Target, stop_all
+from cdc_dagster.services.procs import (
+    Service,
+    ServiceError,
+    Stoppable,
+    Target,
+    group_members,
+    start_ticks,
+    stop_all,
+)
 
 Say = Callable[[str], None]
 
@@ -126,6 +134,7 @@ class Supervisor:
     clock: Callable[[], float] = time.monotonic
     slots: dict[str, Slot] = field(default_factory=dict)
     stopping: threading.Event = field(default_factory=threading.Event)  # set: step no more
+    leftovers: list[Service] = field(default_factory=list)  # processes of dead parts' groups
 
     def add(self, part: Part) -> None:
         """Supervise ``part`` too (launched by the next :meth:`start`, unless adopted)."""
@@ -238,6 +247,7 @@ class Supervisor:
         old = slot.handle
         if slot.part.before_restart is not None:
             slot.part.before_restart(old)
+        self._keep_leftovers(slot.part.name, old)
         old.close()
         try:
             self._launch(slot)
@@ -252,6 +262,18 @@ class Supervisor:
             return
         self.say(f"{slot.part.name}: restart {slot.restarts} launched (pid {slot.handle.pid})")  # type: ignore[union-attr]
 
+    def _keep_leftovers(self, name: str, old: Handle) -> None:
+        """What still runs of a dead part's group (a killed code server's run workers go on
+        and finish): noted, so that shutdown (and ``server stop``) stops them too."""
+        target = old.target()
+        pgid = getattr(target, "pgid", 0)
+        if not pgid:
+            return
+        known = {s.pid for s in self.leftovers}
+        for pid in group_members(pgid):
+            if pid not in known:
+                self.leftovers.append(Service(f"{name} (left over)", pid, started=start_ticks(pid)))
+
     def run(self, stop: threading.Event, interval_s: float = 0.5) -> None:
         """Step every ``interval_s`` until ``stop`` is set."""
         self.stopping = stop
@@ -263,7 +285,9 @@ class Supervisor:
         """Stop every part at once (SIGTERM, SIGKILL after ``grace_s``) and release them."""
         self.stopping.set()
         handles = [s.handle for s in self.slots.values() if s.handle is not None]
-        stop_all([h.target() for h in handles], grace_s=grace_s)
+        left = [Target(s.pid) for s in self.leftovers if s.alive()]
+        stop_all([*(h.target() for h in handles), *left], grace_s=grace_s)
+        self.leftovers.clear()
         for slot in self.slots.values():
             if slot.handle is not None:
                 slot.handle.close()

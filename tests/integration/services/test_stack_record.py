@@ -99,13 +99,23 @@ def test_stop_stops_supervisor_and_parts_together_within_5s_and_leaves_no_proces
     sup = spawn("sleep 1000")
     parts = [spawn(ignoring) for _ in range(3)]
     wait_until(lambda: all(len(procs.group_members(p.pgid)) == 2 for p in parts))
-    _record(tmp_path, procs.Service("supervisor", sup.pid, started=sup.started), *parts)
+    leftover = spawn("exec sleep 1000")  # of a part that died: still finishing
+    record = procs.StackRecord(
+        procs.Service("supervisor", sup.pid, started=sup.started),
+        "server",
+        "127.0.0.1:1",
+        tuple(parts),
+        (procs.Service("code-server (left over)", leftover.pid, started=leftover.started),),
+    )
+    procs.write_record(tmp_path, record)
+    assert "still finishing, from parts that died" in stack.status(tmp_path)[0][-1]
     started = time.monotonic()
     assert main(["--state-dir", str(tmp_path), "server", "stop"]) == 0
     took = time.monotonic() - started
     assert took < 5, took
     assert not procs.pid_alive(sup.pid)
     assert all(procs.group_members(p.pgid) == [] for p in parts)
+    assert not leftover.alive()
     assert procs.read_record(tmp_path) == procs.StackRecord()
 
 

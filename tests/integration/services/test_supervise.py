@@ -243,3 +243,25 @@ def test_supervisor_started_with_sigint_ignored_still_stops_everything_on_a_sign
     assert time.monotonic() - started < 5
     assert proc.returncode == 0 and "stopping everything" in out and "done" in out
     assert procs.group_members(child) == []
+
+
+def test_what_a_dead_part_left_running_is_kept_and_stopped_at_shutdown(tmp_path: Path) -> None:
+    # A killed code server's run workers go on and finish: not killed at the restart, but
+    # not forgotten either.
+    clock = Clock()
+    sup = Supervisor(lambda _: None, Backoff(initial_s=1), clock=clock)
+    sup.add(sh_part("server", "sleep 1000 & wait", tmp_path))
+    sup.start(threading.Event())
+    slot = sup.slots["server"]
+    leader = slot.handle.pid  # type: ignore[union-attr]
+    wait_for(lambda: len(procs.group_members(leader)) == 2)
+    (worker,) = [p for p in procs.group_members(leader) if p != leader]
+    os.kill(leader, signal.SIGKILL)
+    wait_for(lambda: slot.handle.exit_note() is not None)  # type: ignore[union-attr]
+    sup.step()
+    clock.now = slot.due
+    sup.step()
+    assert procs.pid_alive(worker)  # the restart left it running
+    assert [s.pid for s in sup.leftovers] == [worker]
+    sup.shutdown(grace_s=0.5)
+    assert not procs.pid_alive(worker)
