@@ -34,6 +34,7 @@ from pymysqlreplication.row_event import (
     WriteRowsEvent,
 )
 
+from cdc_dagster import failpoints
 from cdc_dagster.mysql import catalog, join, snapshot
 from cdc_dagster.mysql.catalog import TableFilter, build_schema, read_table
 from cdc_dagster.mysql.changelog_io import change_rows, truncate_above, writer
@@ -518,6 +519,7 @@ class Puller:
         self.buffers = {}
         self.buffered = 0
         self.state.last_ts = self.alloc.last
+        failpoints.hit(failpoints.PULLER_AFTER_CHANGELOG_WRITE)
         save_state(self.root, self.state)
         for tid, t in self.state.tables.items():
             for shard in range(t.shards):
