@@ -110,11 +110,18 @@ def build_parser() -> argparse.ArgumentParser:
 
     server = sub.add_parser("server", help="start, stop or show etcd, Spark Connect and Dagster")
     servers = server.add_subparsers(dest="action", required=True)
-    start = servers.add_parser("start", help="start etcd, Spark Connect and `dagster dev`")
+    start = servers.add_parser(
+        "start",
+        help="start etcd, Spark Connect and Dagster, supervised (in the foreground; "
+        "--detach: in the background)",
+    )
     start.add_argument("--no-dagster", action="store_true", help="only etcd and Spark Connect")
     start.add_argument("--port", type=int, default=0, help="UI port (0: a free one)")
+    start.add_argument(
+        "--detach", action="store_true", help="run in the background (`server stop` stops it)"
+    )
     servers.add_parser("stop", help="stop what `server start` started")
-    servers.add_parser("status", help="what is running")
+    servers.add_parser("status", help="what is running (exit 1 if a part is down, 3 if none runs)")
 
     demo = sub.add_parser("demo", help="the whole thing with a generated workload")
     demo.add_argument("--tables", type=int, default=6, help="bank tables of the workload")
@@ -334,24 +341,38 @@ def cmd_owner(args: argparse.Namespace) -> None:
             )
 
 
-def cmd_server(args: argparse.Namespace) -> None:
-    """server start|stop|status."""
+def cmd_server(args: argparse.Namespace) -> int:
+    """server start|stop|status; the exit status."""
     state = state_dir_of(args)
+    if args.action == "start" and args.detach:
+        return stack.start_detached(state, _foreground_server_argv(args, state))
     if args.action == "start":
-        stack.serve(state, etcd=args.etcd, port=args.port, dagster=not args.no_dagster)
-    elif args.action == "stop":
+        return stack.serve(state, etcd=args.etcd, port=args.port, dagster=not args.no_dagster)
+    if args.action == "stop":
         stack.stop(state)
-    else:
-        for line in stack.status_lines(state):
-            print(line)
+        return 0
+    lines, code = stack.status(state)
+    for line in lines:
+        print(line)
+    return code
 
 
-def cmd_demo(args: argparse.Namespace) -> None:
+def _foreground_server_argv(args: argparse.Namespace, state: Path) -> list[str]:
+    """The ``server start`` a detached one runs (the same options, without --detach)."""
+    argv = ["--state-dir", str(state), "--cluster-id", args.cluster_id]
+    argv += ["--etcd", args.etcd] if args.etcd else []
+    argv += ["server", "start", "--port", str(args.port)]
+    return argv + (["--no-dagster"] if args.no_dagster else [])
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
     """demo: etcd, Spark Connect, generator, changefeed, Dagster; Ctrl-C stops them."""
-    stack.demo(state_dir_of(args), tables=args.tables, port=args.port, dagster=not args.no_dagster)
+    return stack.demo(
+        state_dir_of(args), tables=args.tables, port=args.port, dagster=not args.no_dagster
+    )
 
 
-COMMANDS: dict[str, Callable[[argparse.Namespace], None]] = {
+COMMANDS: dict[str, Callable[[argparse.Namespace], int | None]] = {
     "changefeed": cmd_changefeed,
     "capture": cmd_capture,
     "table": cmd_table,
@@ -366,7 +387,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
 
     try:
-        COMMANDS[args.group](args)
+        code = COMMANDS[args.group](args)
     except KeyboardInterrupt:
         return 130
     except (
@@ -380,7 +401,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         message = " ".join(str(exc).split())
         print(f"cdc-dagster: error: {redact_text(message)}", file=sys.stderr)
         return 1
-    return 0
+    return code or 0
 
 
 if __name__ == "__main__":

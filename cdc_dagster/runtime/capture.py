@@ -26,6 +26,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
+from cdc_dagster import failpoints
 from cdc_dagster.metastore import CaptureSession, Metastore, TaskStatus
 from cdc_dagster.metastore.changefeeds import wall_ms
 from cdc_dagster.metastore.client import Put
@@ -141,6 +142,7 @@ def _prepare(ctx: CaptureContext, tick: _Tick, messages: Sequence[OwnerMessage])
     rejected = {k: v - before[k] for k, v in _counts(tick.agent.stats).items() if v > before[k]}
     tick.agent.begin_tick()
     tick.executor.pull_phase()
+    failpoints.hit(failpoints.CAPTURE_PREPARE)
     # The report too, with the Agent's state in one transaction: what the messages did
     # (a promotion, a table prepared) is what the owner reads even if this run dies before
     # its commit half; an owner rebuilt meanwhile would otherwise start from the last
@@ -178,6 +180,7 @@ def capture_commit(ctx: CaptureContext) -> CommitOutcome:
 
 def _commit(ctx: CaptureContext, tick: _Tick) -> CommitOutcome:
     tick.executor.sink_phase()
+    failpoints.hit(failpoints.SINK_AFTER_WRITE)
     held_before = tick.executor.statuses()
     responses = tick.agent.end_tick()
     report = _report(tick.agent, tick.executor.statuses(), held_before, responses)

@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from cdc_dagster import admin
+from cdc_dagster import admin, failpoints
 from cdc_dagster.metastore import (
     Changefeed,
     ChangefeedProgress,
@@ -392,6 +392,7 @@ class OwnerLoop:
         )
         for _, cf in sorted(snapshot.changefeeds.items()):
             self._tick_changefeed(session, step, cf)
+        failpoints.hit(failpoints.OWNER_BEFORE_WRITE)
         ms.commit_owner_tick(session, snapshot, step.progress, step.ddl_states)
         for cf_id, t in step.ticks.items():
             if t.finished:
@@ -664,6 +665,7 @@ def apply_ready_ddl(ms: Metastore, ready: ReadyDdl, *, sink: Sink | None = None)
     rec = ready.record
     before = {t: changelog.schema_at(t, rec.commit_ts - 1) for t in rec.table_ids}
     sink.apply_ddl(ready.changefeed_id, rec, before)
+    failpoints.hit(failpoints.DDL_AFTER_APPLY)
     ms.client.put(ddl_marker(ms, ready.changefeed_id, rec.to_event()), rec.query.encode())
 
 

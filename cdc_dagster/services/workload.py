@@ -89,6 +89,14 @@ class GeneratorThread:
             self.error = exc
             _log.exception("the generator stopped")
 
+    def alive(self) -> bool:
+        """Whether it still steps (False once stopped or failed: see ``error``)."""
+        return self._thread.is_alive()
+
+    def request_stop(self) -> None:
+        """Ask it to stop after the current step (:meth:`stop` then releases the log)."""
+        self._stop.set()
+
     def stop(self) -> None:
         """Stop stepping and release the change log (which stays)."""
         self._stop.set()
