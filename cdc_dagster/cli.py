@@ -120,12 +120,20 @@ def build_parser() -> argparse.ArgumentParser:
     start.add_argument(
         "--detach", action="store_true", help="run in the background (`server stop` stops it)"
     )
+    start.add_argument(
+        "--captures",
+        type=int,
+        default=2,
+        metavar="N",
+        help="captures to register (capture-1..N; kept registered until removed; default 2)",
+    )
     servers.add_parser("stop", help="stop what `server start` started")
     servers.add_parser("status", help="what is running (exit 1 if a part is down, 3 if none runs)")
 
     demo = sub.add_parser("demo", help="the whole thing with a generated workload")
     demo.add_argument("--tables", type=int, default=6, help="bank tables of the workload")
     demo.add_argument("--port", type=int, default=0, help="UI port (0: a free one)")
+    demo.add_argument("--captures", type=int, default=2, metavar="N", help="captures (default 2)")
     demo.add_argument("--no-dagster", action="store_true", help=argparse.SUPPRESS)
     return p
 
@@ -291,22 +299,33 @@ def cmd_changefeed(args: argparse.Namespace) -> None:
             print(f"removed changefeed {args.changefeed_id}")
 
 
+def _capture_rows(ms: Any) -> list[dict[str, Any]]:
+    """Every capture the user asked for or that is registered: alive or not, desired or not."""
+    owner = ms.election.current_owner()
+    alive = {c.capture_id: c for c in ms.captures.list_alive()}
+    desired = ms.captures.desired()
+    rows = []
+    for cid in sorted(set(alive) | set(desired)):
+        info = alive.get(cid)
+        row = {
+            "id": cid,
+            "alive": info is not None,
+            "desired": cid in desired,
+            "epoch": info.epoch if info else "",
+            "is_owner": owner is not None and owner.owner_id == cid,
+            "address": info.address if info else "",
+        }
+        if info is None:
+            row["note"] = "its lease expired; the owner registers it again at its next tick"
+        rows.append(row)
+    return rows
+
+
 def cmd_capture(args: argparse.Namespace) -> None:
     """capture list|add|drain|remove."""
     with open_metastore(args) as ms:
         if args.action == "list":
-            owner = ms.election.current_owner()
-            _print(
-                [
-                    {
-                        "id": c.capture_id,
-                        "epoch": c.epoch,
-                        "is_owner": owner is not None and owner.owner_id == c.capture_id,
-                        "address": c.address,
-                    }
-                    for c in ms.captures.list_alive()
-                ]
-            )
+            _print(_capture_rows(ms))
         elif args.action == "add":
             epoch = admin.add_capture(ms, args.capture_id, args.ttl)
             print(f"added capture {args.capture_id} (epoch {epoch})")
@@ -347,7 +366,13 @@ def cmd_server(args: argparse.Namespace) -> int:
     if args.action == "start" and args.detach:
         return stack.start_detached(state, _foreground_server_argv(args, state))
     if args.action == "start":
-        return stack.serve(state, etcd=args.etcd, port=args.port, dagster=not args.no_dagster)
+        return stack.serve(
+            state,
+            etcd=args.etcd,
+            port=args.port,
+            dagster=not args.no_dagster,
+            captures=admin.capture_names(args.captures),
+        )
     if args.action == "stop":
         stack.stop(state)
         return 0
@@ -361,14 +386,18 @@ def _foreground_server_argv(args: argparse.Namespace, state: Path) -> list[str]:
     """The ``server start`` a detached one runs (the same options, without --detach)."""
     argv = ["--state-dir", str(state), "--cluster-id", args.cluster_id]
     argv += ["--etcd", args.etcd] if args.etcd else []
-    argv += ["server", "start", "--port", str(args.port)]
+    argv += ["server", "start", "--port", str(args.port), "--captures", str(args.captures)]
     return argv + (["--no-dagster"] if args.no_dagster else [])
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
     """demo: etcd, Spark Connect, generator, changefeed, Dagster; Ctrl-C stops them."""
     return stack.demo(
-        state_dir_of(args), tables=args.tables, port=args.port, dagster=not args.no_dagster
+        state_dir_of(args),
+        tables=args.tables,
+        port=args.port,
+        dagster=not args.no_dagster,
+        captures=admin.capture_names(args.captures),
     )
 
 

@@ -4,6 +4,9 @@
 
     {root}/{cluster}/owner                          election key (value: owner id; owner's lease)
     {root}/{cluster}/capture/{capture_id}           capture registry (JSON; capture's lease)
+    {root}/{cluster}/desired/capture/{capture_id}   a capture the user asked for (JSON {ttl_s});
+                                                    the owner registers it again if its lease
+                                                    expired, until it is removed
     {root}/{cluster}/changefeed/info/{cf}           changefeed config (JSON)
     {root}/{cluster}/changefeed/status/{cf}         checkpoint, resolved, state, error (JSON)
     {root}/{cluster}/task/{cf}/{capture_id}         one capture's table statuses (binary; its lease)
@@ -132,6 +135,15 @@ class KeyLayout:
     def gc_safepoint(self) -> str:
         """The GC safepoint: nothing below it may be collected from the change log."""
         return self.prefix + "gc/safepoint"
+
+    @property
+    def desired_captures(self) -> str:
+        """Prefix of the captures the user asked for (desired state)."""
+        return self.prefix + "desired/capture/"
+
+    def desired_capture(self, capture_id: str) -> str:
+        """One capture the user asked for."""
+        return self.desired_captures + check_segment("capture_id", capture_id)
 
     @property
     def mailboxes(self) -> str:

@@ -27,7 +27,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from cdc_dagster.metastore.captures import CaptureInfo
+from cdc_dagster.metastore.captures import CaptureInfo, desired_of
 from cdc_dagster.metastore.changefeeds import (
     Changefeed,
     ChangefeedInfo,
@@ -82,6 +82,7 @@ class OwnerSnapshot:
     dropped_reports: int = 0
     # changefeed id -> source -> what keeps it from moving (metastore/problems.py)
     problems: Mapping[str, Mapping[str, Problem]] = field(default_factory=dict)
+    desired: Mapping[str, int] = field(default_factory=dict)  # capture id -> lease TTL
 
 
 @dataclass(frozen=True, slots=True)
@@ -196,10 +197,11 @@ def _read_owner_snapshot(
         Get(layout.gc_safepoint),
     ]
     gets.append(Get(layout.problems(), prefix=True))
+    gets.append(Get(layout.desired_captures, prefix=True))
     if include_tasks:
         gets.append(Get(layout.all_tasks, prefix=True))
     result = client.txn([], gets)
-    captures, listed, changed, statuses, ddls, gc, problems, *rest = result.reads
+    captures, listed, changed, statuses, ddls, gc, problems, desired, *rest = result.reads
     drops = _Drops()
     configs = _configs(layout, listed, changed if since else listed, cache, result.revision)
     changefeeds = _changefeeds(layout, configs, statuses, drops)
@@ -214,6 +216,7 @@ def _read_owner_snapshot(
         changefeed_errors=MappingProxyType(drops.changefeeds),
         dropped_reports=drops.count,
         problems=MappingProxyType(problems_of(layout, list(problems))),
+        desired=MappingProxyType(desired_of(layout, desired)),
     )
 
 

@@ -139,6 +139,7 @@ class OwnerTick:
     syncpoints: tuple[ReadySyncpoint, ...] = ()
     admin_errors: tuple[str, ...] = ()
     captures: tuple[str, ...] = ()  # alive captures (dynamic partitions)
+    registered: tuple[str, ...] = ()  # desired captures whose lease had expired, registered again
 
     def run_config(self, capture_id: str) -> dict[str, list[dict[str, Any]]]:
         """The capture run's messages per changefeed, JSON-able (decode with wire.decode)."""
@@ -299,6 +300,7 @@ class _TickState:
     errors: list[str] = field(default_factory=list)
     progress: dict[str, ChangefeedProgress] = field(default_factory=dict)
     ddl_states: dict[str, DdlState] = field(default_factory=dict)
+    registered: tuple[str, ...] = ()
 
 
 def _producer(upstream_uri: str) -> str:
@@ -390,6 +392,7 @@ class OwnerLoop:
             admin.pending_requests(ms),
             self.now_ms(),
         )
+        step.registered = self._heal_captures(snapshot, step.alive)
         for _, cf in sorted(snapshot.changefeeds.items()):
             self._tick_changefeed(session, step, cf)
         failpoints.hit(failpoints.OWNER_BEFORE_WRITE)
@@ -408,7 +411,21 @@ class OwnerLoop:
             tuple(step.syncs),
             tuple(step.errors),
             tuple(sorted(step.alive)),
+            step.registered,
         )
+
+    def _heal_captures(self, snapshot: OwnerSnapshot, alive: dict[str, str]) -> tuple[str, ...]:
+        """Register again every capture the user asked for whose lease expired (a new epoch:
+        the sink fences anything late from the old one); they join ``alive``."""
+        healed = []
+        for capture_id, ttl_s in sorted(snapshot.desired.items()):
+            if capture_id in alive:
+                continue
+            info = self.metastore.captures.register_desired(capture_id, ttl_s)
+            if info is not None:
+                alive[capture_id] = info.epoch
+                healed.append(capture_id)
+        return tuple(healed)
 
     def _tick_changefeed(self, session: OwnerSession, step: _TickState, cf: Changefeed) -> None:
         """One changefeed's part of the tick (its failure to build waits, visibly)."""
@@ -730,6 +747,7 @@ def owner_step(
         return OwnerStep(tick, notes=(note,), duration_s=time.perf_counter() - started)
     ms = loop.metastore
     notes = [f"admin request refused: {e}" for e in tick.admin_errors]
+    notes += [f"capture {c}: its lease had expired; registered again" for c in tick.registered]
     for ready in tick.syncpoints:
         _, note = carry_out(
             ms,

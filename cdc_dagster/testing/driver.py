@@ -184,6 +184,7 @@ class Driver:
         """Scale out: register a capture (unless registered: a second driver carries on)."""
         if self.ms.captures.get(capture_id) is None:
             # Directly: tests use leases shorter than admin.add_capture allows.
+            self.ms.captures.desire(capture_id, self.lease_ttl_s)
             self.ms.captures.register(capture_id, self.lease_ttl_s, keepalive=False)
         self.capture_ids.append(capture_id)
 

@@ -117,12 +117,15 @@ def test_capture_add_list_drain_and_remove(cli: Run, metastore: Metastore) -> No
     assert cli("capture", "add", "cap-b")[0] == 0
     code, _, err = cli("capture", "add", "cap-b")
     assert code == 1 and "already registered" in err
-    assert {r["id"] for r in json.loads(cli("capture", "list")[1])} == {"cap-a", "cap-b"}
+    rows = json.loads(cli("capture", "list")[1])
+    assert {r["id"] for r in rows} == {"cap-a", "cap-b"}
+    assert all(r["alive"] and r["desired"] for r in rows)
     assert cli("changefeed", "create", "-c", "cf", "--sink-uri", "delta:///tmp/l")[0] == 0
     code, out, err = cli("capture", "drain", "cap-a")
     assert code == 0 and "1 changefeed" in out, err
     assert cli("capture", "remove", "cap-a")[0] == 0
     assert {c.capture_id for c in metastore.captures.list_alive()} == {"cap-b"}
+    assert set(metastore.captures.desired()) == {"cap-b"}  # removed: not registered again
 
 
 def test_table_move_to_unknown_capture_is_refused(cli: Run) -> None:
