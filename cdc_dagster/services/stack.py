@@ -52,7 +52,7 @@ from cdc_dagster.services.supervise import (
 DEMO_CHANGEFEED = "demo"
 DEMO_CAPTURES = ("capture-1", "capture-2")
 VENV_BIN = Path(sys.executable).parent
-STOP_GRACE_S = 2.5  # SIGTERM, then SIGKILL: a stop takes at most this + 1.5 s
+STOP_GRACE_S = 2.0  # SIGTERM, then SIGKILL: a stop takes at most this + 1 s
 SERVER_LOG = "server.log"
 
 SPARK, CODE, DAEMON, WEB, ETCD, GENERATOR = (
@@ -280,7 +280,7 @@ class _GeneratorStop:
     def send(self, sig: int) -> None:
         self.generator.request_stop()
 
-    def alive(self) -> bool:
+    def alive(self, table: procs.ProcTable | None = None) -> bool:
         return bool(self.generator.alive())
 
 
@@ -608,7 +608,10 @@ def stop(state_dir: Path, grace_s: float = STOP_GRACE_S) -> None:
         etcd.start()
     if targets:
         say("stopping " + ", ".join(f"{name} (pid {t.pid})" for name, t in targets) + " ...")
-    procs.stop_all([t for _, t in targets], grace_s=grace_s)
+    killed = procs.stop_all([t for _, t in targets], grace_s=grace_s)
+    if killed:
+        names = [name for name, t in targets if t in killed]
+        say(f"SIGKILLed after {grace_s:.1f}s: {', '.join(names)}")
     # A supervisor that relaunched a part as it was being stopped: that one too.
     late = _live_targets(procs.read_record(state_dir))
     procs.stop_all([t for _, t in late], grace_s=0.5)
