@@ -495,15 +495,29 @@ def stop_on_signals() -> Iterator[threading.Event]:
             signal.signal(sig, previous)
 
 
-def serve(state_dir: Path, *, etcd: str | None, port: int = 0, dagster: bool = True) -> int:
-    """``server start``: etcd, Spark Connect and Dagster, supervised, until stopped."""
+def serve(
+    state_dir: Path,
+    *,
+    etcd: str | None,
+    port: int = 0,
+    dagster: bool = True,
+    captures: Sequence[str] = DEMO_CAPTURES,
+) -> int:
+    """``server start``: etcd, Spark Connect and Dagster, supervised, until stopped; the
+    ``captures`` are registered (desired state) once Dagster runs their leases' renewals."""
+    from cdc_dagster.services import workload
+
     try:
         with (
             stop_on_signals() as stop,
             Stack(state_dir, etcd=etcd, ui_port=port, dagster=dagster, stop=stop) as stack,
         ):
+            if stop.is_set():
+                return 0
             if stack.ui_url:
                 say(f"Dagster UI at {stack.ui_url}")
+            if captures:
+                say(workload.ensure_captures(stack.etcd_endpoints, stack.state_dir, captures))
             say(
                 "running in the foreground, restarting any part that dies; Ctrl-C (or "
                 "`cdc-dagster server stop`) stops everything; `cdc-dagster server start "
@@ -515,7 +529,14 @@ def serve(state_dir: Path, *, etcd: str | None, port: int = 0, dagster: bool = T
     return 0
 
 
-def demo(state_dir: Path, *, tables: int = 6, port: int = 0, dagster: bool = True) -> int:
+def demo(
+    state_dir: Path,
+    *,
+    tables: int = 6,
+    port: int = 0,
+    dagster: bool = True,
+    captures: Sequence[str] = DEMO_CAPTURES,
+) -> int:
     """``demo``: :func:`serve` plus the embedded generator and a changefeed into a Delta root."""
     from cdc_dagster.services import workload
 
@@ -543,7 +564,7 @@ def demo(state_dir: Path, *, tables: int = 6, port: int = 0, dagster: bool = Tru
                 stack.state_dir,
                 DEMO_CHANGEFEED,
                 lake,
-                DEMO_CAPTURES,
+                captures,
                 changelog,
                 stack.generator.start_ts,
             )
