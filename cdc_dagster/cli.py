@@ -27,6 +27,7 @@ from cdc_dagster.upstream.uri import is_mysql_uri
 from scheduler_core.ts import compose, physical_ms, wall_time
 
 DEFAULT_STATE_DIR = ".state"
+MAX_CONFIG_BYTES = 1 << 20
 _DURATION = re.compile(r"(?:(\d+)h)?(?:(\d+)m(?!s))?(?:(\d+)s)?")
 
 
@@ -158,9 +159,21 @@ def parse_duration_s(value: object) -> int:
 def load_changefeed_config(path: Path) -> dict[str, Any]:
     """A changefeed config file (TiCDC-style TOML) as create/update keyword arguments."""
     try:
-        raw = tomllib.loads(path.read_text())
+        data = path.read_bytes()
     except OSError as exc:
         raise CliError(f"cannot read config {path}: {exc.strerror}") from exc
+    if len(data) > MAX_CONFIG_BYTES:
+        raise CliError(
+            f"config {path} is {len(data)} bytes; a changefeed config is a small TOML file "
+            f"(at most {MAX_CONFIG_BYTES})"
+        )
+    try:
+        raw = tomllib.loads(data.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise CliError(
+            f"config {path} is not UTF-8 text (byte {exc.start} is {data[exc.start]:#04x}); "
+            "a changefeed config is a TOML file"
+        ) from None
     except tomllib.TOMLDecodeError as exc:
         raise CliError(f"config {path} is not valid TOML: {exc}") from exc
     known = {"filter", "sync-point-interval", "enable-sync-point", "target-ts"}
