@@ -29,7 +29,7 @@ from cdc_dagster.mysql.catalog import CatalogError
 from cdc_dagster.mysql.changefeed import discard_snapshot, take_initial_snapshot
 from cdc_dagster.mysql.puller import PullerError
 from cdc_dagster.secrets import redact_uri
-from cdc_dagster.sinks.uri import validate_sink_uri
+from cdc_dagster.sinks.uri import probe_sink
 from cdc_dagster.upstream.uri import UpstreamError, is_mysql_uri, parse_uri
 from scheduler_core.coordinator import Coordinator
 from scheduler_core.errors import ConfigError
@@ -270,11 +270,11 @@ def create_changefeed(
     progress: Callable[[str, int, int], None] | None = None,
     checked: Callable[[Sequence[str]], None] | None = None,
 ) -> Changefeed:
-    """Create a changefeed (everything checked first; nothing written on error).
-
-    A ``mysql://`` upstream is checked and snapshotted first (:func:`create_mysql_changefeed`).
+    """Create a changefeed (everything checked first, the sink reached; nothing written on
+    error). A ``mysql://`` upstream is checked and snapshotted first
+    (:func:`create_mysql_changefeed`).
     """
-    validate_sink_uri(sink_uri)
+    probe_sink(sink_uri)
     TableFilter.parse(table_filter)
     if upstream_uri and is_mysql_uri(upstream_uri):
         if start_ts is not None:
@@ -366,7 +366,7 @@ def update_changefeed(ms: Metastore, changefeed_id: str, **changes: Any) -> Chan
             "nothing to update: give sink_uri, table_filter, target_ts or sync_point_interval_s"
         )
     if "sink_uri" in changes:
-        validate_sink_uri(changes["sink_uri"])
+        probe_sink(changes["sink_uri"])
     return ms.changefeeds.update(changefeed_id, **changes)
 
 
