@@ -78,8 +78,15 @@ def build_parser() -> argparse.ArgumentParser:
     create.add_argument("--target-ts", type=int, default=0, help="TS to stop at (0: never)")
     create.add_argument("--config", type=Path, help="TOML: [filter] rules, sync-point-interval")
     cfs.add_parser("list", help="list changefeeds")
-    for action in ("query", "pause", "resume", "remove"):
+    for action in ("query", "pause", "resume"):
         _cf_id(cfs.add_parser(action, help=f"{action} a changefeed"))
+    remove = cfs.add_parser("remove", help="remove a changefeed (and the state it kept on disk)")
+    _cf_id(remove)
+    remove.add_argument(
+        "--keep-state",
+        action="store_true",
+        help="keep its binlog puller's change log and position, and its captures' staging",
+    )
     update = cfs.add_parser("update", help="change a paused changefeed's config")
     _cf_id(update)
     update.add_argument("--sink-uri")
@@ -308,8 +315,15 @@ def cmd_changefeed(args: argparse.Namespace) -> None:
             admin.update_changefeed(ms, args.changefeed_id, **options)
             print(f"updated changefeed {args.changefeed_id}")
         elif args.action == "remove":
-            admin.remove_changefeed(ms, args.changefeed_id)
+            removed = admin.remove_changefeed(
+                ms,
+                args.changefeed_id,
+                keep_state=args.keep_state,
+                staging_root=state_dir_of(args) / "staging",
+            )
             print(f"removed changefeed {args.changefeed_id}")
+            for path in removed:
+                print(f"removed {path}")
 
 
 def _capture_rows(ms: Any) -> list[dict[str, Any]]:

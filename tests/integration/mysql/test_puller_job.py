@@ -19,8 +19,6 @@ from cdc_dagster.defs.mysql.requests import CHANGEFEED_TAG, PULLER_JOB, UPSTREAM
 from cdc_dagster.metastore.changefeeds import ChangefeedState
 from cdc_dagster.testing.dagster import evaluate_sensor
 
-SINK = "postgresql://writer:${PG_PW}@127.0.0.1:1/analytics"
-
 
 @pytest.fixture
 def defs() -> dg.Definitions:
@@ -48,7 +46,7 @@ def _execute(defs: dg.Definitions, instance: dg.DagsterInstance, req: dg.RunRequ
 
 def _create(metastore, mariadb, db: str, root: Path, cf: str = "shop") -> object:
     return admin.create_changefeed(
-        metastore, cf, SINK, table_filter=(f"{db}.*",),
+        metastore, cf, f"delta://{root.parent / 'lake'}", table_filter=(f"{db}.*",),
         upstream_uri=mariadb.uri(query="server-id=4242"), changelog_root=str(root),
     )  # fmt: skip
 
@@ -123,3 +121,21 @@ def test_puller_run_that_cannot_go_on_fails_the_changefeed_with_the_reason(
         assert "binlog puller" in status.last_error and "PARTITION" in status.last_error
         assert "resume" in status.last_error
         assert _pullers(_tick(defs, instance, "2")) == []  # no relaunch until resumed
+
+
+def test_remove_deletes_the_pullers_change_log_and_staging_unless_asked_to_keep_them(
+    mariadb, mydb, metastore, tmp_path
+):
+    execute(mariadb, mydb, "CREATE TABLE r (id INT PRIMARY KEY)")
+    kept, gone = tmp_path / "kept", tmp_path / "gone"
+    _create(metastore, mariadb, mydb, kept, cf="keep")
+    _create(metastore, mariadb, mydb, gone, cf="drop")
+    staging = tmp_path / "staging"
+    (staging / "drop" / "capture-1").mkdir(parents=True)
+    assert (gone / "FORMAT").exists() and (kept / "FORMAT").exists()
+    removed = admin.remove_changefeed(metastore, "drop", staging_root=staging)
+    assert set(removed) == {gone, staging / "drop"}
+    assert not gone.exists() and not (staging / "drop").exists()
+    assert admin.remove_changefeed(metastore, "keep", keep_state=True, staging_root=staging) == []
+    assert (kept / "FORMAT").exists()
+    assert metastore.changefeeds.list() == []
