@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from cdc_dagster.pipeline.engine import connect_server_conf
 from cdc_dagster.services import procs
 from cdc_dagster.services.dagster_home import LOCATION_NAME, WORKSPACE_YAML, grpc_workspace
 from cdc_dagster.services.supervise import (
@@ -103,21 +104,10 @@ def spark_connect_part(state_dir: Path, port: int) -> Part:
         "SPARK_LOCAL_IP": "127.0.0.1",
         "PYSPARK_PYTHON": sys.executable,
     }
-    argv = [
-        "bash",
-        str(home / "sbin" / "start-connect-server.sh"),
-        "--wait",
-        "--master",
-        "local[2]",
-        "--conf",
-        f"spark.connect.grpc.binding.port={port}",
-        "--conf",
-        "spark.connect.grpc.binding.address=127.0.0.1",
-        "--conf",
-        "spark.ui.enabled=false",
-        "--conf",
-        "spark.sql.shuffle.partitions=4",
-    ]
+    argv = ["bash", str(home / "sbin" / "start-connect-server.sh"), "--wait"]
+    argv += ["--master", "local[2]"]
+    for key, value in connect_server_conf(port).items():
+        argv += ["--conf", f"{key}={value}"]
     return Part(
         SPARK,
         lambda: ProcessHandle(procs.launch(SPARK, argv, log, env)),
