@@ -231,13 +231,6 @@ def ensure_captures(
     return added
 
 
-def capture_names(count: int) -> list[str]:
-    """``capture-1`` .. ``capture-<count>``: the captures ``--captures N`` asks for."""
-    if count < 0:
-        raise AdminError(f"--captures {count}: give 0 or more")
-    return [f"capture-{i}" for i in range(1, count + 1)]
-
-
 def remove_capture(ms: Metastore, capture_id: str) -> None:
     """Deregister a capture that holds no tables (drain it first); it is no longer desired."""
     info = ms.captures.get(capture_id)

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from cdc_dagster.cli import CliError, build_parser, load_changefeed_config, parse_duration_s
+from cdc_dagster.cli import build_parser
+from cdc_dagster.cli_args import CliError, load_changefeed_config, parse_duration_s
 
 
 @pytest.mark.parametrize(
