@@ -317,9 +317,13 @@ class Stack:
         stop: threading.Event | None = None,
         backoff: Backoff | None = None,
         cluster_id: str = "default",
+        before_dagster: Callable[[Stack], None] | None = None,
     ) -> None:
         self.state_dir = state_dir.resolve()
         self.cluster_id = cluster_id
+        # Runs once etcd (and the generator) are up, before the Dagster processes start: what
+        # it puts in etcd (the demo's changefeed) is in the code location's catalog at once.
+        self.before_dagster = before_dagster
         self.kind = kind
         self.external_etcd = etcd or ""
         self.ui_port = ui_port
@@ -370,6 +374,8 @@ class Stack:
             self.supervisor.start(self.stop)
         if self.stop.is_set():
             return  # Ctrl-C while starting: leaving the block stops what started
+        if self.before_dagster is not None:
+            self.before_dagster(self)
         self._add_processes(before)
         self.supervisor.start(self.stop)
         if not self.stop.is_set():
@@ -558,22 +564,23 @@ def demo(
             changelog=changelog,
             generator=lambda: workload.GeneratorThread(changelog, tables),
             stop=stop,
+            # Before Dagster starts, so the changefeed's assets are in the catalog it loads
+            # (the captures' leases may lapse before the first runs: the owner heals them).
+            before_dagster=lambda st: say(
+                workload.ensure_demo_changefeed(
+                    st.etcd_endpoints,
+                    st.state_dir,
+                    DEMO_CHANGEFEED,
+                    lake,
+                    captures,
+                    changelog,
+                    st.generator.start_ts,
+                )
+            ),
         ) as stack,
     ):
         if stop.is_set():
             return 0
-        # After Dagster is up: capture leases are renewed by capture runs, which need it.
-        say(
-            workload.ensure_demo_changefeed(
-                stack.etcd_endpoints,
-                stack.state_dir,
-                DEMO_CHANGEFEED,
-                lake,
-                captures,
-                changelog,
-                stack.generator.start_ts,
-            )
-        )
         for line in workload.what_to_look_at(stack.ui_url, DEMO_CHANGEFEED, lake):
             say(line)
         stack.supervise()
