@@ -1,7 +1,11 @@
-"""The binlog puller as a Dagster job: one bounded pull of one changefeed's upstream.
+"""The binlog puller as a Dagster job: one changefeed's upstream, followed for a while.
 
-The run pulls until ``max_seconds`` or ``max_rows`` (the puller flushes every second, so
-captures see progress during the run), persists its position and exits; the next owner
+A run follows the binlog for ``max_seconds`` (``CDC_DAGSTER_MYSQL_PULL_S``, 600 s: one run
+launch and one reconnect per ten minutes), or until ``max_rows``; it flushes at least every
+second while rows flow and, with an idle upstream, on the server's heartbeats, so captures
+see progress and resolved ts follow the clock during the run. It looks at its changefeed
+in etcd once a second and stops within a few seconds when the changefeed is no longer
+normal (paused, failed, removed). Then it persists its position and exits; the next owner
 tick launches the next run, which resumes from the persisted GTID / file:pos. Progress is
 an asset observation per changefeed (``mysql_binlog/<changefeed>``: rows/s, rows,
 resolved ts and lag, binlog position) and run tags (position, rows/s) in the runs list.
@@ -19,6 +23,7 @@ from cdc_dagster.secrets import redact_text
 
 BINLOG_ASSET_PREFIX = "mysql_binlog"
 MAX_TAG_CHARS = 200
+CHANGEFEED_CHECK_S = 1.0  # a following run looks whether its changefeed is still normal
 
 
 class PullConfig(dg.Config):
@@ -64,19 +69,53 @@ def _fail_changefeed(ms: Any, changefeed_id: str, message: str) -> None:
     ms.changefeeds.update_status(changefeed_id, change)
 
 
+class FollowStop:
+    """When a following puller run stops: its time is up, its row bound is reached, or its
+    changefeed is no longer normal (looked up in etcd at most once per ``check_s``)."""
+
+    def __init__(self, config: PullConfig, ms: Any, check_s: float = CHANGEFEED_CHECK_S) -> None:
+        self.config, self.ms, self.check_s = config, ms, check_s
+        self.started = time.monotonic()
+        self.checked = self.started
+        self.why = ""
+
+    def __call__(self, stats: Any) -> bool:
+        now = time.monotonic()
+        if now - self.started >= self.config.max_seconds:
+            self.why = f"followed the binlog for {self.config.max_seconds:.0f} s"
+        elif stats.rows >= self.config.max_rows:
+            self.why = f"pulled {stats.rows} rows (max_rows)"
+        elif now - self.checked >= self.check_s:
+            self.checked = now
+            self.why = self._changefeed_gone()
+        return bool(self.why)
+
+    def _changefeed_gone(self) -> str:
+        from cdc_dagster.metastore.changefeeds import ChangefeedState
+        from cdc_dagster.metastore.errors import ChangefeedNotFoundError, MetastoreError
+
+        try:
+            state = self.ms.changefeeds.get(self.config.changefeed_id).status.state
+        except ChangefeedNotFoundError:
+            return f"changefeed {self.config.changefeed_id} was removed"
+        except MetastoreError:
+            return ""  # etcd unreachable for a moment: keep pulling, look again
+        if state is not ChangefeedState.NORMAL:
+            return f"changefeed {self.config.changefeed_id} is {state.value}"
+        return ""
+
+
 def _pull(context: dg.OpExecutionContext, config: PullConfig, ms: Any, cf: Any) -> Any:
     from cdc_dagster.mysql.puller import PullerConfig, PullerError, run_puller
     from cdc_dagster.mysql.upstream import UpstreamError, changelog_root
 
-    started = time.monotonic()
-
-    def stop(stats: Any) -> bool:
-        return time.monotonic() - started >= config.max_seconds or stats.rows >= config.max_rows
-
+    stop = FollowStop(config, ms)
     try:
         uri = cf.info.upstream_uri
         pcfg = PullerConfig(uri, changelog_root(uri), tuple(cf.info.table_filter))
-        return run_puller(pcfg, stop_after=stop)
+        stats = run_puller(pcfg, stop_after=stop)
+        context.log.info("puller stopped: %s", stop.why or "done")
+        return stats
     except PullerError as exc:
         message = redact_text(" ".join(str(exc).split()))
         if not exc.retryable:
@@ -89,7 +128,7 @@ def _pull(context: dg.OpExecutionContext, config: PullConfig, ms: Any, cf: Any) 
 
 @dg.op(name="pull_binlog")
 def pull_binlog(context: dg.OpExecutionContext, config: PullConfig, cdc: CdcResource) -> None:
-    """Pull the changefeed's binlog into its change log for a bounded time, then persist."""
+    """Follow the changefeed's binlog into its change log for a while, then persist."""
     from cdc_dagster.metastore.changefeeds import ChangefeedState
     from cdc_dagster.metastore.errors import MetastoreError
 
@@ -132,8 +171,9 @@ def pull_binlog(context: dg.OpExecutionContext, config: PullConfig, cdc: CdcReso
     name=PULLER_JOB,
     executor_def=dg.in_process_executor,
     description=(
-        "One bounded binlog pull of a mysql:// changefeed into its change log, launched by "
-        "the owner sensor; at most one at a time per upstream (tag cdc/upstream)."
+        "Follows a mysql:// changefeed's binlog into its change log for a while (stops when "
+        "the changefeed is paused), launched by the owner sensor; at most one at a time per "
+        "upstream (tag cdc/upstream)."
     ),
 )
 def mysql_puller() -> None:

@@ -1,6 +1,6 @@
 """Which binlog puller runs the owner sensor requests this tick (pure planning + one adapter).
 
-One bounded puller run per changefeed whose upstream is ``mysql://``/``mariadb://`` and
+One following puller run per changefeed whose upstream is ``mysql://``/``mariadb://`` and
 whose state is normal, unless one is already queued or running for it. Runs carry
 ``cdc/upstream = host:port/server-id``; ``dagster.yaml`` limits that tag to one run per
 value, so pullers sharing an upstream and server id never run at once (they would
@@ -19,8 +19,10 @@ import dagster as dg
 PULLER_JOB = "mysql_puller"
 UPSTREAM_TAG = "cdc/upstream"
 CHANGEFEED_TAG = "cdc/changefeed"
-DEFAULT_PULL_S = 30.0
+DEFAULT_PULL_S = 600.0  # a run follows the binlog this long (one launch per ten minutes)
 DEFAULT_PULL_ROWS = 500_000
+MAX_RUNTIME_TAG = "dagster/max_runtime"
+HUNG_AFTER_S = 600  # past its follow time (a join may finish first): hung
 IN_FLIGHT = [
     dg.DagsterRunStatus.QUEUED,
     dg.DagsterRunStatus.NOT_STARTED,
@@ -31,7 +33,7 @@ IN_FLIGHT = [
 
 @dataclass(frozen=True, slots=True)
 class PullBounds:
-    """How long one puller run pulls before it persists and exits."""
+    """How long one puller run follows the binlog before it persists and exits."""
 
     max_seconds: float = DEFAULT_PULL_S
     max_rows: int = DEFAULT_PULL_ROWS
@@ -77,7 +79,7 @@ def pullers_to_run(changefeeds: Iterable[Any], busy: set[str]) -> list[PullerTar
 def puller_run_request(
     target: PullerTarget, owner_rev: int, tick: int, bounds: PullBounds
 ) -> dg.RunRequest:
-    """One bounded puller run (its run key is new every tick: Dagster dedupes them forever)."""
+    """One following puller run (its run key is new every tick: Dagster dedupes them forever)."""
     config = {
         "changefeed_id": target.changefeed_id,
         "max_seconds": bounds.max_seconds,
@@ -91,6 +93,8 @@ def puller_run_request(
             UPSTREAM_TAG: target.upstream_key,
             CHANGEFEED_TAG: target.changefeed_id,
             "cdc/owner_rev": str(owner_rev),
+            # run monitoring fails a run hung past this, so it frees its upstream's slot
+            MAX_RUNTIME_TAG: str(int(bounds.max_seconds + HUNG_AFTER_S)),
         },
     )
 

@@ -4,6 +4,8 @@ fail the way docs/mysql-postgres.md says."""
 
 from __future__ import annotations
 
+import threading
+import time
 from pathlib import Path
 
 import dagster as dg
@@ -119,3 +121,29 @@ def test_puller_run_that_cannot_go_on_puts_the_changefeed_in_error_with_the_reas
         assert status.state is ChangefeedState.ERROR
         assert "binlog puller" in status.last_error and "PARTITION" in status.last_error
         assert _pullers(_tick(defs, instance, "1")) == []  # no relaunch until resumed
+
+
+def test_following_puller_run_stops_within_seconds_of_a_pause(
+    mariadb, mydb, metastore, dagster_env, defs, tmp_path, monkeypatch
+):
+    monkeypatch.setenv("CDC_DAGSTER_MYSQL_PULL_S", "120")
+    execute(mariadb, mydb, "CREATE TABLE t (id INT PRIMARY KEY, v INT)")
+    root = tmp_path / "cl"
+    _create(metastore, mariadb, mydb, root)
+    tid = table_id(root, "t")
+    with dg.instance_for_test() as instance:
+        (req,) = _pullers(_tick(defs, instance, None))
+        assert req.tags["dagster/max_runtime"] == str(120 + 600)
+        done: list = []
+        runner = threading.Thread(target=lambda: done.append(_execute(defs, instance, req)))
+        runner.start()
+        deadline = time.monotonic() + 60
+        while not changes(root, tid) and time.monotonic() < deadline:  # the run follows
+            execute(mariadb, mydb, f"INSERT INTO t VALUES ({int(time.monotonic() * 1000)}, 1)")
+            time.sleep(0.5)
+        assert changes(root, tid), "the following run wrote nothing in 60 s"
+        metastore.changefeeds.pause("shop")
+        paused = time.monotonic()
+        runner.join(timeout=30)
+        assert not runner.is_alive() and done[0].success
+        assert time.monotonic() - paused < 5.0
