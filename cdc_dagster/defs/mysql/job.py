@@ -1,14 +1,15 @@
 """The binlog puller as a Dagster job: one changefeed's upstream, followed for a while.
 
 A run follows the binlog for ``max_seconds`` (``CDC_DAGSTER_MYSQL_PULL_S``, 600 s: one run
-launch and one reconnect per ten minutes), or until ``max_rows``; it flushes at least every
+launch and one reconnect per ten minutes); it flushes at least every
 second while rows flow and, with an idle upstream, on the server's heartbeats, so captures
 see progress and resolved ts follow the clock during the run. It looks at its changefeed
 in etcd once a second and stops within a few seconds when the changefeed is no longer
 normal (paused, failed, removed). Then it persists its position and exits; the next owner
 tick launches the next run, which resumes from the persisted GTID / file:pos. Progress is
-an asset observation per changefeed (``mysql_binlog/<changefeed>``: rows/s, rows,
-resolved ts and lag, binlog position) and run tags (position, rows/s) in the runs list.
+an asset observation per changefeed (``mysql_binlog/<changefeed>``: row events and their
+rate, resolved ts and lag, binlog position) and run tags (position, row events/s) in the
+runs list. (The puller writes row events as read; the data plane counts rows.)
 """
 
 import time
@@ -17,7 +18,7 @@ from typing import Any
 import dagster as dg
 
 from cdc_dagster.defs.catalog import _segment
-from cdc_dagster.defs.mysql.requests import DEFAULT_PULL_ROWS, DEFAULT_PULL_S, PULLER_JOB
+from cdc_dagster.defs.mysql.requests import DEFAULT_PULL_S, PULLER_JOB
 from cdc_dagster.defs.resources import CdcResource
 from cdc_dagster.secrets import redact_text
 
@@ -31,7 +32,6 @@ class PullConfig(dg.Config):
 
     changefeed_id: str
     max_seconds: float = DEFAULT_PULL_S
-    max_rows: int = DEFAULT_PULL_ROWS
 
 
 def binlog_asset_key(changefeed_id: str) -> dg.AssetKey:
@@ -45,8 +45,8 @@ def puller_metadata(stats: Any, seconds: float, now_s: float) -> dict[str, dg.Me
 
     lag = max(now_s - physical_ms(stats.resolved_ts) / 1000.0, 0.0) if stats.resolved_ts else 0.0
     return {
-        "rows": dg.MetadataValue.int(stats.rows),
-        "rows_per_s": dg.MetadataValue.float(float(stats.rows / max(seconds, 1e-9))),
+        "row_events": dg.MetadataValue.int(stats.row_events),
+        "row_events_per_s": dg.MetadataValue.float(float(stats.row_events / max(seconds, 1e-9))),
         "transactions": dg.MetadataValue.int(stats.transactions),
         "ddls": dg.MetadataValue.int(stats.ddls),
         "snapshot_rows": dg.MetadataValue.int(stats.snapshot_rows),
@@ -70,8 +70,8 @@ def _fail_changefeed(ms: Any, changefeed_id: str, message: str) -> None:
 
 
 class FollowStop:
-    """When a following puller run stops: its time is up, its row bound is reached, or its
-    changefeed is no longer normal (looked up in etcd at most once per ``check_s``)."""
+    """When a following puller run stops: its time is up, or its changefeed is no longer
+    normal (looked up in etcd at most once per ``check_s``)."""
 
     def __init__(self, config: PullConfig, ms: Any, check_s: float = CHANGEFEED_CHECK_S) -> None:
         self.config, self.ms, self.check_s = config, ms, check_s
@@ -83,8 +83,6 @@ class FollowStop:
         now = time.monotonic()
         if now - self.started >= self.config.max_seconds:
             self.why = f"followed the binlog for {self.config.max_seconds:.0f} s"
-        elif stats.rows >= self.config.max_rows:
-            self.why = f"pulled {stats.rows} rows (max_rows)"
         elif now - self.checked >= self.check_s:
             self.checked = now
             self.why = self._changefeed_gone()
@@ -151,18 +149,18 @@ def pull_binlog(context: dg.OpExecutionContext, config: PullConfig, cdc: CdcReso
         context.run_id,
         {
             "cdc/binlog_position": stats.position[:MAX_TAG_CHARS],
-            "cdc/rows_per_s": f"{stats.rows / max(seconds, 1e-9):.0f}",
+            "cdc/row_events_per_s": f"{stats.row_events / max(seconds, 1e-9):.0f}",
         },
     )
     context.log.info(
-        "changefeed %s: %d rows in %d transactions, %d DDLs in %.1f s (%.0f rows/s); "
+        "changefeed %s: %d row events in %d transactions, %d DDLs in %.1f s (%.0f events/s); "
         "binlog position %s",
         cf.changefeed_id,
-        stats.rows,
+        stats.row_events,
         stats.transactions,
         stats.ddls,
         seconds,
-        stats.rows / max(seconds, 1e-9),
+        stats.row_events / max(seconds, 1e-9),
         stats.position,
     )
 

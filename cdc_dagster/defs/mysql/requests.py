@@ -20,7 +20,6 @@ PULLER_JOB = "mysql_puller"
 UPSTREAM_TAG = "cdc/upstream"
 CHANGEFEED_TAG = "cdc/changefeed"
 DEFAULT_PULL_S = 600.0  # a run follows the binlog this long (one launch per ten minutes)
-DEFAULT_PULL_ROWS = 500_000
 MAX_RUNTIME_TAG = "dagster/max_runtime"
 HUNG_AFTER_S = 600  # past its follow time (a join may finish first): hung
 IN_FLIGHT = [
@@ -36,16 +35,12 @@ class PullBounds:
     """How long one puller run follows the binlog before it persists and exits."""
 
     max_seconds: float = DEFAULT_PULL_S
-    max_rows: int = DEFAULT_PULL_ROWS
 
     @staticmethod
     def from_env(environ: Mapping[str, str] | None = None) -> PullBounds:
-        """``CDC_DAGSTER_MYSQL_PULL_S`` / ``CDC_DAGSTER_MYSQL_PULL_ROWS`` (read at tick time)."""
+        """``CDC_DAGSTER_MYSQL_PULL_S`` (read at tick time)."""
         env = os.environ if environ is None else environ
-        return PullBounds(
-            float(env.get("CDC_DAGSTER_MYSQL_PULL_S", DEFAULT_PULL_S)),
-            int(env.get("CDC_DAGSTER_MYSQL_PULL_ROWS", DEFAULT_PULL_ROWS)),
-        )
+        return PullBounds(float(env.get("CDC_DAGSTER_MYSQL_PULL_S", DEFAULT_PULL_S)))
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,11 +75,7 @@ def puller_run_request(
     target: PullerTarget, owner_rev: int, tick: int, bounds: PullBounds
 ) -> dg.RunRequest:
     """One following puller run (its run key is new every tick: Dagster dedupes them forever)."""
-    config = {
-        "changefeed_id": target.changefeed_id,
-        "max_seconds": bounds.max_seconds,
-        "max_rows": bounds.max_rows,
-    }
+    config = {"changefeed_id": target.changefeed_id, "max_seconds": bounds.max_seconds}
     return dg.RunRequest(
         run_key=f"mysql:{target.changefeed_id}:{owner_rev}:{tick}",
         job_name=PULLER_JOB,

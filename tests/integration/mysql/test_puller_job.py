@@ -77,9 +77,9 @@ def test_owner_sensor_launches_bounded_puller_runs_that_resume_and_report(
         # Progress: an observation per run, and tags in the runs list.
         (event,) = instance.fetch_observations(binlog_asset_key("shop"), limit=10).records
         obs = event.asset_observation
-        assert obs.metadata["rows"].value == 2
+        assert obs.metadata["row_events"].value == 2  # two single-row statements
         assert obs.metadata["binlog_position"].value == gtid_now(mariadb)
-        assert isinstance(obs.metadata["rows_per_s"].value, float)
+        assert isinstance(obs.metadata["row_events_per_s"].value, float)
         assert obs.metadata["resolved_ts_raw"].value > cf.info.start_ts
         run = instance.get_run_by_id(out.run_id)
         assert run.tags["cdc/binlog_position"] == gtid_now(mariadb)
