@@ -25,7 +25,8 @@ from pymysqlreplication.gtid import GtidSet
 
 from cdc_dagster.mysql.errors import PullerError
 from cdc_dagster.mysql.state import PullerState
-from cdc_dagster.mysql.upstream import UpstreamConfig, connect
+from cdc_dagster.mysql.upstream import connect
+from cdc_dagster.upstream.uri import UpstreamConfig
 
 COM_BINLOG_DUMP = 0x12
 COM_BINLOG_DUMP_GTID = 0x1E

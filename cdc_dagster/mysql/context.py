@@ -10,8 +10,9 @@ from typing import Protocol
 
 from cdc_dagster.mysql.catalog import TableFilter
 from cdc_dagster.mysql.state import PullerState, TsAllocator
-from cdc_dagster.mysql.upstream import ServerInfo, UpstreamConfig
+from cdc_dagster.mysql.upstream import ServerInfo
 from cdc_dagster.upstream.changelog import ChangeLogWriter
+from cdc_dagster.upstream.uri import UpstreamConfig
 
 
 @dataclass(frozen=True, slots=True)

@@ -40,7 +40,7 @@ from cdc_dagster.mysql.ddl_records import ddl_record
 from cdc_dagster.mysql.errors import PullerBusyError, PullerError
 from cdc_dagster.mysql.join import PendingJoin
 from cdc_dagster.mysql.state import PullerState, TsAllocator, load_state, save_state
-from cdc_dagster.mysql.upstream import UpstreamError, check_upstream, connect, parse_uri
+from cdc_dagster.mysql.upstream import check_upstream, connect
 from cdc_dagster.upstream.binlog_rows import (
     EVENT_SCHEMA,
     ROW_EVENT_OPS,
@@ -49,6 +49,7 @@ from cdc_dagster.upstream.binlog_rows import (
     rows_payload,
     table_map_name,
 )
+from cdc_dagster.upstream.uri import UpstreamError, parse_uri
 
 log = logging.getLogger(__name__)
 

@@ -105,12 +105,12 @@ class FollowStop:
 
 def _pull(context: dg.OpExecutionContext, config: PullConfig, ms: Any, cf: Any) -> Any:
     from cdc_dagster.mysql.puller import PullerConfig, PullerError, run_puller
-    from cdc_dagster.mysql.upstream import UpstreamError, changelog_root
+    from cdc_dagster.upstream.uri import UpstreamError, changelog_path
 
     stop = FollowStop(config, ms)
     try:
         uri = cf.info.upstream_uri
-        pcfg = PullerConfig(uri, changelog_root(uri), tuple(cf.info.table_filter))
+        pcfg = PullerConfig(uri, changelog_path(uri), tuple(cf.info.table_filter))
         stats = run_puller(pcfg, stop_after=stop)
         context.log.info("puller stopped: %s", stop.why or "done")
         return stats
