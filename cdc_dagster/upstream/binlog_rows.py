@@ -289,21 +289,22 @@ def mount_events(events: pa.Table, schema: TableSchema, flavor: str = "mariadb")
     (commit ts, event seq, image) order); ``BinlogRowsError`` naming the table if they do
     not fit the schema."""
     events = events.sort_by([("_commit_ts", "ascending"), ("_seq", "ascending")])
-    maps = events.column("_table_map").to_pylist()
+    maps = pc.dictionary_encode(events.column("_table_map").combine_chunks())
+    which = maps.indices.to_numpy(zero_copy_only=False)
     payloads = events.column("_rows").to_pylist()
     ops = events.column("_op").to_pylist()
-    decoders: dict[bytes, _Decoder] = {}
-    groups: dict[tuple[BinlogColumn, ...], tuple[_Decoder, list[list[Any]]]] = {}
-    group_of, base, images = [], [], []
+    n = len(payloads)
+    images, first = np.zeros(n, np.int64), np.zeros(n, np.int64)
+    layouts: dict[tuple[BinlogColumn, ...], tuple[_Decoder, list[list[Any]]]] = {}
     try:
-        for body, payload, op in zip(maps, payloads, ops, strict=True):
-            dec = decoders.get(body)
-            if dec is None:
-                dec = decoders[body] = _decoder(body, schema, flavor)
-            group = groups.setdefault(dec.tmap.columns, (dec, [[] for _ in schema.columns]))
-            group_of.append(dec.tmap.columns)
-            base.append(len(group[1][0]))  # images of its layout so far
-            images.append(dec.run(payload, op, group[1]))
+        for d, body in enumerate(maps.dictionary.to_pylist()):
+            idx = np.flatnonzero(which == d)
+            dec = _decoder(body, schema, flavor)
+            _, columns = layouts.setdefault(dec.tmap.columns, (dec, [[] for _ in schema.columns]))
+            start = len(columns[0])  # images of this layout so far
+            counts = dec.images([payloads[i] for i in idx], [ops[i] for i in idx], columns)
+            images[idx] = counts
+            first[idx] = start + np.cumsum(counts) - counts
     except (IndexError, struct.error, ValueError) as exc:
         if isinstance(exc, BinlogRowsError):
             raise
@@ -311,18 +312,20 @@ def mount_events(events: pa.Table, schema: TableSchema, flavor: str = "mariadb")
             f"table {schema.qualified_name}: a binlog row event cannot be decoded "
             f"({type(exc).__name__}: {exc})"
         ) from exc
-    offsets, parts, at = {}, [[] for _ in schema.columns], 0
-    for key, (dec, columns) in groups.items():  # one layout per table map's columns
-        offsets[key] = at
-        at += len(columns[0]) if columns else 0
+    parts: list[list[pa.Array]] = [[] for _ in schema.columns]
+    at, offset = 0, {}
+    for key, (dec, columns) in layouts.items():  # one layout per table map's columns
+        offset[key], at = at, at + (len(columns[0]) if columns else 0)
         for k, c in enumerate(schema.columns):
             parts[k].append(_finish(c, columns[k], dec.binlog_column(c.name), flavor))
+    if len(offset) > 1:  # events of several layouts: each image index is within its layout
+        for d, body in enumerate(maps.dictionary.to_pylist()):
+            first[which == d] += offset[_decoder(body, schema, flavor).tmap.columns]
     arrays = [
         pa.concat_arrays(p) if p else pa.array([], c.arrow)
         for c, p in zip(schema.columns, parts, strict=True)
     ]
-    first = np.asarray([offsets[g] + b for g, b in zip(group_of, base, strict=True)], np.int64)
-    return _rows(schema, events, np.asarray(images, np.int64), first, arrays)
+    return _rows(schema, events, images, first, arrays)
 
 
 def _rows(
@@ -393,10 +396,6 @@ class _Decoder:
         self.tmap = tmap
         self._by_name = {c.name: c for c in tmap.columns}
         order = {c.name: k for k, c in enumerate(schema.columns)}
-        self.n = len(tmap.columns)
-        self.full = bytes([0xFF] * (self.n // 8)) + (
-            bytes([(1 << (self.n % 8)) - 1]) if self.n % 8 else b""
-        )
         logical = {c.name: c.type for c in schema.columns}
         self._images = _compile(
             tmap,
@@ -407,17 +406,21 @@ class _Decoder:
     def binlog_column(self, name: str) -> BinlogColumn:
         return self._by_name[name]
 
-    def run(self, payload: bytes, op: int, columns: list[list[Any]]) -> int:
-        """Append the event's images to ``columns``; how many images."""
-        n, p = _packed_int(payload, 0)
-        nb = (n + 7) // 8
-        if n != self.n or payload[p : p + nb] != self.full:
+    def images(self, payloads: list[bytes], ops: list[int], columns: list[list[Any]]) -> list[int]:
+        """Append the events' images to ``columns``; how many images each event had."""
+        counts: list[int] = []
+        try:
+            self._images(payloads, ops, columns, counts)
+        except _NotFull:
             raise BinlogRowsError(
                 f"a row event of {self.tmap.qualified_name} does not carry every column: "
                 "set binlog_row_image=FULL on the upstream"
-            )
-        p += nb * (2 if op == OP_UPDATE else 1)
-        return self._images(payload, p, columns)
+            ) from None
+        return counts
+
+
+class _NotFull(Exception):
+    """A row event whose column count or columns-present bitmap is not every column."""
 
 
 @functools.lru_cache(maxsize=1024)
@@ -430,34 +433,54 @@ _STRUCTS = {f: struct.Struct("<" + f).unpack_from for f in "bBhHiIqQfd"}
 
 def _compile(
     tmap: TableMap, out_index: Sequence[int], unsigned: Sequence[bool]
-) -> Callable[[bytes, int, list], int]:
-    """Generate the image loop of a table map: one branch per column, values appended to
-    ``columns[out_index[j]]`` (raw forms: ints, bytes slices; ``_finish`` types them)."""
-    nb = (len(tmap.columns) + 7) // 8
+) -> Callable[[list[bytes], list[int], list, list[int]], None]:
+    """Generate the image loop of a table map over many events: one branch per column,
+    values appended to ``columns[out_index[j]]`` (raw forms: ints, bytes slices; ``_finish``
+    types them), each event's image count to ``counts``."""
+    n = len(tmap.columns)
+    nb = (n + 7) // 8
+    full = bytes([0xFF] * (n // 8)) + (bytes([(1 << (n % 8)) - 1]) if n % 8 else b"")
+    head = _packed_bytes(n) + full  # column count and the columns-present bitmap(s)
     lines = [
-        "def images(b, p, columns):",
+        "def images(payloads, ops, columns, counts):",
         *(f"    a{j} = columns[{k}].append" for j, k in enumerate(out_index)),
-        "    end = len(b)",
-        "    count = 0",
-        "    while p < end:",
-        "        nb = p",
-        f"        p += {nb}",
-        "        count += 1",
+        "    for b, op in zip(payloads, ops):",
+        f"        if op == {OP_UPDATE}:",
+        f"            if b[:{len(head) + nb}] != HEAD2: raise NotFull",
+        f"            p = {len(head) + nb}",
+        f"        elif b[:{len(head)}] != HEAD: raise NotFull",
+        "        else:",
+        f"            p = {len(head)}",
+        "        end = len(b)",
+        "        count = 0",
+        "        while p < end:",
+        "            nb = p",
+        f"            p += {nb}",
+        "            count += 1",
     ]
     for j, c in enumerate(tmap.columns):
         body = _value_code(c, unsigned[j])
         if c.nullable:
-            lines.append(f"        if b[nb + {j >> 3}] & {1 << (j & 7)}:")
-            lines.append(f"            a{j}(None)")
-            lines.append("        else:")
-            lines += [f"            {line}" for line in body] + [f"            a{j}(v)"]
+            lines.append(f"            if b[nb + {j >> 3}] & {1 << (j & 7)}:")
+            lines.append(f"                a{j}(None)")
+            lines.append("            else:")
+            lines += [f"                {line}" for line in body] + [f"                a{j}(v)"]
         else:
-            lines += [f"        {line}" for line in body] + [f"        a{j}(v)"]
-    lines.append("    return count")
+            lines += [f"            {line}" for line in body] + [f"            a{j}(v)"]
+    lines.append("        counts.append(count)")
     namespace: dict[str, Any] = {f"S_{f}": fn for f, fn in _STRUCTS.items()}
-    namespace["from_bytes"] = int.from_bytes
+    namespace.update(from_bytes=int.from_bytes, HEAD=head, HEAD2=head + full, NotFull=_NotFull)
     exec("\n".join(lines), namespace)  # code made of type codes and sizes only
     return namespace["images"]
+
+
+def _packed_bytes(n: int) -> bytes:
+    """``n`` as a length-encoded integer."""
+    if n < 251:
+        return bytes([n])
+    if n < 1 << 16:
+        return b"\xfc" + n.to_bytes(2, "little")
+    return b"\xfd" + n.to_bytes(3, "little")
 
 
 def _value_code(c: BinlogColumn, unsigned: bool) -> list[str]:

@@ -1,0 +1,275 @@
+"""Throughput of the upstream side: a binlog backlog drained, and initial snapshots taken.
+
+    python bench/throughput_bench.py [--quick] [--spark-cores 1,2] [--sink delta]
+
+A private MariaDB with sysbench's tables (``sysbench oltp_read_write``: ~200-byte rows,
+updates carrying both row images). For each Spark core count:
+
+(a) **Backlog drain.** A changefeed into Delta is created and replicated; then, as if
+    paused (no puller, no capture ticks), sysbench runs unthrottled for ``--backlog-s``;
+    then "resume": the binlog puller (a thread, as a puller run follows the binlog) and the
+    data plane (the in-process driver: the real owner tick, capture halves, Spark on
+    ``local[N]``) run until every table's checkpoint has passed the backlog. Rows/s from
+    resume until then; every table is then compared with the upstream (fingerprints).
+    Baselines from the same backlog: ``mariadb-binlog`` decoding it, the bare puller (binlog
+    -> change log), and mounting the events (change log -> rows, one process).
+(b) **Snapshot** (after the snapshot work of issue 20): see ``snapshot`` below.
+
+It ends with one line: ``drain_rows_per_s=... drain_ratio=... snapshot_rows_per_s=...
+snapshot_ratio=...`` (drain_ratio: the drain's rate over the bare puller's; snapshot_ratio:
+the snapshot's rate over a bare parallel chunked read of the same tables into Parquet).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from cdc_dagster.mysql.changefeed import take_initial_snapshot
+from cdc_dagster.mysql.puller import Puller, PullerConfig
+from cdc_dagster.pipeline.engine import spark_session
+from cdc_dagster.runtime.spark import spark_executor_factory
+from cdc_dagster.sinks.delta import read_table_at
+from cdc_dagster.testing.driver import Driver
+from cdc_dagster.testing.etcd import EmbeddedEtcd, EtcdTuning
+from cdc_dagster.testing.servers import PrivateMariaDB
+from cdc_dagster.upstream.changelog import ChangeLog
+from cdc_dagster.upstream.oracle import fingerprint
+from scheduler_core.ts import MAX_TS
+
+DB = "sbtest"
+
+
+def say(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+@dataclass(frozen=True, slots=True)
+class Sizes:
+    tables: int
+    table_size: int
+    backlog_s: int
+    threads: int
+
+
+def sysbench(my: PrivateMariaDB, sizes: Sizes, command: str, *extra: str) -> str:
+    """Run sysbench oltp_read_write against the private MariaDB; its output."""
+    args = [
+        "sysbench", "oltp_read_write", "--db-driver=mysql", "--mysql-host=127.0.0.1",
+        f"--mysql-port={my.port}", "--mysql-user=root", f"--mysql-db={DB}",
+        f"--tables={sizes.tables}", f"--table-size={sizes.table_size}", *extra, command,
+    ]  # fmt: skip
+    out = subprocess.run(args, capture_output=True, text=True, check=True)
+    return out.stdout
+
+
+def gtid_now(my: PrivateMariaDB) -> str:
+    c = my.connect()
+    with c.cursor() as cur:
+        cur.execute("SELECT @@gtid_binlog_pos")
+        pos = cur.fetchone()[0]
+    c.close()
+    return pos
+
+
+def upstream_fingerprints(my: PrivateMariaDB, tables: int) -> dict[str, Any]:
+    c = my.connect(database=DB)
+    out = {}
+    with c.cursor() as cur:
+        for i in range(1, tables + 1):
+            cur.execute(f"SELECT id, k, c, pad FROM sbtest{i} ORDER BY id")
+            rows = cur.fetchall()
+            cols = {n: [r[j] for r in rows] for j, n in enumerate(["id", "k", "c", "pad"])}
+            out[f"sbtest{i}"] = fingerprint(pa.table(cols))
+    c.close()
+    return out
+
+
+def downstream_fingerprints(lake: Path, root: Path) -> dict[str, Any]:
+    log = ChangeLog(root)
+    out = {}
+    for schema in log.tables_at(MAX_TS).values():
+        t = read_table_at(str(lake), schema).select(["id", "k", "c", "pad"]).sort_by("id")
+        out[schema.table] = fingerprint(t)
+    return out
+
+
+def mariadb_binlog_s(my: PrivateMariaDB, start: str, stop: str) -> float:
+    """Seconds ``mariadb-binlog -v`` takes to decode the binlog between two GTID positions."""
+    tool = shutil.which("mariadb-binlog") or shutil.which("mysqlbinlog")
+    files = sorted(str(p) for p in my.datadir.glob("binlog.[0-9]*"))
+    t0 = time.perf_counter()
+    subprocess.run([tool, "--no-defaults", "--base64-output=decode-rows", "-v",
+                    f"--start-position={start}", f"--stop-position={stop}", *files],
+                   stdout=subprocess.DEVNULL, check=True)  # fmt: skip
+    return time.perf_counter() - t0
+
+
+def pull_until(cfg: PullerConfig, target: str) -> tuple[Puller, float]:
+    """A puller run from the change log's state until ``target``; it and its seconds."""
+    p = Puller(cfg)
+    t0 = time.perf_counter()
+    p.run(lambda s: s.position == target)
+    return p, time.perf_counter() - t0
+
+
+def mount_s(root: Path, after_ts: int) -> tuple[int, float]:
+    """Rows and seconds to mount every binlog event file above ``after_ts`` in one process."""
+    log = ChangeLog(root)
+    rows, t0 = 0, time.perf_counter()
+    for tid in log.tables_at(MAX_TS):
+        for f in log.data_files(tid, after_ts, MAX_TS):
+            rows += log.read_data_file(f).num_rows
+    return rows, time.perf_counter() - t0
+
+
+def drain(
+    base: Path, my: PrivateMariaDB, etcd: EmbeddedEtcd, sizes: Sizes, cores: int
+) -> dict[str, float]:
+    """Scenario (a) with ``local[cores]`` (see the module docstring)."""
+    work = base / f"drain-{cores}"
+    root, lake = work / "changelog", work / "lake"
+    uri = my.uri(query="server-id=4243")
+    snap = take_initial_snapshot(uri, root, (f"{DB}.*",))
+    say(f"[{cores} core(s)] snapshot of {snap.rows} rows; replicating it")
+    spark = spark_session(f"local[{cores}]", conf={"spark.sql.shuffle.partitions": str(cores)})
+    driver = Driver(work / "state", root, f"delta://{lake}", 1, spark_executor_factory(spark),
+                    endpoints=etcd.endpoints, cluster_id=f"drain{cores}", start_ts=snap.start_ts,
+                    table_filter=(f"{DB}.*",), lease_ttl_s=600)  # fmt: skip
+    try:
+        resolved = ChangeLog(root).ddl_resolved_ts()
+        driver.run_until(lambda t: driver.caught_up(t, resolved), max_ticks=200)
+        bare_root = work / "bare"
+        shutil.copytree(root, bare_root)  # the bare puller drains the same backlog later
+        start = gtid_now(my)
+        say(f"[{cores} core(s)] paused; sysbench oltp_read_write for {sizes.backlog_s} s")
+        out = sysbench(my, sizes, "run", f"--threads={sizes.threads}", f"--time={sizes.backlog_s}")
+        changes = int(re.search(r"write:\s+(\d+)", out).group(1))
+        target = gtid_now(my)
+        say(f"[{cores} core(s)] backlog of {changes} row changes; resume")
+        result = _resume(driver, uri, root, target)
+        say(f"[{cores} core(s)] drained in {result['drain_s']:.1f} s; comparing with upstream")
+        assert downstream_fingerprints(lake, root) == upstream_fingerprints(my, sizes.tables), (
+            "the downstream differs from the upstream after the drain"
+        )
+        _, puller_s = pull_until(PullerConfig(uri, str(bare_root), (f"{DB}.*",)), target)
+        rows, mounted_s = mount_s(bare_root, resolved)
+        tool_s = mariadb_binlog_s(my, start, target)
+    finally:
+        driver.close()
+        spark.stop()
+    return {
+        "cores": cores,
+        "changes": changes,
+        "drain_rows_per_s": changes / result["drain_s"],
+        "puller_rows_per_s": changes / puller_s,
+        "mount_rows_per_s": rows / mounted_s,
+        "mariadb_binlog_rows_per_s": changes / tool_s,
+        "ticks": result["ticks"],
+    }
+
+
+def _puller_process(uri: str, root: str, target: str, reached: str, stop: str) -> None:
+    """A puller in a process of its own (as a Dagster puller run is): follows the binlog,
+    writes its resolved ts to ``reached`` once at ``target``, stops when ``stop`` exists."""
+    marker = Path(reached)
+
+    def done(s: Any) -> bool:
+        if s.position == target and not marker.exists():
+            marker.write_text(str(s.resolved_ts))
+        return Path(stop).exists()
+
+    Puller(PullerConfig(uri, root, (f"{DB}.*",))).run(done)
+
+
+def _resume(driver: Driver, uri: str, root: Path, target: str) -> dict[str, float]:
+    """The puller (its own process) and the driver until every table passed the backlog."""
+    reached, stop = root.parent / "reached", root.parent / "stop"
+    proc = mp.get_context("spawn").Process(
+        target=_puller_process, args=(uri, str(root), target, str(reached), str(stop))
+    )
+    t0 = time.perf_counter()
+    proc.start()
+    ticks = 0
+    try:
+        while True:
+            tick = driver.tick()
+            ticks += 1
+            if reached.exists() and driver.caught_up(tick, int(reached.read_text())):
+                break
+            if not proc.is_alive():
+                raise RuntimeError("the puller stopped before the backlog was drained")
+    finally:
+        elapsed = time.perf_counter() - t0
+        stop.touch()
+        proc.join(60)
+    return {"drain_s": elapsed, "ticks": ticks}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="small sizes, a few minutes")
+    ap.add_argument("--spark-cores", default="1,2")
+    ap.add_argument("--tables", type=int)
+    ap.add_argument("--table-size", type=int)
+    ap.add_argument("--backlog-s", type=int)
+    ap.add_argument("--threads", type=int, default=4)
+    args = ap.parse_args()
+    quick = Sizes(4, 20_000, 15, args.threads)
+    full = Sizes(4, 250_000, 60, args.threads)
+    d = quick if args.quick else full
+    sizes = Sizes(args.tables or d.tables, args.table_size or d.table_size,
+                  args.backlog_s or d.backlog_s, args.threads)  # fmt: skip
+    base = Path(tempfile.mkdtemp(prefix="throughput-bench-", dir="/tmp"))
+    my = PrivateMariaDB(base / "my")
+    etcd = EmbeddedEtcd(base / "etcd", tuning=EtcdTuning.for_tests())
+    results = []
+    try:
+        my.start()
+        etcd.start()
+        c = my.connect()
+        c.cursor().execute(f"CREATE DATABASE {DB}")
+        c.close()
+        say(f"sysbench prepare: {sizes.tables} tables x {sizes.table_size} rows")
+        sysbench(my, sizes, "prepare")
+        for cores in [int(x) for x in args.spark_cores.split(",")]:
+            results.append(drain(base, my, etcd, sizes, cores))
+    finally:
+        etcd.stop()
+        my.cleanup()
+        shutil.rmtree(base, ignore_errors=True)
+    _report(results)
+    return 0
+
+
+def _report(results: list[dict[str, float]]) -> None:
+    print()
+    print(f"{'cores':>5} {'changes':>8} {'drain/s':>9} {'puller/s':>9} {'mount/s':>9} "
+          f"{'mariadb-binlog/s':>16} {'drain/puller':>12} {'ticks':>6}")  # fmt: skip
+    for r in results:
+        print(f"{r['cores']:>5} {r['changes']:>8} {r['drain_rows_per_s']:>9.0f} "
+              f"{r['puller_rows_per_s']:>9.0f} {r['mount_rows_per_s']:>9.0f} "
+              f"{r['mariadb_binlog_rows_per_s']:>16.0f} "
+              f"{r['drain_rows_per_s'] / r['puller_rows_per_s']:>12.2f} {r['ticks']:>6}")  # fmt: skip
+    best = max(results, key=lambda r: r["drain_rows_per_s"])
+    print(json.dumps(results))
+    print(f"drain_rows_per_s={best['drain_rows_per_s']:.0f} "
+          f"drain_ratio={best['drain_rows_per_s'] / best['puller_rows_per_s']:.2f}")  # fmt: skip
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
