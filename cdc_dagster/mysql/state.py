@@ -141,13 +141,24 @@ def add_mysql_gtid(gtid_set: str, gtid: str) -> str:
     return str(GtidSet(gtid_set or None) + Gtid(gtid))
 
 
+SLOTS = 1 << 10  # every issued TS is a multiple of this: the TSs below one are free slots
+
+
 class TsAllocator:
-    """Strictly increasing commit TS: physical from the event time, never behind one issued."""
+    """Strictly increasing commit TS: physical from the event time, never behind one issued.
+
+    Every TS it issues is a multiple of ``SLOTS``, so the ``SLOTS - 1`` TSs just below each
+    one belong to no transaction: a snapshot chunk read at a binlog position between two
+    transactions is placed there (``mysql.snapshots``), between the rows it must follow and
+    those it must precede. (The logical part has 2^18 values per ms: 256 transactions per
+    ms of event time before a TS runs ahead of its event's clock.)
+    """
 
     def __init__(self, last: int) -> None:
         self.last = last
 
     def issue(self, event_time_s: float) -> int:
         ts = max(compose(int(event_time_s * 1000)), self.last + 1)
+        ts = -(-ts // SLOTS) * SLOTS  # up to the next multiple
         self.last = ts
         return ts

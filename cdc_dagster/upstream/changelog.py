@@ -84,6 +84,7 @@ _DDL_NAME = re.compile(r"(\d{20})-(\d{4})\.json")
 _DATA_NAME = re.compile(r"(\d{20})-(\d{20})-s(\d+)-([0-9a-f]{8})(\.binlog)?\.parquet")
 BINLOG_SUFFIX = ".binlog.parquet"
 _MINUTE_DIR = re.compile(r"minute=(\d+)")
+_TAG = re.compile(r"[0-9a-f]{8}")
 _TEMP_NAME = re.compile(r"\..+\.tmp-[0-9a-f]{32}")
 LOCK_NAME = ".writer.lock"
 _META_COLUMNS: tuple[tuple[str, pa.DataType], ...] = (
@@ -426,6 +427,10 @@ class ChangeLog:
             table = self._mount(file, events, flavor)
         else:
             table = _read_parquet(file)
+            if "_commit_ts" not in table.column_names and file.first_ts == file.last_ts:
+                # a file adopted at one ts (a snapshot chunk): its name says the rows' ts
+                ts = pa.array(np.full(table.num_rows, file.first_ts, np.int64))
+                table = table.add_column(0, "_commit_ts", ts)
         _check_data_file(file, table)
         return table
 
@@ -504,6 +509,19 @@ def _read_parquet(file: DataFile) -> pa.Table:
             f"data file {file.path} of table {file.table_id} cannot be read ({exc}); "
             "restore it from the producer or rewrite that commit-ts range"
         ) from exc
+
+
+def _column_range(meta: pq.FileMetaData, name: str) -> tuple[Any, Any] | None:
+    """(min, max) of a column from a Parquet file's statistics (None: not recorded)."""
+    i = meta.schema.names.index(name)
+    lo = hi = None
+    for g in range(meta.num_row_groups):
+        st = meta.row_group(g).column(i).statistics
+        if st is None or not st.has_min_max:
+            return None
+        lo = st.min if lo is None else min(lo, st.min)
+        hi = st.max if hi is None else max(hi, st.max)
+    return lo, hi
 
 
 def _check_ts_range(file: DataFile, table: pa.Table) -> None:
@@ -721,6 +739,45 @@ class ChangeLogWriter:
         if self.log.version < 2:  # binlog event files need a version 2 reader
             write_json(self.root / "FORMAT", {"format": FORMAT_NAME, "version": 2})
             self.log.version = 2
+
+    def adopt_rows(self, table_id: int, shard: int, ts: int, path: Path, tag: str) -> DataFile:
+        """Move a rows file written elsewhere into the log as rows at ``ts`` (a snapshot
+        chunk read at a binlog position, placed in the stream by its one writer). The file
+        has the data-file layout of the schema valid at ``ts`` without ``_commit_ts``; it
+        becomes ``<ts>-<ts>-s<shard>-<tag>.parquet`` by a rename (no copy)."""
+        version = self.log.schema_version_at(table_id, ts)
+        if version is None:
+            raise RowSchemaMismatchError(f"table {table_id} does not exist at ts {ts}")
+        schema = self._check_target(table_id, shard, version)
+        where = f"table {schema.qualified_name} (id {table_id}) file {path}"
+        meta = pq.read_metadata(path)
+        want = [(f.name, f.type) for f in data_file_schema(schema).remove(0)]  # no _commit_ts
+        if [(f.name, f.type) for f in meta.schema.to_arrow_schema()] != want:
+            raise RowSchemaMismatchError(
+                f"{where}: layout {meta.schema.to_arrow_schema()} is not the table's at ts "
+                f"{ts} (schema version {version}) without _commit_ts: {want}"
+            )
+        versions = _column_range(meta, "_schema_version")
+        if versions != (version, version) or meta.num_rows == 0:
+            raise RowSchemaMismatchError(
+                f"{where}: rows of schema versions {versions}, expected {version} (the one "
+                f"valid at ts {ts}), and at least one row"
+            )
+        resolved = self.log.shard_resolved_ts(table_id, shard)
+        if ts <= resolved or not _TAG.fullmatch(tag):
+            raise RowSchemaMismatchError(
+                f"{where}: ts {ts} is at or below the shard's resolved ts {resolved}, or tag "
+                f"{tag!r} is not 8 hex digits"
+            )
+        minute = physical_ms(ts) // _MINUTE_MS
+        target = self.root / "tables" / str(table_id) / "data" / f"minute={minute}"
+        target.mkdir(parents=True, exist_ok=True)
+        name = target / f"{ts:020d}-{ts:020d}-s{shard}-{tag}.parquet"
+        os.replace(path, name)
+        if self.fsync:
+            _fsync_dir(target)
+        self._max_row_ts[table_id] = max(self._max_row_ts.get(table_id, 0), ts)
+        return DataFile(str(name), table_id, shard, ts, ts)
 
     def _check_target(self, table_id: int, shard: int, schema_version: int) -> TableSchema:
         shards = self.log.shards(table_id)
