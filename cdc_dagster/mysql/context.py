@@ -27,6 +27,9 @@ class PullerConfig:
     flush_interval_s: float = 1.0
     heartbeat_s: float = 1.0
     snapshot_chunk_rows: int = 10_000
+    # a new change log on MariaDB: tables snapshotted in chunks by readers elsewhere
+    # (``mysql.snapshots``) instead of all their rows at once by the puller's first start
+    chunked_snapshot: bool = False
     progress: Callable[[str, int, int], None] | None = None  # (table, rows done, rows total)
 
 

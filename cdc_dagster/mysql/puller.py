@@ -25,6 +25,7 @@ import pyarrow as pa
 import pymysql
 
 from cdc_dagster.mysql import catalog, join, snapshot
+from cdc_dagster.mysql.adoption import Adopter
 from cdc_dagster.mysql.binlog_wire import (
     BinlogStream,
     mariadb_gtid,
@@ -127,6 +128,7 @@ class Puller:
         # table-map body -> its table id (None: not replicated), columns checked
         self._known: dict[bytes, int | None] = {}
         self.join: PendingJoin | None = None  # tables joining at a snapshot's binlog position
+        self.adopter = Adopter()  # snapshot chunks placed in the stream (mysql.snapshots)
 
     # -- start ------------------------------------------------------------------------
 
@@ -136,7 +138,9 @@ class Puller:
             self.info = check_upstream(conn)
             state = load_state(self.root)
             bootstrapped = state is None
-            if state is None:
+            if state is None and self.config.chunked_snapshot and self.info.is_mariadb:
+                state = snapshot.bootstrap_chunked(self)
+            elif state is None:
                 state = snapshot.bootstrap(self)
             else:
                 removed = truncate_above(self.root, state.last_ts)
@@ -151,6 +155,8 @@ class Puller:
             self.alloc = TsAllocator(state.last_ts)
             self.log_file = state.log_file
             self.forget_table_plans(0)
+            for tid in state.snapshots:
+                self.adopter.track(self, tid)
             if not bootstrapped:
                 if join.leave_unselected(self):
                     self.flush(force=True)  # the drop records and the state that forgot them
@@ -375,6 +381,9 @@ class Puller:
                 self.buffered += len(payload)
             self.stats.row_events += len(self.trx)
             self.stats.transactions += 1
+            if self.adopter.history:
+                tids = {c[0] for c in self.trx}
+                self.adopter.note(tids, self.trx_domain, self.trx_gtid or None, ts)
         self.trx, self.trx_gtid = [], None
         if self.buffered >= self.config.flush_bytes:
             self.flush()
@@ -418,6 +427,7 @@ class Puller:
         if record is None:
             return
         self.writer.write_ddl(record)
+        self.adopter.note(set(record.tables), self.trx_domain, gtid, record.commit_ts)
         for tid, schema in record.tables.items():
             self.state.set_table(tid, schema, record.commit_ts)
         self.forget_table_plans(0)
@@ -435,7 +445,9 @@ class Puller:
     def flush(self, force: bool = False) -> None:
         """Data files, then state, then resolved marks (the durability order)."""
         self.last_flush = time.monotonic()
-        if not self.buffered and self.alloc.last == self.state.last_ts and not force:
+        snapshots = dict(self.state.snapshots)
+        idle = not self.buffered and self.alloc.last == self.state.last_ts and not force
+        if idle and not snapshots:
             return
         flavor = "mariadb" if self.state.flavor == "mariadb" else "mysql"
         for tid, buf in self.buffers.items():
@@ -443,9 +455,17 @@ class Puller:
             self.writer.write_binlog_events(tid, 0, version, buf.events(version), flavor)
         self.buffers = {}
         self.buffered = 0
+        if snapshots:
+            self.adopter.adopt(self)
+            unchanged = self.alloc.last == self.state.last_ts and snapshots == self.state.snapshots
+            if idle and unchanged and not self.adopter.placed:
+                return
         self.state.last_ts = self.alloc.last
         save_state(self.root, self.state)
+        self.adopter.after_save(self.writer.fsync)
         for tid, t in self.state.tables.items():
+            if tid in self.state.snapshots:
+                continue  # held until its snapshot is complete
             for shard in range(t.shards):
                 self.writer.advance_resolved(tid, shard, self.state.last_ts)
         self.writer.advance_ddl_resolved(self.state.last_ts)

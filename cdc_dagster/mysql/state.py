@@ -42,6 +42,9 @@ class PullerState:
     # tables that left the changefeed (the filter stopped selecting them): name -> the id
     # they had; a table created or joining under that name replaces it downstream
     left: dict[tuple[str, str], int] = field(default_factory=dict)
+    # tables being snapshotted in chunks (``mysql.snapshots``): table id -> the ts its
+    # resolved mark is held at until the snapshot is complete (also the generation)
+    snapshots: dict[int, int] = field(default_factory=dict)
     _by_name: dict[tuple[str, str], int] | None = field(default=None, repr=False, compare=False)
 
     @property
@@ -94,6 +97,7 @@ class PullerState:
             "log_pos": self.log_pos,
             "filters": None if self.filters is None else list(self.filters),
             "left": [[d, t, tid] for (d, t), tid in sorted(self.left.items())],
+            "snapshots": {str(k): v for k, v in sorted(self.snapshots.items())},
         }
 
     @staticmethod
@@ -110,6 +114,7 @@ class PullerState:
             int(obj.get("log_pos", 0)),
             None if obj.get("filters") is None else tuple(obj["filters"]),
             {(d, t): int(tid) for d, t, tid in obj.get("left", ())},
+            {int(k): int(v) for k, v in obj.get("snapshots", {}).items()},
         )
 
 

@@ -740,11 +740,14 @@ class ChangeLogWriter:
             write_json(self.root / "FORMAT", {"format": FORMAT_NAME, "version": 2})
             self.log.version = 2
 
-    def adopt_rows(self, table_id: int, shard: int, ts: int, path: Path, tag: str) -> DataFile:
+    def adopt_rows(
+        self, table_id: int, shard: int, ts: int, path: Path, tag: str, link: bool = False
+    ) -> DataFile:
         """Move a rows file written elsewhere into the log as rows at ``ts`` (a snapshot
         chunk read at a binlog position, placed in the stream by its one writer). The file
         has the data-file layout of the schema valid at ``ts`` without ``_commit_ts``; it
-        becomes ``<ts>-<ts>-s<shard>-<tag>.parquet`` by a rename (no copy)."""
+        becomes ``<ts>-<ts>-s<shard>-<tag>.parquet`` by a rename, or a hard link (``link``:
+        the source stays until its producer is told), never a copy."""
         version = self.log.schema_version_at(table_id, ts)
         if version is None:
             raise RowSchemaMismatchError(f"table {table_id} does not exist at ts {ts}")
@@ -773,7 +776,10 @@ class ChangeLogWriter:
         target = self.root / "tables" / str(table_id) / "data" / f"minute={minute}"
         target.mkdir(parents=True, exist_ok=True)
         name = target / f"{ts:020d}-{ts:020d}-s{shard}-{tag}.parquet"
-        os.replace(path, name)
+        if link:
+            os.link(path, name)
+        else:
+            os.replace(path, name)
         if self.fsync:
             _fsync_dir(target)
         self._max_row_ts[table_id] = max(self._max_row_ts.get(table_id, 0), ts)
