@@ -24,6 +24,7 @@ from typing import Any
 import pyarrow as pa
 import pymysql
 
+from cdc_dagster import failpoints
 from cdc_dagster.mysql import catalog, join, snapshot
 from cdc_dagster.mysql.adoption import Adopter
 from cdc_dagster.mysql.binlog_wire import (
@@ -461,6 +462,7 @@ class Puller:
             if idle and unchanged and not self.adopter.placed:
                 return
         self.state.last_ts = self.alloc.last
+        failpoints.hit(failpoints.PULLER_AFTER_CHANGELOG_WRITE)
         save_state(self.root, self.state)
         self.adopter.after_save(self.writer.fsync)
         for tid, t in self.state.tables.items():

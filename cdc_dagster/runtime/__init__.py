@@ -25,6 +25,7 @@ from cdc_dagster.runtime.owner import (
     apply_ddl_at,
     apply_ready_ddl,
     apply_syncpoint,
+    carry_out,
     owner_step,
     reported_checkpoints,
 )
@@ -52,6 +53,7 @@ __all__ = [
     "apply_syncpoint",
     "capture_commit",
     "capture_prepare",
+    "carry_out",
     "owner_step",
     "reported_checkpoints",
     "spark_executor_factory",

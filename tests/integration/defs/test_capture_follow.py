@@ -50,6 +50,10 @@ def test_one_run_per_capture_follows_the_owner_until_every_table_replicates(
     }.items():
         monkeypatch.setenv(f"CDC_DAGSTER_{name}", value)
     CdcResource.forget_owner_loops()
+    # Runs execute in threads of this process here (each is its own process in a
+    # deployment): Dagster's per-run logging setup (dictConfig under the logging module's
+    # lock) deadlocks against another run's handler emitting; no YAML handlers, no dictConfig.
+    monkeypatch.setattr(dg.DagsterInstance, "get_yaml_python_handlers", lambda self: [])
     workload = _workload(changelog)
     admin.create_changefeed(
         metastore,
