@@ -17,7 +17,7 @@ from cdc_dagster.defs.catalog import Catalog, load_catalog
 from cdc_dagster.defs.dbt.assets import dbt_assets_for, dbt_resources, with_replica_lineage
 from cdc_dagster.defs.dbt.sensor import syncpoint_sensor
 from cdc_dagster.defs.ddl.job import build_ddl_job
-from cdc_dagster.defs.mysql import mysql_puller
+from cdc_dagster.defs.mysql import mysql_puller, mysql_snapshot
 from cdc_dagster.defs.owner.sensor import build_owner_sensor
 from cdc_dagster.defs.resources import table_resources
 from cdc_dagster.defs.settings import Settings
@@ -33,9 +33,9 @@ def build_definitions(catalog: Catalog) -> dg.Definitions:
     return dg.Definitions(
         assets=[*upstream_specs(catalog), *replica_specs(catalog), models],
         asset_checks=build_checks(catalog),
-        jobs=[capture_job, ddl_job, *ADMIN_JOBS, mysql_puller],
+        jobs=[capture_job, ddl_job, *ADMIN_JOBS, mysql_puller, mysql_snapshot],
         sensors=[
-            build_owner_sensor(catalog, [capture_job, ddl_job, mysql_puller]),
+            build_owner_sensor(catalog, [capture_job, ddl_job, mysql_puller, mysql_snapshot]),
             syncpoint_sensor(models),
         ],
         resources={**table_resources(), **dbt_resources()},

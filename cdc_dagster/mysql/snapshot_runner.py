@@ -9,6 +9,7 @@ chunk not read (``snapshots.next_read``).
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -16,6 +17,7 @@ import pyarrow as pa
 
 from cdc_dagster.mysql.chunk_reader import plan_table, read_range
 from cdc_dagster.mysql.state import load_state
+from cdc_dagster.secrets import resolve_uri
 from cdc_dagster.upstream.uri import parse_uri
 
 RESULT = pa.schema([("table_id", pa.int64()), ("range", pa.int64()), ("rows", pa.int64())])
@@ -29,11 +31,14 @@ def snapshot_specs(
     if state is None:
         return []
     upstream = parse_uri(upstream_uri)
+    # ${VAR}s resolved here, where the run's environment has them (a Spark worker's may
+    # not): the specs carry the credentials to the tasks; they are never printed
+    resolved = resolve_uri(upstream_uri, os.environ)
     specs = []
     for tid, gen in sorted(state.snapshots.items()):
         plan = plan_table(upstream, root, tid, gen, parallelism, chunk_rows)
         for r in range(len(plan.ranges)):
-            specs.append({"upstream_uri": upstream_uri, "root": root, "table_id": tid,
+            specs.append({"upstream_uri": resolved, "root": root, "table_id": tid,
                           "generation": gen, "range": r, "chunk_rows": chunk_rows})  # fmt: skip
     return specs
 

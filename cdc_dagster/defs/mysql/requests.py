@@ -24,6 +24,7 @@ from cdc_dagster.metastore.problems import PULLER
 from cdc_dagster.upstream.uri import UpstreamError, is_mysql_uri, parse_uri
 
 PULLER_JOB = "mysql_puller"
+SNAPSHOT_JOB = "mysql_snapshot"
 UPSTREAM_TAG = "cdc/upstream"
 CHANGEFEED_TAG = "cdc/changefeed"
 DEFAULT_PULL_S = 600.0  # a run follows the binlog this long (one launch per ten minutes)
@@ -97,12 +98,40 @@ def puller_run_request(
     )
 
 
-def in_flight_pullers(instance: dg.DagsterInstance) -> set[str]:
-    """Changefeeds with a puller run queued or running (one query per tick)."""
-    records = instance.get_run_records(
-        dg.RunsFilter(job_name=PULLER_JOB, statuses=IN_FLIGHT), limit=1000
-    )
+def in_flight_pullers(instance: dg.DagsterInstance, job: str = PULLER_JOB) -> set[str]:
+    """Changefeeds with a run of ``job`` queued or running (one query per tick)."""
+    records = instance.get_run_records(dg.RunsFilter(job_name=job, statuses=IN_FLIGHT), limit=1000)
     return {r.dagster_run.tags.get(CHANGEFEED_TAG, "") for r in records}
+
+
+def snapshot_requests(
+    instance: dg.DagsterInstance, metastore: Any, owner_rev: int, tick: int
+) -> list[dg.RunRequest]:
+    """A snapshot run per running mysql:// changefeed with snapshots pending in its change
+    log (the puller state lists them) and none in flight."""
+    from cdc_dagster.mysql.state import load_state
+    from cdc_dagster.upstream.uri import UpstreamError, changelog_path
+
+    feeds = {cf.changefeed_id: cf for cf in metastore.changefeeds.list()}
+    out = []
+    for t in pullers_to_run(feeds.values(), in_flight_pullers(instance, SNAPSHOT_JOB)):
+        try:
+            state = load_state(changelog_path(feeds[t.changefeed_id].info.upstream_uri))
+        except (UpstreamError, OSError, ValueError):
+            continue  # the puller run reports what is wrong with its change log
+        if state is None or not state.snapshots:
+            continue
+        out.append(
+            dg.RunRequest(
+                run_key=f"snapshot:{t.changefeed_id}:{owner_rev}:{tick}",
+                job_name=SNAPSHOT_JOB,
+                run_config={
+                    "ops": {"read_snapshots": {"config": {"changefeed_id": t.changefeed_id}}}
+                },
+                tags={CHANGEFEED_TAG: t.changefeed_id, "cdc/owner_rev": str(owner_rev)},
+            )
+        )
+    return out
 
 
 def puller_requests(
@@ -133,6 +162,7 @@ def with_puller_runs(
     """The owner's ``result`` plus this tick's puller runs (etcd read failing: none this tick)."""
     try:
         runs = puller_requests(instance, ms, owner_rev, tick)
+        runs += snapshot_requests(instance, ms, owner_rev, tick)
     except MetastoreError as exc:
         logging.getLogger(__name__).warning("no puller runs this tick: %s", exc)
         return result

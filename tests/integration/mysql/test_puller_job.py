@@ -17,8 +17,14 @@ from cdc_dagster import admin
 from cdc_dagster.defs import build_definitions
 from cdc_dagster.defs.catalog import Catalog
 from cdc_dagster.defs.mysql.job import binlog_asset_key
-from cdc_dagster.defs.mysql.requests import CHANGEFEED_TAG, PULLER_JOB, UPSTREAM_TAG
+from cdc_dagster.defs.mysql.requests import (
+    CHANGEFEED_TAG,
+    PULLER_JOB,
+    SNAPSHOT_JOB,
+    UPSTREAM_TAG,
+)
 from cdc_dagster.metastore.changefeeds import ChangefeedState
+from cdc_dagster.mysql.snapshot_runner import run_snapshots
 from cdc_dagster.testing.dagster import evaluate_sensor
 
 SINK = "postgresql://writer:${PG_PW}@127.0.0.1:1/analytics"
@@ -64,16 +70,24 @@ def test_owner_sensor_launches_bounded_puller_runs_that_resume_and_report(
     root = tmp_path / "cl"
     cf = _create(metastore, mariadb, mydb, root)
     tid = table_id(root, "t")
-    assert [r["c1"] for r in changes(root, tid)] == [1, 2]  # the snapshot, at create
+    assert changes(root, tid) == []  # create returns at once: no rows yet
     execute(mariadb, mydb, "INSERT INTO t VALUES (3, 3)", "UPDATE t SET v = 20 WHERE id = 2")
     with dg.instance_for_test() as instance:
-        (req,) = _pullers(_tick(defs, instance, None))
+        first = _tick(defs, instance, None)
+        (snap,) = [r for r in first.run_requests or [] if r.job_name == SNAPSHOT_JOB]
+        assert snap.tags[CHANGEFEED_TAG] == "shop"
+        # the snapshot's chunks (read here, not as Spark tasks), placed by the puller run
+        run_snapshots(cf.info.upstream_uri, str(root), parallelism=1)
+        (req,) = _pullers(first)
         assert req.tags[UPSTREAM_TAG] == f"127.0.0.1:{mariadb.port}/4242"
         assert req.tags[CHANGEFEED_TAG] == "shop"
         out = _execute(defs, instance, req)
         assert out.success, [e.message for e in out.all_events if e.is_failure]
         rows = changes(root, tid)
-        assert [(r["_op"], r["c1"], r["c2"]) for r in rows[2:]] == [(1, 3, 3), (2, 2, 20)]
+        # the chunk was read after both writes: placed after them, what the rows held then
+        assert [(r["_op"], r["c1"], r["c2"]) for r in rows] == [
+            (1, 3, 3), (2, 2, 20), (1, 1, 1), (1, 2, 20), (1, 3, 3)
+        ]  # fmt: skip
 
         # Progress: an observation per run, and tags in the runs list.
         (event,) = instance.fetch_observations(binlog_asset_key("shop"), limit=10).records
@@ -97,7 +111,7 @@ def test_owner_sensor_launches_bounded_puller_runs_that_resume_and_report(
         (req,) = _pullers(_tick(defs, instance, "2"))
         assert _execute(defs, instance, req).success
         rows = changes(root, tid)
-        assert [(r["_op"], r["c1"]) for r in rows[2:]] == [(1, 3), (2, 2), (3, None)]
+        assert [(r["_op"], r["c1"]) for r in rows[5:]] == [(3, None)]
         assert [r["b1"] for r in rows if r["_op"] == 3] == [1]
 
         # Paused: no puller runs.
