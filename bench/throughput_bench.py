@@ -13,7 +13,13 @@ updates carrying both row images). For each Spark core count:
     resume until then; every table is then compared with the upstream (fingerprints).
     Baselines from the same backlog: ``mariadb-binlog`` decoding it, the bare puller (binlog
     -> change log), and mounting the events (change log -> rows, one process).
-(b) **Snapshot** (after the snapshot work of issue 20): see ``snapshot`` below.
+(b) **Snapshot.** Tables made with sysbench's layout (``--snapshot-tables`` x
+    ``--snapshot-rows``), a changefeed created (create records only), the puller following
+    in its own process, and the snapshot runner reading every table's key ranges as Spark
+    tasks on ``local[N]``: rows/s from the start of the reads until the puller has placed
+    every chunk and released every table (the rows are in the change log). Baseline in the
+    same run: a bare chunked ``SELECT`` of the same ranges, same chunk size and tasks, into
+    Parquet files (no snapshot positions, no metadata lock, no puller).
 
 It ends with one line: ``drain_rows_per_s=... drain_ratio=... snapshot_rows_per_s=...
 snapshot_ratio=...`` (drain_ratio: the drain's rate over the bare puller's; snapshot_ratio:
@@ -220,6 +226,120 @@ def _resume(driver: Driver, uri: str, root: Path, target: str) -> dict[str, floa
     return {"drain_s": elapsed, "ticks": ticks}
 
 
+def _bare_partition(batches: Any) -> Any:
+    """mapInArrow body of the bare baseline: read each range in keyset chunks into Parquet."""
+    import pyarrow.parquet as pq
+
+    from cdc_dagster.mysql.catalog import quote_ident as q
+    from cdc_dagster.mysql.chunk_reader import _compare, chunk_table
+    from cdc_dagster.mysql.snapshots import decode_key
+    from cdc_dagster.mysql.upstream import connect
+    from cdc_dagster.schema import TableSchema
+    from cdc_dagster.upstream.uri import parse_uri
+
+    out = []
+    for batch in batches:
+        for text in batch.column("spec").to_pylist():
+            spec = json.loads(text)
+            schema = TableSchema.from_json(spec["schema"])
+            conn = connect(parse_uri(spec["uri"]))
+            lo, hi, n, rows_total = decode_key(spec["lo"]), decode_key(spec["hi"]), 0, 0
+            cols = ", ".join(q(c.name) for c in schema.columns)
+            while True:
+                where, args = [], []
+                for key, op in ((lo, ">"), (hi, "<")):
+                    if key is not None:
+                        w, a = _compare(["id"], list(key), op)
+                        where.append(w)
+                        args += a
+                sql = f"SELECT {cols} FROM {DB}.{q(schema.table)}"
+                sql += (" WHERE " + " AND ".join(where)) if where else ""
+                with conn.cursor() as cur:
+                    cur.execute(sql + f" ORDER BY id LIMIT {spec['chunk']}", tuple(args))
+                    rows = cur.fetchall()
+                if rows:
+                    pq.write_table(chunk_table(schema, 1, rows), f"{spec['out']}-{n}.parquet")
+                rows_total += len(rows)
+                if len(rows) < spec["chunk"]:
+                    break
+                lo, n = (rows[-1][0],), n + 1
+            conn.close()
+            out.append({"rows": rows_total})
+    yield pa.RecordBatch.from_pylist(out, schema=pa.schema([("rows", pa.int64())]))
+
+
+def snapshot(
+    base: Path, my: PrivateMariaDB, sizes: Sizes, cores: int, tables: int, rows: int
+) -> dict[str, float]:
+    """Scenario (b) with ``local[cores]`` (see the module docstring)."""
+    from cdc_dagster.mysql.snapshot_runner import run_snapshots, snapshot_specs
+    from cdc_dagster.mysql.snapshots import read_plan
+    from cdc_dagster.mysql.state import load_state
+
+    work = base / f"snapshot-{cores}-{tables}"
+    db_tables = [f"snap{tables}_{i}" for i in range(tables)]
+    c = my.connect(database=DB)
+    with c.cursor() as cur:
+        for t in db_tables:
+            cur.execute(f"CREATE TABLE IF NOT EXISTS {t} LIKE sbtest1")
+            cur.execute(f"INSERT INTO {t} SELECT seq, seq % 1000, REPEAT('c', 119), "
+                        f"REPEAT('p', 59) FROM seq_1_to_{rows}")  # fmt: skip
+    c.close()
+    uri = my.uri(query="server-id=4244")
+    root = work / "changelog"
+    flt = (f"{DB}.snap{tables}_*",)
+    snap = take_initial_snapshot(uri, root, flt)
+    spark = spark_session(f"local[{cores}]", conf={"spark.sql.shuffle.partitions": str(cores)})
+    stop = work / "stop"
+    proc = mp.get_context("spawn").Process(
+        target=_follow_process, args=(uri, str(root), flt, str(stop))
+    )
+    proc.start()
+    try:
+        specs = snapshot_specs(uri, str(root), cores * 2, 50_000)  # plans, before the clock
+        ranges = {  # kept: a table's plan goes once its snapshot is complete
+            (sp["table_id"], sp["range"]): read_plan(root, sp["table_id"], sp["generation"]).ranges[
+                sp["range"]
+            ]
+            for sp in specs
+        }
+        t0 = time.perf_counter()
+        run_snapshots(uri, str(root), spark, cores * 2, 50_000)
+        read_s = time.perf_counter() - t0
+        while load_state(root).snapshots:
+            time.sleep(0.1)
+        snap_s = time.perf_counter() - t0
+        say(f"chunks read in {read_s:.1f} s, all placed and released after {snap_s:.1f} s")
+        log = ChangeLog(root)
+        placed = sum(log.read_data_file(f).num_rows for tid in log.tables_at(MAX_TS)
+                     for f in log.data_files(tid, snap.start_ts, MAX_TS))  # fmt: skip
+        assert placed == tables * rows, (placed, tables * rows)
+        bare = []
+        for sp in specs:
+            schema = log.schema_at(sp["table_id"], MAX_TS)
+            lo, hi = ranges[(sp["table_id"], sp["range"])]
+            out = work / "bare" / f"{sp['table_id']}-{sp['range']}"
+            out.parent.mkdir(parents=True, exist_ok=True)
+            bare.append((json.dumps({"uri": uri, "schema": schema.to_json(), "lo": lo, "hi": hi,
+                                     "chunk": 50_000, "out": str(out)}),))  # fmt: skip
+        t0 = time.perf_counter()
+        df = spark.createDataFrame(bare, "spec string").repartition(len(bare))
+        got = sum(r["rows"] for r in df.mapInArrow(_bare_partition, "rows long").collect())
+        bare_s = time.perf_counter() - t0
+        assert got == tables * rows, (got, tables * rows)
+    finally:
+        stop.touch()
+        proc.join(60)
+        spark.stop()
+    n = tables * rows
+    return {"cores": cores, "tables": tables, "rows": n, "snapshot_rows_per_s": n / snap_s,
+            "bare_read_rows_per_s": n / bare_s, "ranges": len(specs)}  # fmt: skip
+
+
+def _follow_process(uri: str, root: str, flt: tuple[str, ...], stop: str) -> None:
+    Puller(PullerConfig(uri, root, flt)).run(lambda s: Path(stop).exists())
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="small sizes, a few minutes")
@@ -228,6 +348,8 @@ def main() -> int:
     ap.add_argument("--table-size", type=int)
     ap.add_argument("--backlog-s", type=int)
     ap.add_argument("--threads", type=int, default=4)
+    ap.add_argument("--skip-drain", action="store_true")
+    ap.add_argument("--skip-snapshot", action="store_true")
     args = ap.parse_args()
     quick = Sizes(4, 20_000, 15, args.threads)
     full = Sizes(4, 250_000, 60, args.threads)
@@ -237,7 +359,8 @@ def main() -> int:
     base = Path(tempfile.mkdtemp(prefix="throughput-bench-", dir="/tmp"))
     my = PrivateMariaDB(base / "my")
     etcd = EmbeddedEtcd(base / "etcd", tuning=EtcdTuning.for_tests())
-    results = []
+    results, snaps = [], []
+    shapes = [(1, 200_000), (20, 10_000)] if args.quick else [(1, 10_000_000), (100, 100_000)]
     try:
         my.start()
         etcd.start()
@@ -247,17 +370,38 @@ def main() -> int:
         say(f"sysbench prepare: {sizes.tables} tables x {sizes.table_size} rows")
         sysbench(my, sizes, "prepare")
         for cores in [int(x) for x in args.spark_cores.split(",")]:
-            results.append(drain(base, my, etcd, sizes, cores))
+            if not args.skip_drain:
+                results.append(drain(base, my, etcd, sizes, cores))
+            if not args.skip_snapshot:
+                for tables, rows in shapes:
+                    say(f"[{cores} core(s)] snapshot of {tables} table(s) x {rows} rows")
+                    snaps.append(snapshot(base, my, sizes, cores, tables, rows))
     finally:
         etcd.stop()
         my.cleanup()
         shutil.rmtree(base, ignore_errors=True)
-    _report(results)
+    _report(results, snaps)
     return 0
 
 
-def _report(results: list[dict[str, float]]) -> None:
+def _report(results: list[dict[str, float]], snaps: list[dict[str, float]]) -> None:
     print()
+    if snaps:
+        print(f"{'cores':>5} {'tables':>6} {'rows':>9} {'snapshot/s':>11} {'bare read/s':>12} "
+              f"{'ratio':>6}")  # fmt: skip
+        for r in snaps:
+            print(f"{r['cores']:>5} {r['tables']:>6} {r['rows']:>9} "
+                  f"{r['snapshot_rows_per_s']:>11.0f} {r['bare_read_rows_per_s']:>12.0f} "
+                  f"{r['snapshot_rows_per_s'] / r['bare_read_rows_per_s']:>6.2f}")  # fmt: skip
+        print(json.dumps(snaps))
+    line = ""
+    if snaps:
+        best = max(snaps, key=lambda r: r["snapshot_rows_per_s"])
+        line = (f" snapshot_rows_per_s={best['snapshot_rows_per_s']:.0f} snapshot_ratio="
+                f"{best['snapshot_rows_per_s'] / best['bare_read_rows_per_s']:.2f}")  # fmt: skip
+    if not results:
+        print(line.strip())
+        return
     print(f"{'cores':>5} {'changes':>8} {'drain/s':>9} {'puller/s':>9} {'mount/s':>9} "
           f"{'mariadb-binlog/s':>16} {'drain/puller':>12} {'ticks':>6}")  # fmt: skip
     for r in results:
@@ -268,7 +412,7 @@ def _report(results: list[dict[str, float]]) -> None:
     best = max(results, key=lambda r: r["drain_rows_per_s"])
     print(json.dumps(results))
     print(f"drain_rows_per_s={best['drain_rows_per_s']:.0f} "
-          f"drain_ratio={best['drain_rows_per_s'] / best['puller_rows_per_s']:.2f}")  # fmt: skip
+          f"drain_ratio={best['drain_rows_per_s'] / best['puller_rows_per_s']:.2f}{line}")  # fmt: skip
 
 
 if __name__ == "__main__":
