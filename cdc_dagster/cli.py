@@ -27,6 +27,7 @@ from cdc_dagster.upstream.uri import is_mysql_uri
 from scheduler_core.ts import compose, physical_ms, wall_time
 
 DEFAULT_STATE_DIR = ".state"
+MAX_CONFIG_BYTES = 1 << 20
 _DURATION = re.compile(r"(?:(\d+)h)?(?:(\d+)m(?!s))?(?:(\d+)s)?")
 
 
@@ -77,8 +78,15 @@ def build_parser() -> argparse.ArgumentParser:
     create.add_argument("--target-ts", type=int, default=0, help="TS to stop at (0: never)")
     create.add_argument("--config", type=Path, help="TOML: [filter] rules, sync-point-interval")
     cfs.add_parser("list", help="list changefeeds")
-    for action in ("query", "pause", "resume", "remove"):
+    for action in ("query", "pause", "resume"):
         _cf_id(cfs.add_parser(action, help=f"{action} a changefeed"))
+    remove = cfs.add_parser("remove", help="remove a changefeed (and the state it kept on disk)")
+    _cf_id(remove)
+    remove.add_argument(
+        "--keep-state",
+        action="store_true",
+        help="keep its binlog puller's change log and position, and its captures' staging",
+    )
     update = cfs.add_parser("update", help="change a paused changefeed's config")
     _cf_id(update)
     update.add_argument("--sink-uri")
@@ -158,9 +166,21 @@ def parse_duration_s(value: object) -> int:
 def load_changefeed_config(path: Path) -> dict[str, Any]:
     """A changefeed config file (TiCDC-style TOML) as create/update keyword arguments."""
     try:
-        raw = tomllib.loads(path.read_text())
+        data = path.read_bytes()
     except OSError as exc:
         raise CliError(f"cannot read config {path}: {exc.strerror}") from exc
+    if len(data) > MAX_CONFIG_BYTES:
+        raise CliError(
+            f"config {path} is {len(data)} bytes; a changefeed config is a small TOML file "
+            f"(at most {MAX_CONFIG_BYTES})"
+        )
+    try:
+        raw = tomllib.loads(data.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise CliError(
+            f"config {path} is not UTF-8 text (byte {exc.start} is {data[exc.start]:#04x}); "
+            "a changefeed config is a TOML file"
+        ) from None
     except tomllib.TOMLDecodeError as exc:
         raise CliError(f"config {path} is not valid TOML: {exc}") from exc
     known = {"filter", "sync-point-interval", "enable-sync-point", "target-ts"}
@@ -295,8 +315,15 @@ def cmd_changefeed(args: argparse.Namespace) -> None:
             admin.update_changefeed(ms, args.changefeed_id, **options)
             print(f"updated changefeed {args.changefeed_id}")
         elif args.action == "remove":
-            admin.remove_changefeed(ms, args.changefeed_id)
+            removed = admin.remove_changefeed(
+                ms,
+                args.changefeed_id,
+                keep_state=args.keep_state,
+                staging_root=state_dir_of(args) / "staging",
+            )
             print(f"removed changefeed {args.changefeed_id}")
+            for path in removed:
+                print(f"removed {path}")
 
 
 def _capture_rows(ms: Any) -> list[dict[str, Any]]:

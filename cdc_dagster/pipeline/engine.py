@@ -25,6 +25,16 @@ DEFAULT_CONF: Mapping[str, str] = {
 }
 
 
+def connect_server_conf(port: int) -> dict[str, str]:
+    """The settings of a Spark Connect server the data plane's sessions run on (the same
+    defaults as an in-process session, on a loopback port)."""
+    return {
+        **DEFAULT_CONF,
+        "spark.connect.grpc.binding.port": str(port),
+        "spark.connect.grpc.binding.address": "127.0.0.1",
+    }
+
+
 def spark_session(
     master: str | None = None,
     app_name: str = "cdc-dagster",

@@ -70,7 +70,7 @@ def test_create_refuses_with_what_to_change_and_never_prints_a_literal_password(
     execute(mariadb, mydb, "CREATE TABLE orders (id INT PRIMARY KEY)",
             "CREATE TABLE nokey (a INT, b INT)", "CREATE TABLE tmp_x (a INT)")  # fmt: skip
     state = tmp_path / "state"
-    sink = "postgresql://writer:${PG_PW}@127.0.0.1:1/analytics"
+    sink = f"delta://{tmp_path / 'lake'}"  # reachable: the upstream's checks are what fail
     literal = f"mysql://{cdc_user}:{PASSWORD}@127.0.0.1:{mariadb.port}/?server-id=4242"
     res = _create(etcd_endpoints, cluster_id, state, literal, sink, f"{mydb}.*", f"!{mydb}.tmp_*")
     assert res.returncode == 1

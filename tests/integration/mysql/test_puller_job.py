@@ -27,8 +27,6 @@ from cdc_dagster.metastore.changefeeds import ChangefeedState
 from cdc_dagster.mysql.snapshot_runner import run_snapshots
 from cdc_dagster.testing.dagster import evaluate_sensor
 
-SINK = "postgresql://writer:${PG_PW}@127.0.0.1:1/analytics"
-
 
 @pytest.fixture
 def defs() -> dg.Definitions:
@@ -56,7 +54,7 @@ def _execute(defs: dg.Definitions, instance: dg.DagsterInstance, req: dg.RunRequ
 
 def _create(metastore, mariadb, db: str, root: Path, cf: str = "shop") -> object:
     return admin.create_changefeed(
-        metastore, cf, SINK, table_filter=(f"{db}.*",),
+        metastore, cf, f"delta://{root.parent / 'lake'}", table_filter=(f"{db}.*",),
         upstream_uri=mariadb.uri(query="server-id=4242"), changelog_root=str(root),
     )  # fmt: skip
 
@@ -165,3 +163,21 @@ def test_following_puller_run_stops_within_seconds_of_a_pause(
         runner.join(timeout=30)
         assert not runner.is_alive() and done[0].success
         assert time.monotonic() - paused < 5.0
+
+
+def test_remove_deletes_the_pullers_change_log_and_staging_unless_asked_to_keep_them(
+    mariadb, mydb, metastore, tmp_path
+):
+    execute(mariadb, mydb, "CREATE TABLE r (id INT PRIMARY KEY)")
+    kept, gone = tmp_path / "kept", tmp_path / "gone"
+    _create(metastore, mariadb, mydb, kept, cf="keep")
+    _create(metastore, mariadb, mydb, gone, cf="drop")
+    staging = tmp_path / "staging"
+    (staging / "drop" / "capture-1").mkdir(parents=True)
+    assert (gone / "FORMAT").exists() and (kept / "FORMAT").exists()
+    removed = admin.remove_changefeed(metastore, "drop", staging_root=staging)
+    assert set(removed) == {gone, staging / "drop"}
+    assert not gone.exists() and not (staging / "drop").exists()
+    assert admin.remove_changefeed(metastore, "keep", keep_state=True, staging_root=staging) == []
+    assert (kept / "FORMAT").exists()
+    assert metastore.changefeeds.list() == []
