@@ -150,12 +150,13 @@ def drain(
     work = base / f"drain-{cores}"
     root, lake = work / "changelog", work / "lake"
     uri = my.uri(query="server-id=4243")
-    snap = take_initial_snapshot(uri, root, (f"{DB}.*",))
-    say(f"[{cores} core(s)] snapshot of {snap.rows} rows; replicating it")
+    snap = take_initial_snapshot(uri, root, (f"{DB}.sbtest*",))
     spark = spark_session(f"local[{cores}]", conf={"spark.sql.shuffle.partitions": str(cores)})
+    _snapshot_now(uri, root, spark, cores, (f"{DB}.sbtest*",))
+    say(f"[{cores} core(s)] snapshot in the change log; replicating it")
     driver = Driver(work / "state", root, f"delta://{lake}", 1, spark_executor_factory(spark),
                     endpoints=etcd.endpoints, cluster_id=f"drain{cores}", start_ts=snap.start_ts,
-                    table_filter=(f"{DB}.*",), lease_ttl_s=600)  # fmt: skip
+                    table_filter=(f"{DB}.sbtest*",), lease_ttl_s=600)  # fmt: skip
     try:
         resolved = ChangeLog(root).ddl_resolved_ts()
         driver.run_until(lambda t: driver.caught_up(t, resolved), max_ticks=200)
@@ -172,7 +173,7 @@ def drain(
         assert downstream_fingerprints(lake, root) == upstream_fingerprints(my, sizes.tables), (
             "the downstream differs from the upstream after the drain"
         )
-        _, puller_s = pull_until(PullerConfig(uri, str(bare_root), (f"{DB}.*",)), target)
+        _, puller_s = pull_until(PullerConfig(uri, str(bare_root), (f"{DB}.sbtest*",)), target)
         rows, mounted_s = mount_s(bare_root, resolved)
         tool_s = mariadb_binlog_s(my, start, target)
     finally:
@@ -199,7 +200,7 @@ def _puller_process(uri: str, root: str, target: str, reached: str, stop: str) -
             marker.write_text(str(s.resolved_ts))
         return Path(stop).exists()
 
-    Puller(PullerConfig(uri, root, (f"{DB}.*",))).run(done)
+    Puller(PullerConfig(uri, root, (f"{DB}.sbtest*",))).run(done)
 
 
 def _resume(driver: Driver, uri: str, root: Path, target: str) -> dict[str, float]:
@@ -334,6 +335,25 @@ def snapshot(
     n = tables * rows
     return {"cores": cores, "tables": tables, "rows": n, "snapshot_rows_per_s": n / snap_s,
             "bare_read_rows_per_s": n / bare_s, "ranges": len(specs)}  # fmt: skip
+
+
+def _snapshot_now(uri: str, root: Path, spark: Any, cores: int, flt: tuple[str, ...]) -> None:
+    """The tables' chunked snapshots read and placed (a puller following meanwhile)."""
+    from cdc_dagster.mysql.snapshot_runner import run_snapshots
+    from cdc_dagster.mysql.state import load_state
+
+    stop = root.parent / "snapshot-stop"
+    proc = mp.get_context("spawn").Process(
+        target=_follow_process, args=(uri, str(root), flt, str(stop))
+    )
+    proc.start()
+    try:
+        run_snapshots(uri, str(root), spark, cores * 2, 50_000)
+        while load_state(root).snapshots:
+            time.sleep(0.1)
+    finally:
+        stop.touch()
+        proc.join(60)
 
 
 def _follow_process(uri: str, root: str, flt: tuple[str, ...], stop: str) -> None:
