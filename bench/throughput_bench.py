@@ -278,7 +278,7 @@ def snapshot(
     from cdc_dagster.mysql.state import load_state
 
     work = base / f"snapshot-{cores}-{tables}"
-    db_tables = [f"snap{tables}_{i}" for i in range(tables)]
+    db_tables = [f"snap{cores}x{tables}_{i}" for i in range(tables)]
     c = my.connect(database=DB)
     with c.cursor() as cur:
         for t in db_tables:
@@ -288,7 +288,7 @@ def snapshot(
     c.close()
     uri = my.uri(query="server-id=4244")
     root = work / "changelog"
-    flt = (f"{DB}.snap{tables}_*",)
+    flt = (f"{DB}.snap{cores}x{tables}_*",)
     snap = take_initial_snapshot(uri, root, flt)
     spark = spark_session(f"local[{cores}]", conf={"spark.sql.shuffle.partitions": str(cores)})
     stop = work / "stop"
