@@ -399,6 +399,7 @@ def cmd_server(args: argparse.Namespace) -> int:
             port=args.port,
             dagster=not args.no_dagster,
             captures=admin.capture_names(args.captures),
+            cluster_id=args.cluster_id,
         )
     if args.action == "stop":
         stack.stop(state)

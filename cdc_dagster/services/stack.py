@@ -316,8 +316,10 @@ class Stack:
         generator: Callable[[], Any] | None = None,
         stop: threading.Event | None = None,
         backoff: Backoff | None = None,
+        cluster_id: str = "default",
     ) -> None:
         self.state_dir = state_dir.resolve()
+        self.cluster_id = cluster_id
         self.kind = kind
         self.external_etcd = etcd or ""
         self.ui_port = ui_port
@@ -396,6 +398,7 @@ class Stack:
             env = dagster_env(
                 self.state_dir, self.etcd_endpoints, self.spark_remote, self.changelog
             )
+            env["CDC_DAGSTER_CLUSTER_ID"] = self.cluster_id
             if not any(name in alive for name in DAGSTER_PARTS):
                 prepare_instance(self.state_dir, env)
             parts += dagster_parts(self.state_dir, env, ports[CODE], ports[WEB])
@@ -492,6 +495,7 @@ def serve(
     port: int = 0,
     dagster: bool = True,
     captures: Sequence[str] = DEMO_CAPTURES,
+    cluster_id: str = "default",
 ) -> int:
     """``server start``: etcd, Spark Connect and Dagster, supervised, until stopped; the
     ``captures`` are registered (desired state) once Dagster runs their leases' renewals."""
@@ -500,14 +504,25 @@ def serve(
     try:
         with (
             stop_on_signals() as stop,
-            Stack(state_dir, etcd=etcd, ui_port=port, dagster=dagster, stop=stop) as stack,
+            Stack(
+                state_dir,
+                etcd=etcd,
+                ui_port=port,
+                dagster=dagster,
+                stop=stop,
+                cluster_id=cluster_id,
+            ) as stack,
         ):
             if stop.is_set():
                 return 0
             if stack.ui_url:
                 say(f"Dagster UI at {stack.ui_url}")
             if captures:
-                say(workload.ensure_captures(stack.etcd_endpoints, stack.state_dir, captures))
+                say(
+                    workload.ensure_captures(
+                        stack.etcd_endpoints, stack.state_dir, captures, cluster_id
+                    )
+                )
             say(
                 "running in the foreground, restarting any part that dies; Ctrl-C (or "
                 "`cdc-dagster server stop`) stops everything; `cdc-dagster server start "
