@@ -51,7 +51,7 @@ def read_snapshots(
         context.log.info("%d table range(s) to read, of tables %s", len(specs),
                          sorted({s["table_id"] for s in specs}))  # fmt: skip
         started = time.monotonic()
-        rows = run_snapshots(uri, root, spark.spark_session, config.parallelism, config.chunk_rows)
+        rows = run_snapshots(uri, root, spark.live_session(), config.parallelism, config.chunk_rows)
     except (MetastoreError, PullerError, UpstreamError) as exc:
         raise dg.Failure(redact_text(" ".join(str(exc).split()))) from None
     seconds = time.monotonic() - started
