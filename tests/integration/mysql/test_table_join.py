@@ -231,7 +231,7 @@ def test_changefeed_update_widening_the_filter_joins_the_table_in_the_next_pulle
     mariadb, mydb, metastore, dagster_env, tmp_path, monkeypatch
 ):
     import dagster as dg
-    from test_puller_job import SINK, _execute, _pullers, _tick
+    from test_puller_job import _execute, _pullers, _tick
 
     from cdc_dagster import admin
     from cdc_dagster.defs import build_definitions
@@ -243,7 +243,7 @@ def test_changefeed_update_widening_the_filter_joins_the_table_in_the_next_pulle
             "INSERT INTO extra VALUES (1, 1), (2, 2)")  # fmt: skip
     root = tmp_path / "cl"
     admin.create_changefeed(
-        metastore, "shop", SINK, table_filter=(f"{mydb}.t",),
+        metastore, "shop", f"delta://{tmp_path / 'lake'}", table_filter=(f"{mydb}.t",),
         upstream_uri=mariadb.uri(query="server-id=4242"), changelog_root=str(root),
     )  # fmt: skip
     assert [s.table for r in ddls(root) for s in r.tables.values()] == ["t"]

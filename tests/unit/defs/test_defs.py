@@ -59,6 +59,7 @@ def test_production_definitions_from_the_change_log(
         "apply_ddl",
         "dbt_build",
         "mysql_puller",
+        "mysql_snapshot",
         "check_at_syncpoint",
         *ADMIN_JOBS,
     }
