@@ -27,6 +27,7 @@ SENSOR_NAME = "cdc_owner"
 MIN_INTERVAL_S = 5  # the daemon's loop wakes every 5 s: the real floor
 # Asset observations per tick: each is one event-log write in the daemon (~12 ms on SQLite).
 OBSERVATIONS_PER_TICK = 50
+LAG_REFRESH_S = 600.0
 
 
 NOT_STARTED = [dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.NOT_STARTED]
@@ -115,7 +116,9 @@ def build_owner_sensor(
     # These live as long as the code server (losing them only reports everything again).
     budgets = (
         ObservationBudget(observations_per_tick),
-        ObservationBudget(observations_per_tick),
+        # A lag verdict that did not change is evaluated again only every ten minutes: each
+        # evaluation is an event-log write in the daemon; a flip is reported at once.
+        ObservationBudget(observations_per_tick, refresh_s=LAG_REFRESH_S),
         HealthReporter(),
     )
     checks_job = any(j.name == SYNCPOINT_CHECKS_JOB for j in jobs)
