@@ -33,6 +33,7 @@ import json
 import multiprocessing as mp
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -143,10 +144,10 @@ def mount_s(root: Path, after_ts: int) -> tuple[int, float]:
     return rows, time.perf_counter() - t0
 
 
-def drain(
+def drain_in_process(
     base: Path, my: PrivateMariaDB, etcd: EmbeddedEtcd, sizes: Sizes, cores: int
 ) -> dict[str, float]:
-    """Scenario (a) with ``local[cores]`` (see the module docstring)."""
+    """Scenario (a) through the in-process driver on ``local[cores]`` (``--in-process``)."""
     work = base / f"drain-{cores}"
     root, lake = work / "changelog", work / "lake"
     uri = my.uri(query="server-id=4243")
@@ -269,10 +270,10 @@ def _bare_partition(batches: Any) -> Any:
     yield pa.RecordBatch.from_pylist(out, schema=pa.schema([("rows", pa.int64())]))
 
 
-def snapshot(
+def snapshot_in_process(
     base: Path, my: PrivateMariaDB, sizes: Sizes, cores: int, tables: int, rows: int
 ) -> dict[str, float]:
-    """Scenario (b) with ``local[cores]`` (see the module docstring)."""
+    """Scenario (b) with the snapshot runner on ``local[cores]`` (``--in-process``)."""
     from cdc_dagster.mysql.snapshot_runner import run_snapshots, snapshot_specs
     from cdc_dagster.mysql.snapshots import read_plan
     from cdc_dagster.mysql.state import load_state
@@ -360,6 +361,285 @@ def _follow_process(uri: str, root: str, flt: tuple[str, ...], stop: str) -> Non
     Puller(PullerConfig(uri, root, flt)).run(lambda s: Path(stop).exists())
 
 
+# ------------------------------------------------------------------ through the real stack
+CAPTURES = ("capture-1", "capture-2")
+DRAIN_CF = "drain"
+
+
+def readable_ts(ms: Any, changefeed_id: str, tables: int) -> int:
+    """The ts up to which every table's rows are in the sink (min of the checkpoints the
+    captures report after their commits); 0 while a table is not reported replicating."""
+    from cdc_dagster.runtime import reported_checkpoints
+
+    per_table = reported_checkpoints(ms.task_statuses.read(changefeed_id))
+    return min(per_table.values()) if len(per_table) >= tables else 0
+
+
+def wait_for(cond: Any, timeout_s: float, what: str, poll_s: float = 0.25) -> float:
+    """Poll ``cond`` until true; seconds waited (RuntimeError naming ``what`` on timeout)."""
+    t0 = time.perf_counter()
+    while not cond():
+        if time.perf_counter() - t0 > timeout_s:
+            raise RuntimeError(f"timed out after {timeout_s:.0f} s waiting for {what}")
+        time.sleep(poll_s)
+    return time.perf_counter() - t0
+
+
+def puller_running(root: Path) -> bool:
+    """Whether a puller holds the change log's puller lock."""
+    import fcntl
+
+    path = root / "puller" / "lock"
+    if not path.exists():
+        return False
+    with open(path, "a+") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        fcntl.flock(f, fcntl.LOCK_UN)
+    return False
+
+
+def snapshots_pending(root: Path) -> bool:
+    from cdc_dagster.mysql.state import load_state
+
+    state = load_state(root)
+    return state is None or bool(state.snapshots)
+
+
+class LagSampler:
+    """Samples a changefeed's readable lag (now - readable ts) every half second, in a thread,
+    while sysbench writes at a fixed rate (the stream whose lag is watched)."""
+
+    def __init__(self, ms: Any, my: PrivateMariaDB, sizes: Sizes, rate: int) -> None:
+        import threading
+
+        self.ms, self.my, self.sizes, self.rate = ms, my, sizes, rate
+        self.samples: list[float] = []
+        self.stop = threading.Event()
+        self.threads = [threading.Thread(target=self._sample, daemon=True)]
+
+    def _sample(self) -> None:
+        from scheduler_core.ts import physical_ms
+
+        while not self.stop.wait(0.5):
+            ts = readable_ts(self.ms, DRAIN_CF, self.sizes.tables)
+            if ts:
+                self.samples.append(time.time() - physical_ms(ts) / 1000)
+
+    def run(self, seconds: int) -> None:
+        """Write at ``rate`` transactions/s for ``seconds`` while sampling."""
+        for t in self.threads:
+            t.start()
+        sysbench(self.my, self.sizes, "run", "--threads=2", f"--rate={self.rate}",
+                 f"--time={seconds}")  # fmt: skip
+        self.stop.set()
+        for t in self.threads:
+            t.join()
+
+    def summary(self) -> dict[str, float]:
+        v = sorted(self.samples) or [float("nan")]
+        return {"p50": v[len(v) // 2], "p90": v[int(len(v) * 0.9)], "max": v[-1]}
+
+
+def stack_drain(
+    base: Path, my: PrivateMariaDB, sizes: Sizes, cores: int, ms: Any
+) -> dict[str, Any]:
+    """Scenario (a) through ``server start``'s stack: pause, backlog, resume, until readable."""
+    from cdc_dagster import admin
+    from cdc_dagster.mysql.state import load_state
+
+    work = base / f"stack-{cores}"
+    root, lake = work / "changelog-drain", work / "lake"
+    t0 = time.perf_counter()
+    wait_for(lambda: not snapshots_pending(root), 900, "the initial snapshot")
+    caught = load_state(root).last_ts
+    wait_for(lambda: readable_ts(ms, DRAIN_CF, sizes.tables) >= caught, 900, "its replication")
+    say(f"[{cores} core(s)] initial snapshot replicated {time.perf_counter() - t0:.0f} s after "
+        "the stack was up; pausing the changefeed")  # fmt: skip
+    admin.pause_changefeed(ms, DRAIN_CF)
+    wait_for(lambda: not puller_running(root), 120, "the puller run to stop")
+    bare_root = work / "bare"
+    shutil.copytree(root, bare_root)  # the bare puller drains the same backlog later
+    before_backlog = ChangeLog(bare_root).ddl_resolved_ts()
+    start = gtid_now(my)
+    say(f"[{cores} core(s)] paused; sysbench oltp_read_write for {sizes.backlog_s} s")
+    out = sysbench(my, sizes, "run", f"--threads={sizes.threads}", f"--time={sizes.backlog_s}")
+    changes = int(re.search(r"write:\s+(\d+)", out).group(1))
+    target = gtid_now(my)
+    say(f"[{cores} core(s)] backlog of {changes} row changes; changefeed resume")
+    admin.resume_changefeed(ms, DRAIN_CF)
+    t0 = time.perf_counter()
+    target_ts = 0
+    pulled_s = 0.0
+
+    def pulled() -> bool:
+        nonlocal target_ts, pulled_s
+        state = load_state(root)
+        if state is not None and state.gtid == target:
+            target_ts, pulled_s = state.last_ts, time.perf_counter() - t0
+        return bool(target_ts)
+
+    wait_for(pulled, 1800, "the puller to reach the backlog's end")
+    wait_for(lambda: readable_ts(ms, DRAIN_CF, sizes.tables) >= target_ts, 1800, "the drain")
+    drain_s = time.perf_counter() - t0
+    wait_for(lambda: ms.changefeeds.get(DRAIN_CF).status.checkpoint_ts >= target_ts, 600,
+             "the changefeed checkpoint")  # fmt: skip
+    checkpointed_s = time.perf_counter() - t0
+    say(f"[{cores} core(s)] puller at the backlog's end after {pulled_s:.1f} s, readable after "
+        f"{drain_s:.1f} s, checkpoint after {checkpointed_s:.1f} s; comparing with upstream")  # fmt: skip
+    assert downstream_fingerprints(lake, root) == upstream_fingerprints(my, sizes.tables), (
+        "the downstream differs from the upstream after the drain"
+    )
+    bare_uri = my.uri(query="server-id=4250")  # not the stack puller's id: both stream
+    _, puller_s = pull_until(PullerConfig(bare_uri, str(bare_root), (f"{DB}.sbtest*",)), target)
+    rows, mounted_s = mount_s(bare_root, before_backlog)
+    tool_s = mariadb_binlog_s(my, start, target)
+    return {
+        "cores": cores,
+        "changes": changes,
+        "drain_rows_per_s": changes / drain_s,
+        "pulled_s": pulled_s,
+        "drain_s": drain_s,
+        "checkpoint_s": checkpointed_s,
+        "puller_rows_per_s": changes / puller_s,
+        "mount_rows_per_s": rows / mounted_s,
+        "mariadb_binlog_rows_per_s": changes / tool_s,
+        "ticks": 0,
+    }
+
+
+def stack_snapshot(
+    base: Path, my: PrivateMariaDB, sizes: Sizes, cores: int, ms: Any, spark_remote: str,
+    tables: int, rows: int, rate: int, lag_s: int,
+) -> dict[str, Any]:  # fmt: skip
+    """Scenario (b) through the stack: ``changefeed create`` of tables with rows, while the
+    drain changefeed streams sysbench at ``rate``; rows/s until every chunk is placed (in the
+    change log) and until readable; the stream's lag with and without the snapshot; the bare
+    chunked read of the same ranges on the stack's Spark Connect server."""
+    from cdc_dagster import admin
+    from cdc_dagster.mysql.chunk_reader import plan_table
+    from cdc_dagster.mysql.state import load_state
+    from cdc_dagster.upstream.uri import parse_uri
+
+    work = base / f"stack-{cores}"
+    prefix = f"snap{cores}x{tables}_"
+    db_tables = [f"{prefix}{i}" for i in range(tables)]
+    c = my.connect(database=DB)
+    with c.cursor() as cur:
+        for t in db_tables:
+            cur.execute(f"CREATE TABLE IF NOT EXISTS {t} LIKE sbtest1")
+            cur.execute(f"INSERT INTO {t} SELECT seq, seq % 1000, REPEAT('c', 119), "
+                        f"REPEAT('p', 59) FROM seq_1_to_{rows}")  # fmt: skip
+    c.close()
+    say(f"[{cores} core(s)] stream lag without a snapshot ({rate} txn/s for {lag_s} s)")
+    quiet = LagSampler(ms, my, sizes, rate)
+    quiet.run(lag_s)
+    cf = f"snap-{cores}-{tables}"
+    root = work / f"changelog-{cf}"
+    uri = my.uri(query=f"server-id={4300 + cores * 10 + min(tables, 9)}")
+    busy = LagSampler(ms, my, sizes, rate)
+    import threading
+
+    times: dict[str, float] = {}
+
+    def snap() -> None:
+        t0 = time.perf_counter()
+        admin.create_changefeed(ms, cf, f"delta://{work / 'lake-snap'}", table_filter=(
+            f"{DB}.{prefix}*",), upstream_uri=uri, changelog_root=str(root))  # fmt: skip
+        times["created"] = time.perf_counter() - t0
+        wait_for(lambda: not snapshots_pending(root), 1800, "the snapshot", poll_s=0.1)
+        times["placed"] = time.perf_counter() - t0
+        last = load_state(root).last_ts
+        wait_for(lambda: readable_ts(ms, cf, tables) >= last, 1800, "the snapshot downstream")
+        times["readable"] = time.perf_counter() - t0
+
+    worker = threading.Thread(target=snap)
+    worker.start()
+    busy.threads.append(worker)
+    busy.run(lag_s)  # the stream's lag while the snapshot runs (and after, until it is done)
+    say(f"[{cores} core(s)] {tables} x {rows} rows: created in {times['created']:.1f} s, in the "
+        f"change log after {times['placed']:.1f} s, readable after {times['readable']:.1f} s")  # fmt: skip
+    log = ChangeLog(root)
+    state = load_state(root)
+    placed = sum(log.read_data_file(f).num_rows for tid in log.tables_at(MAX_TS)
+                 for f in log.data_files(tid, 0, MAX_TS))  # fmt: skip
+    assert placed == tables * rows, (placed, tables * rows)
+    # The bare read: the same ranges (the snapshot job's parallelism and chunk) on the same
+    # Spark Connect server, into Parquet, with no position, lock or puller.
+    from pyspark.sql import SparkSession
+
+    spark = SparkSession.builder.remote(spark_remote).getOrCreate()
+    bare = []
+    for tid in sorted(state.tables):
+        plan = plan_table(parse_uri(uri), str(root), tid, 999_999, 4, 50_000)
+        schema = log.schema_at(tid, MAX_TS)
+        for r, (lo, hi) in enumerate(plan.ranges):
+            out = work / "bare" / f"{cf}-{tid}-{r}"
+            out.parent.mkdir(parents=True, exist_ok=True)
+            bare.append((json.dumps({"uri": uri, "schema": schema.to_json(), "lo": lo, "hi": hi,
+                                     "chunk": 50_000, "out": str(out)}),))  # fmt: skip
+    t0 = time.perf_counter()
+    df = spark.createDataFrame(bare, "spec string").repartition(len(bare))
+    got = sum(r["rows"] for r in df.mapInArrow(_bare_partition, "rows long").collect())
+    bare_s = time.perf_counter() - t0
+    assert got == tables * rows, (got, tables * rows)
+    admin.remove_changefeed(ms, cf)
+    n = tables * rows
+    q, b = quiet.summary(), busy.summary()
+    say(f"[{cores} core(s)] stream lag p50/p90/max without a snapshot {q['p50']:.1f}/"
+        f"{q['p90']:.1f}/{q['max']:.1f} s, during it {b['p50']:.1f}/{b['p90']:.1f}/{b['max']:.1f} s")  # fmt: skip
+    return {"cores": cores, "tables": tables, "rows": n,
+            "snapshot_rows_per_s": n / times["placed"], "readable_rows_per_s": n / times["readable"],
+            "bare_read_rows_per_s": n / bare_s, "ranges": len(bare),
+            "lag_p50_quiet": q["p50"], "lag_max_quiet": q["max"],
+            "lag_p50_snapshot": b["p50"], "lag_max_snapshot": b["max"]}  # fmt: skip
+
+
+def run_stack(
+    base: Path, my: PrivateMariaDB, sizes: Sizes, cores: int, shapes: list[tuple[int, int]],
+    args: argparse.Namespace,
+) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:  # fmt: skip
+    """``server start`` (private etcd, Spark Connect on ``local[cores]``, the Dagster code
+    server, daemon and webserver), two captures, a changefeed into Delta; both scenarios."""
+    import os
+
+    from cdc_dagster import admin
+    from cdc_dagster.metastore import connect
+    from cdc_dagster.services import stack, workload
+
+    os.environ["CDC_DAGSTER_SPARK_CORES"] = str(cores)  # the Spark Connect server's slots
+    state = base / f"stack-{cores}" / "state"
+    lake = base / f"stack-{cores}" / "lake"
+    root = base / f"stack-{cores}" / "changelog-drain"
+
+    def before(st: stack.Stack) -> None:  # as a user would: captures, then the changefeed
+        say(workload.ensure_captures(st.etcd_endpoints, st.state_dir, CAPTURES))
+        with connect(st.etcd_endpoints.split(","), st.state_dir) as ms:
+            admin.create_changefeed(ms, DRAIN_CF, f"delta://{lake}", table_filter=(
+                f"{DB}.sbtest*",), upstream_uri=my.uri(query="server-id=4243"),
+                changelog_root=str(root))  # fmt: skip
+
+    t0 = time.perf_counter()
+    with stack.Stack(state, kind="server", before_dagster=before) as st:
+        say(f"[{cores} core(s)] stack up in {time.perf_counter() - t0:.0f} s (UI {st.ui_url})")
+        ms = connect(st.etcd_endpoints.split(","), st.state_dir)
+        try:
+            drained = None if args.skip_drain else stack_drain(base, my, sizes, cores, ms)
+            if args.skip_drain:  # the snapshot scenario watches the drain changefeed's lag
+                wait_for(lambda: not snapshots_pending(root), 900, "the initial snapshot")
+            snaps = []
+            if not args.skip_snapshot:
+                for tables, rows in shapes:
+                    say(f"[{cores} core(s)] snapshot of {tables} table(s) x {rows} rows")
+                    snaps.append(stack_snapshot(base, my, sizes, cores, ms, st.spark_remote,
+                                                tables, rows, args.lag_rate, args.lag_s))  # fmt: skip
+        finally:
+            ms.close()
+    return drained, snaps
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="small sizes, a few minutes")
@@ -370,69 +650,111 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=4)
     ap.add_argument("--skip-drain", action="store_true")
     ap.add_argument("--skip-snapshot", action="store_true")
+    ap.add_argument("--in-process", action="store_true",
+                    help="also the in-process figures (driver ticks, snapshot runner in the "
+                         "bench process) as extra rows")  # fmt: skip
+    ap.add_argument("--lag-rate", type=int, default=50, help="txn/s while the lag is watched")
+    ap.add_argument("--lag-s", type=int, default=30, help="seconds the lag is watched")
+    ap.add_argument("--snapshot-shapes", default="", help="TABLESxROWS,... (default by size)")
     args = ap.parse_args()
+
+    def interrupted(signum: int, _frame: Any) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")  # the stack and MariaDB are stopped
+
+    for sig in (signal.SIGTERM, signal.SIGINT):  # SIGINT too: ignored in a background job
+        signal.signal(sig, interrupted)
     quick = Sizes(4, 20_000, 15, args.threads)
     full = Sizes(4, 250_000, 60, args.threads)
     d = quick if args.quick else full
     sizes = Sizes(args.tables or d.tables, args.table_size or d.table_size,
                   args.backlog_s or d.backlog_s, args.threads)  # fmt: skip
-    base = Path(tempfile.mkdtemp(prefix="throughput-bench-", dir="/tmp"))
+    base = Path(tempfile.mkdtemp(prefix="throughput-bench-"))  # under $TMPDIR
     my = PrivateMariaDB(base / "my")
-    etcd = EmbeddedEtcd(base / "etcd", tuning=EtcdTuning.for_tests())
-    results, snaps = [], []
+    results, snaps, extra, extra_snaps = [], [], [], []
     shapes = [(1, 200_000), (20, 10_000)] if args.quick else [(1, 10_000_000), (100, 100_000)]
+    if args.snapshot_shapes:
+        shapes = [tuple(int(x) for x in s.split("x")) for s in args.snapshot_shapes.split(",")]
+    etcd = None
     try:
         my.start()
-        etcd.start()
         c = my.connect()
         c.cursor().execute(f"CREATE DATABASE {DB}")
         c.close()
         say(f"sysbench prepare: {sizes.tables} tables x {sizes.table_size} rows")
         sysbench(my, sizes, "prepare")
         for cores in [int(x) for x in args.spark_cores.split(",")]:
-            if not args.skip_drain:
-                results.append(drain(base, my, etcd, sizes, cores))
-            if not args.skip_snapshot:
-                for tables, rows in shapes:
-                    say(f"[{cores} core(s)] snapshot of {tables} table(s) x {rows} rows")
-                    snaps.append(snapshot(base, my, sizes, cores, tables, rows))
+            drained, snapped = run_stack(base, my, sizes, cores, shapes, args)
+            results += [drained] if drained else []
+            snaps += snapped
+            if args.in_process:
+                if etcd is None:
+                    etcd = EmbeddedEtcd(base / "etcd", tuning=EtcdTuning.for_tests())
+                    etcd.start()
+                if not args.skip_drain:
+                    extra.append(drain_in_process(base, my, etcd, sizes, cores))
+                if not args.skip_snapshot:
+                    for tables, rows in shapes:
+                        extra_snaps.append(
+                            snapshot_in_process(base, my, sizes, cores, tables, rows)
+                        )
     finally:
-        etcd.stop()
+        if etcd is not None:
+            etcd.stop()
         my.cleanup()
         shutil.rmtree(base, ignore_errors=True)
+    if extra or extra_snaps:
+        print(
+            "\nin process (driver ticks / snapshot runner in this process; not as a user runs it):"
+        )
+        _report(extra, extra_snaps, final=False)
+        print("\nthrough the stack (server start: Dagster daemon, sensor and runs, Spark Connect):")
     _report(results, snaps)
     return 0
 
 
-def _report(results: list[dict[str, float]], snaps: list[dict[str, float]]) -> None:
+def _report(results: list[dict[str, Any]], snaps: list[dict[str, Any]], final: bool = True) -> None:
+    """Tables of the figures; with ``final``, the closing machine-readable line."""
     print()
     if snaps:
-        print(f"{'cores':>5} {'tables':>6} {'rows':>9} {'snapshot/s':>11} {'bare read/s':>12} "
-              f"{'ratio':>6}")  # fmt: skip
+        print(f"{'cores':>5} {'tables':>6} {'rows':>9} {'snapshot/s':>11} {'readable/s':>11} "
+              f"{'bare read/s':>12} {'ratio':>6} {'lag p50/max quiet':>18} "
+              f"{'lag p50/max snap':>17}")  # fmt: skip
         for r in snaps:
+            lag = (
+                f"{r.get('lag_p50_quiet', 0):.1f}/{r.get('lag_max_quiet', 0):.1f}",
+                f"{r.get('lag_p50_snapshot', 0):.1f}/{r.get('lag_max_snapshot', 0):.1f}",
+            )
             print(f"{r['cores']:>5} {r['tables']:>6} {r['rows']:>9} "
-                  f"{r['snapshot_rows_per_s']:>11.0f} {r['bare_read_rows_per_s']:>12.0f} "
-                  f"{r['snapshot_rows_per_s'] / r['bare_read_rows_per_s']:>6.2f}")  # fmt: skip
+                  f"{r['snapshot_rows_per_s']:>11.0f} {r.get('readable_rows_per_s', 0):>11.0f} "
+                  f"{r['bare_read_rows_per_s']:>12.0f} "
+                  f"{r['snapshot_rows_per_s'] / r['bare_read_rows_per_s']:>6.2f} "
+                  f"{lag[0]:>18} {lag[1]:>17}")  # fmt: skip
         print(json.dumps(snaps))
     line = ""
     if snaps:
         best = max(snaps, key=lambda r: r["snapshot_rows_per_s"])
         line = (f" snapshot_rows_per_s={best['snapshot_rows_per_s']:.0f} snapshot_ratio="
                 f"{best['snapshot_rows_per_s'] / best['bare_read_rows_per_s']:.2f}")  # fmt: skip
-    if not results:
-        print(line.strip())
+    if results:
+        print(f"{'cores':>5} {'changes':>8} {'drain/s':>9} {'puller/s':>9} {'mount/s':>9} "
+              f"{'mariadb-binlog/s':>16} {'drain/puller':>12} {'pulled/readable/ckpt s':>23}")  # fmt: skip
+        for r in results:
+            secs = (
+                f"{r.get('pulled_s', 0):.1f}/{r.get('drain_s', 0):.1f}/"
+                f"{r.get('checkpoint_s', 0):.1f}"
+            )
+            print(f"{r['cores']:>5} {r['changes']:>8} {r['drain_rows_per_s']:>9.0f} "
+                  f"{r['puller_rows_per_s']:>9.0f} {r['mount_rows_per_s']:>9.0f} "
+                  f"{r['mariadb_binlog_rows_per_s']:>16.0f} "
+                  f"{r['drain_rows_per_s'] / r['puller_rows_per_s']:>12.2f} {secs:>23}")  # fmt: skip
+        print(json.dumps(results))
+    if not final:
         return
-    print(f"{'cores':>5} {'changes':>8} {'drain/s':>9} {'puller/s':>9} {'mount/s':>9} "
-          f"{'mariadb-binlog/s':>16} {'drain/puller':>12} {'ticks':>6}")  # fmt: skip
-    for r in results:
-        print(f"{r['cores']:>5} {r['changes']:>8} {r['drain_rows_per_s']:>9.0f} "
-              f"{r['puller_rows_per_s']:>9.0f} {r['mount_rows_per_s']:>9.0f} "
-              f"{r['mariadb_binlog_rows_per_s']:>16.0f} "
-              f"{r['drain_rows_per_s'] / r['puller_rows_per_s']:>12.2f} {r['ticks']:>6}")  # fmt: skip
-    best = max(results, key=lambda r: r["drain_rows_per_s"])
-    print(json.dumps(results))
-    print(f"drain_rows_per_s={best['drain_rows_per_s']:.0f} "
-          f"drain_ratio={best['drain_rows_per_s'] / best['puller_rows_per_s']:.2f}{line}")  # fmt: skip
+    if results:
+        best = max(results, key=lambda r: r["drain_rows_per_s"])
+        line = (f"drain_rows_per_s={best['drain_rows_per_s']:.0f} "
+                f"drain_ratio={best['drain_rows_per_s'] / best['puller_rows_per_s']:.2f}{line}")  # fmt: skip
+    print(line.strip())
 
 
 if __name__ == "__main__":

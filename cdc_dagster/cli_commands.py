@@ -55,6 +55,19 @@ def _changefeed_row(cf: Any, now_ms: int) -> dict[str, Any]:
     }
 
 
+def _skipped_tables(cf: Any) -> dict[str, str]:
+    """A mysql:// changefeed's tables its puller skips (no key): ``db.table`` -> why."""
+    from cdc_dagster.mysql.state import skipped_tables
+    from cdc_dagster.upstream.uri import UpstreamError, changelog_path
+
+    if not is_mysql_uri(cf.info.upstream_uri):
+        return {}
+    try:
+        return skipped_tables(changelog_path(cf.info.upstream_uri))
+    except UpstreamError:
+        return {}
+
+
 def _print(obj: Any) -> None:
     print(json.dumps(obj, indent=2, default=str))
 
@@ -108,7 +121,8 @@ def cmd_changefeed(args: argparse.Namespace) -> None:
                 ]
             )
         elif args.action == "query":
-            _print(_changefeed_row(ms.changefeeds.get(args.changefeed_id), wall_ms()))
+            cf = ms.changefeeds.get(args.changefeed_id)
+            _print({**_changefeed_row(cf, wall_ms()), "skipped_tables": _skipped_tables(cf)})
         elif args.action == "pause":
             admin.pause_changefeed(ms, args.changefeed_id)
             print(f"paused changefeed {args.changefeed_id}")

@@ -72,5 +72,8 @@ class PullerContext(Protocol):
     def need_join(self, name: tuple[str, str]) -> None:
         """A table came into the filter under ``name`` (a RENAME): it joins at a snapshot."""
 
+    def skip_table(self, name: tuple[str, str]) -> None:
+        """A table the filter selects has no key: not replicated, listed as skipped."""
+
 
 __all__ = ["PullerConfig", "PullerContext", "PullerStats"]

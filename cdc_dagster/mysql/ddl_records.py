@@ -11,7 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from cdc_dagster.mysql import join
-from cdc_dagster.mysql.catalog import build_schema, read_table
+from cdc_dagster.mysql.catalog import IdRegistry, KeylessTableError, build_schema, read_table
 from cdc_dagster.mysql.context import PullerContext
 from cdc_dagster.mysql.ddl import ParsedDDL
 from cdc_dagster.mysql.errors import PullerError
@@ -32,6 +32,8 @@ def ddl_record(
     if p.action == "create_table":
         return _create_record(ctx, conn, p, query, issue)
     if p.action == "drop_table":
+        for name in p.drops:
+            st.skipped.pop(name, None)  # a skipped table's drop: nothing downstream
         ids = tuple(t for t in (st.table_id(*n) for n in p.drops) if t is not None)
         if not ids:
             return None
@@ -41,6 +43,8 @@ def ddl_record(
         return _rename_record(ctx, conn, p, query, issue)
     tid = st.table_id(*p.tables[0])
     if tid is None:
+        if p.tables[0] in st.skipped and p.action != "truncate_table":
+            _recheck_skipped(ctx, conn, p.tables[0])
         return None
     before = st.tables[tid]
     if p.action == "truncate_table":
@@ -56,6 +60,8 @@ def _schema_record(ctx: PullerContext, p: ParsedDDL, query: str, issue: Issue) -
         return None
     if p.action == "create_schema":
         return DdlRecord(issue(), DDLKind.CREATE_SCHEMA, p.action, query, schema=p.schema)
+    for name in [n for n in ctx.state.skipped if n[0] == p.schema]:
+        del ctx.state.skipped[name]
     gone = tuple(t for t, s in ctx.state.tables.items() if s.database == p.schema)
     return DdlRecord(issue(), DDLKind.DROP_SCHEMA, p.action, query, gone, drops=gone,
                      schema=p.schema, tables=dict.fromkeys(gone))  # fmt: skip
@@ -73,14 +79,22 @@ def _create_record(
         )
     if not ctx.filter(db, name) or st.table_id(db, name) is not None:
         return None  # outside the filter, or CREATE TABLE IF NOT EXISTS of one we have
-    tid = st.ids.new_table_id()
+    # ids taken on a copy: a table skipped for having no key takes none
+    ids = IdRegistry(st.ids.next_table_id, dict(st.ids.next_column_id))
+    tid = ids.new_table_id()
     try:
-        schema = created_schema(query, (db, name), tid, st.ids, force, ctx.info.is_mariadb)
-    except NeedsCatalog:
-        raw = read_table(conn, db, name)
-        if raw is None:
-            return None  # dropped again before we read it: its drop is skipped too
-        schema = build_schema(raw, tid, st.ids, None, force_replicate=force)
+        try:
+            schema = created_schema(query, (db, name), tid, ids, force, ctx.info.is_mariadb)
+        except NeedsCatalog:
+            raw = read_table(conn, db, name)
+            if raw is None:
+                return None  # dropped again before we read it: its drop is skipped too
+            schema = build_schema(raw, tid, ids, None, force_replicate=force)
+    except KeylessTableError:
+        ctx.skip_table((db, name))
+        return None
+    st.ids = ids
+    st.skipped.pop((db, name), None)  # CREATE OR REPLACE of a skipped table, now with a key
     return DdlRecord(issue(), DDLKind.CREATE_TABLE, p.action, query, creates=(tid,),
                      tables={tid: schema, **join.replaced(ctx, db, name)})  # fmt: skip
 
@@ -93,6 +107,7 @@ def _rename_record(
     for src, dst in p.renames:
         tid = st.table_id(*src)
         keep = ctx.filter(*dst)
+        st.skipped.pop(src, None)  # renamed: into the filter it joins (keys checked again)
         if tid is None and not keep:
             continue
         if tid is None:
@@ -110,6 +125,20 @@ def _rename_record(
         return None
     return DdlRecord(issue(), DDLKind.RENAME_TABLES, "rename_table", query, tuple(touched), (),
                      tuple(drops), tables=tables)  # fmt: skip
+
+
+def _recheck_skipped(ctx: PullerContext, conn: Any, name: tuple[str, str]) -> None:
+    """A DDL on a table skipped for having no key: if the catalog now gives it one, it
+    joins the changefeed with a snapshot (its rows so far are not in the binlog we read)."""
+    raw = read_table(conn, *name)
+    if raw is None:
+        return
+    try:
+        build_schema(raw, 1, IdRegistry(), None)
+    except KeylessTableError:
+        return  # still no key: still skipped
+    del ctx.state.skipped[name]
+    ctx.need_join(name)
 
 
 def _altered(

@@ -187,6 +187,21 @@ class Puller:
         elif name not in self.join.candidates:
             self.join.again = True  # open another join once this one is done
 
+    def skip_table(self, name: tuple[str, str]) -> None:
+        """A table the filter selects has no key: it is not replicated (TiCDC skips
+        ineligible tables the same way), and ``changefeed query`` lists it."""
+        db, table = name
+        message = (
+            "it has no primary key and no NOT NULL unique key, so it is not replicated "
+            "(skipped); to replicate it, add a primary key "
+            f"or a NOT NULL unique key to {db}.{table} (it then joins the changefeed with a "
+            "snapshot), or create the changefeed again with force-replicate=true on the "
+            "upstream URI (rows keyed by their full image)"
+        )
+        if name not in self.state.skipped:
+            log.warning("table %s.%s: %s", db, table, message)
+        self.state.skipped[name] = message
+
     def _finish_join(self) -> None:
         """The stream passed the join point: write the joining tables, save the state."""
         pending = self.join
@@ -418,6 +433,7 @@ class Puller:
         except UnsupportedDDLError as exc:
             raise PullerError(f"changefeed stopped at a DDL it cannot replicate: {exc}") from exc
         self.flush()
+        skipped = dict(self.state.skipped)
         conn = connect(self.upstream)
         try:
             record = ddl_record(self, conn, parsed, query, lambda: self.alloc.issue(event_time))
@@ -426,6 +442,8 @@ class Puller:
         if gtid is not None or self.state.flavor == "mysql_file":
             self._advance(gtid, pos)  # persisted with (not before) the DDL record's state write
         if record is None:
+            if skipped != self.state.skipped:
+                self.flush(force=True)  # the skipped list (changefeed query shows it)
             return
         self.writer.write_ddl(record)
         self.adopter.note(set(record.tables), self.trx_domain, gtid, record.commit_ts)

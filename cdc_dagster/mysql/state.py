@@ -45,6 +45,9 @@ class PullerState:
     # tables being snapshotted in chunks (``mysql.snapshots``): table id -> the ts its
     # resolved mark is held at until the snapshot is complete (also the generation)
     snapshots: dict[int, int] = field(default_factory=dict)
+    # tables the filter selects that are not replicated because they have no key (created,
+    # renamed in or joining while the changefeed runs; force-replicate off): name -> why
+    skipped: dict[tuple[str, str], str] = field(default_factory=dict)
     _by_name: dict[tuple[str, str], int] | None = field(default=None, repr=False, compare=False)
 
     @property
@@ -98,6 +101,7 @@ class PullerState:
             "filters": None if self.filters is None else list(self.filters),
             "left": [[d, t, tid] for (d, t), tid in sorted(self.left.items())],
             "snapshots": {str(k): v for k, v in sorted(self.snapshots.items())},
+            "skipped": [[d, t, why] for (d, t), why in sorted(self.skipped.items())],
         }
 
     @staticmethod
@@ -115,7 +119,20 @@ class PullerState:
             None if obj.get("filters") is None else tuple(obj["filters"]),
             {(d, t): int(tid) for d, t, tid in obj.get("left", ())},
             {int(k): int(v) for k, v in obj.get("snapshots", {}).items()},
+            {(d, t): why for d, t, why in obj.get("skipped", ())},
         )
+
+
+def skipped_tables(root: str | Path) -> dict[str, str]:
+    """``db.table`` -> why, of the tables a changefeed's puller skips (no key); {} when the
+    change log has no puller state (not pulled yet, or not readable from here)."""
+    try:
+        state = load_state(root)
+    except (OSError, ValueError, KeyError):
+        return {}
+    if state is None:
+        return {}
+    return {f"{d}.{t}": why for (d, t), why in sorted(state.skipped.items())}
 
 
 def state_path(root: str | Path) -> Path:

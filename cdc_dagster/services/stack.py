@@ -105,7 +105,8 @@ def spark_connect_part(state_dir: Path, port: int) -> Part:
         "PYSPARK_PYTHON": sys.executable,
     }
     argv = ["bash", str(home / "sbin" / "start-connect-server.sh"), "--wait"]
-    argv += ["--master", "local[2]"]
+    # Task slots of the embedded Spark: CDC_DAGSTER_SPARK_CORES (default 2, this machine's)
+    argv += ["--master", f"local[{int(os.environ.get('CDC_DAGSTER_SPARK_CORES', '2'))}]"]
     for key, value in connect_server_conf(port).items():
         argv += ["--conf", f"{key}={value}"]
     return Part(

@@ -124,6 +124,13 @@ def _pull(context: dg.OpExecutionContext, config: PullConfig, ms: Any, cf: Any) 
         raise dg.Failure(f"{message} ({then})", allow_retries=False) from None
 
 
+def _skipped(cf: Any) -> dict[str, str]:
+    from cdc_dagster.mysql.state import skipped_tables
+    from cdc_dagster.upstream.uri import changelog_path
+
+    return skipped_tables(changelog_path(cf.info.upstream_uri))
+
+
 @dg.op(name="pull_binlog")
 def pull_binlog(context: dg.OpExecutionContext, config: PullConfig, cdc: CdcResource) -> None:
     """Follow the changefeed's binlog into its change log for a while, then persist."""
@@ -142,6 +149,10 @@ def pull_binlog(context: dg.OpExecutionContext, config: PullConfig, cdc: CdcReso
     ms.problems.clear(cf.changefeed_id, PULLER)
     seconds = time.monotonic() - started
     metadata = puller_metadata(stats, seconds, time.time())
+    skipped = _skipped(cf)
+    for name, why in skipped.items():
+        context.log.warning("table %s is not replicated: %s", name, why)
+    metadata["skipped_tables"] = dg.MetadataValue.text(", ".join(skipped) or "none")
     context.log_event(
         dg.AssetObservation(asset_key=binlog_asset_key(cf.changefeed_id), metadata=metadata)
     )
