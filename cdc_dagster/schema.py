@@ -16,7 +16,7 @@ from typing import Any
 import pyarrow as pa
 
 from scheduler_core.ddl import DDLEvent, DDLKind
-from scheduler_core.model import _check_ts
+from scheduler_core.model import check_ts
 
 
 class SchemaError(ValueError):
@@ -239,7 +239,7 @@ class DdlRecord:
     tables: Mapping[int, TableSchema | None] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        _check_ts("commit_ts", self.commit_ts)
+        check_ts("commit_ts", self.commit_ts)
         _need(
             self.action in ACTIONS, f"unknown DDL action {self.action!r}: one of {sorted(ACTIONS)}"
         )

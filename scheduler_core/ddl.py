@@ -24,7 +24,7 @@ from typing import NamedTuple
 
 from scheduler_core.errors import ConfigError, InvalidMessageError, ProtocolError, SchedulerError
 from scheduler_core.messages import Barrier
-from scheduler_core.model import _check_ts
+from scheduler_core.model import check_ts
 from scheduler_core.ts import MAX_TS, add_ms, compose, physical_ms
 
 log = logging.getLogger(__name__)
@@ -109,7 +109,7 @@ class DDLEvent:
     schema: str | None = None
 
     def __post_init__(self) -> None:
-        _check_ts("commit_ts", self.commit_ts)
+        check_ts("commit_ts", self.commit_ts)
         if not isinstance(self.kind, DDLKind):
             raise InvalidMessageError(f"kind must be a DDLKind, got {self.kind!r}")
         if not isinstance(self.query, str) or not self.query.strip():
@@ -175,7 +175,7 @@ class TableSetChange:
     removed: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
-        _check_ts("barrier_ts", self.barrier_ts)
+        check_ts("barrier_ts", self.barrier_ts)
         object.__setattr__(self, "added", _table_id_tuple("added", self.added))
         object.__setattr__(self, "removed", _table_id_tuple("removed", self.removed))
 
@@ -325,7 +325,7 @@ class DDLManager:
                 "advance_ddl_resolved called on a DDLManager built without ddl_resolved_ts; "
                 "pass ddl_resolved_ts= to the constructor to track the DDL stream"
             )
-        _check_ts("ddl_resolved_ts", ddl_resolved_ts)
+        check_ts("ddl_resolved_ts", ddl_resolved_ts)
         # Resolved marks never go back; a lower one (a replay) says nothing new.
         self._ddl_resolved_ts = max(self._ddl_resolved_ts, ddl_resolved_ts)
 
@@ -477,7 +477,7 @@ class DDLManager:
 
     # ----------------------------------------------------------------- internals
     def _observe_checkpoint(self, changefeed_checkpoint: int) -> None:
-        _check_ts("changefeed_checkpoint", changefeed_checkpoint)
+        check_ts("changefeed_checkpoint", changefeed_checkpoint)
         if changefeed_checkpoint <= self._checkpoint_ts:
             return
         self._checkpoint_ts = changefeed_checkpoint

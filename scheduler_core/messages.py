@@ -16,16 +16,18 @@ from types import MappingProxyType
 import numpy as np
 
 from scheduler_core.errors import InvalidMessageError
-from scheduler_core.model import Checkpoint, TableState, TableStatus, _check_ts
+from scheduler_core.model import Checkpoint, TableState, TableStatus, check_ts
 from scheduler_core.ts import MAX_TS
 
 
-def _check_id(name: str, value: str) -> None:
+def check_id(name: str, value: str) -> None:
+    """Refuse an id that is not a non-empty str."""
     if not isinstance(value, str) or not value:
         raise InvalidMessageError(f"{name} must be a non-empty str, got {value!r}")
 
 
-def _check_table_id(value: int) -> None:
+def check_table_id(value: int) -> None:
+    """Refuse a table id that is not an int >= 0."""
     if type(value) is not int or value < 0:
         raise InvalidMessageError(f"table_id must be an int >= 0, got {value!r}")
 
@@ -40,8 +42,8 @@ class AddTableRequest:
     checkpoint: Checkpoint
 
     def __post_init__(self) -> None:
-        _check_id("to", self.to)
-        _check_table_id(self.table_id)
+        check_id("to", self.to)
+        check_table_id(self.table_id)
         if type(self.is_secondary) is not bool:
             raise InvalidMessageError(f"is_secondary must be a bool, got {self.is_secondary!r}")
         if not isinstance(self.checkpoint, Checkpoint):
@@ -56,8 +58,8 @@ class RemoveTableRequest:
     table_id: int
 
     def __post_init__(self) -> None:
-        _check_id("to", self.to)
-        _check_table_id(self.table_id)
+        check_id("to", self.to)
+        check_table_id(self.table_id)
 
 
 Dispatch = AddTableRequest | RemoveTableRequest
@@ -93,11 +95,11 @@ class Barrier:
     table_barriers: Mapping[int, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        _check_ts("global_barrier_ts", self.global_barrier_ts)
+        check_ts("global_barrier_ts", self.global_barrier_ts)
         frozen = MappingProxyType(dict(self.table_barriers))
         for table_id, ts in frozen.items():
-            _check_table_id(table_id)
-            _check_ts(f"table_barriers[{table_id}]", ts)
+            check_table_id(table_id)
+            check_ts(f"table_barriers[{table_id}]", ts)
         object.__setattr__(self, "table_barriers", frozen)
 
     def barrier_ts(self, table_id: int) -> int:
@@ -207,8 +209,8 @@ class TableStatusBatch:
 
 
 def _check_envelope(sender: str, to: str, header: Header) -> None:
-    _check_id("sender", sender)
-    _check_id("to", to)
+    check_id("sender", sender)
+    check_id("to", to)
     if not isinstance(header, Header):
         raise InvalidMessageError(f"header must be a Header, got {header!r}")
 

@@ -9,7 +9,8 @@ from scheduler_core.errors import InvalidMessageError
 from scheduler_core.ts import MAX_TS
 
 
-def _check_ts(name: str, value: int) -> None:
+def check_ts(name: str, value: int) -> None:
+    """Refuse ``value`` unless it is an int TS in [0, 2^63)."""
     if type(value) is not int or not 0 <= value <= MAX_TS:
         raise InvalidMessageError(f"{name} must be an int TS in [0, 2^63), got {value!r}")
 
@@ -22,8 +23,8 @@ class Checkpoint:
     resolved_ts: int
 
     def __post_init__(self) -> None:
-        _check_ts("checkpoint_ts", self.checkpoint_ts)
-        _check_ts("resolved_ts", self.resolved_ts)
+        check_ts("checkpoint_ts", self.checkpoint_ts)
+        check_ts("resolved_ts", self.resolved_ts)
         if self.checkpoint_ts > self.resolved_ts:
             raise InvalidMessageError(
                 f"checkpoint_ts {self.checkpoint_ts} > resolved_ts {self.resolved_ts}: "

@@ -7,12 +7,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from scheduler_core.errors import InvalidMessageError
-from scheduler_core.messages import _check_id, _check_table_id
+from scheduler_core.messages import check_id, check_table_id
 
 
 def _check(table_id: int, capture_id: str) -> None:
-    _check_table_id(table_id)
-    _check_id("capture_id", capture_id)
+    check_table_id(table_id)
+    check_id("capture_id", capture_id)
 
 
 @dataclass(frozen=True, slots=True)

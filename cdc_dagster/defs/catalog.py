@@ -52,7 +52,8 @@ class TableRef:
         return f"{self.database}.{self.table}"
 
 
-def _segment(text: str) -> str:
+def key_segment(text: str) -> str:
+    """An asset key segment for ``text``."""
     # Asset key segments allow [A-Za-z0-9_]; map anything else to '_' (ids keep keys distinct).
     return "".join(c if (c.isalnum() and c.isascii()) or c == "_" else "_" for c in text) or "_"
 
@@ -75,14 +76,14 @@ class Catalog:
     def upstream_key(self, ref: TableRef) -> dg.AssetKey:
         """The upstream (external) asset of a table, or of its schema when grouped."""
         if self.grouped:
-            return dg.AssetKey([UPSTREAM, _segment(ref.database)])
-        return dg.AssetKey([UPSTREAM, _segment(ref.database), _segment(ref.table)])
+            return dg.AssetKey([UPSTREAM, key_segment(ref.database)])
+        return dg.AssetKey([UPSTREAM, key_segment(ref.database), key_segment(ref.table)])
 
     def replica_key(self, ref: TableRef) -> dg.AssetKey:
         """The replicated asset of a table, or of its schema when grouped."""
         if self.grouped:
-            return dg.AssetKey([REPLICA, _segment(ref.database)])
-        return dg.AssetKey([REPLICA, _segment(ref.database), _segment(ref.table)])
+            return dg.AssetKey([REPLICA, key_segment(ref.database)])
+        return dg.AssetKey([REPLICA, key_segment(ref.database), key_segment(ref.table)])
 
     def by_id(self) -> dict[int, TableRef]:
         """table id -> table (ids of one change log; with several changefeeds use ``ref``)."""
@@ -137,13 +138,15 @@ class Catalog:
     def source_replica_keys(self) -> dict[dg.AssetKey, dg.AssetKey]:
         """Per-table key (what a dbt source names) -> this catalog's replica asset key."""
         return {
-            dg.AssetKey([REPLICA, _segment(t.database), _segment(t.table)]): self.replica_key(t)
+            dg.AssetKey([REPLICA, key_segment(t.database), key_segment(t.table)]): self.replica_key(
+                t
+            )
             for t in self.tables
         }
 
     def changefeed_key(self, changefeed_id: str) -> dg.AssetKey:
         """The asset of a changefeed (its health check says whether it moves)."""
-        return dg.AssetKey([CHANGEFEED, _segment(changefeed_id)])
+        return dg.AssetKey([CHANGEFEED, key_segment(changefeed_id)])
 
     @staticmethod
     def of(

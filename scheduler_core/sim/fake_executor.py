@@ -19,7 +19,7 @@ import numpy as np
 
 from scheduler_core.errors import ExecutorContractError, InvalidMessageError
 from scheduler_core.messages import Barrier, TableStatusBatch
-from scheduler_core.model import Checkpoint, TableState, TableStatus, _check_ts
+from scheduler_core.model import Checkpoint, TableState, TableStatus, check_ts
 
 log = logging.getLogger(__name__)
 
@@ -49,12 +49,12 @@ class FakeUpstream:
     """The upstream's resolved TS: one global watermark the simulator moves forward."""
 
     def __init__(self, resolved_ts: int = 0) -> None:
-        _check_ts("resolved_ts", resolved_ts)
+        check_ts("resolved_ts", resolved_ts)
         self._resolved_ts = resolved_ts
 
     def advance(self, ts: int) -> None:
         """Move the global resolved TS to ``ts``; it never goes back."""
-        _check_ts("ts", ts)
+        check_ts("ts", ts)
         if ts < self._resolved_ts:
             raise InvalidMessageError(
                 f"upstream resolved ts cannot go back from {self._resolved_ts} to {ts}"
@@ -85,7 +85,7 @@ class FakeDownstream:
     """
 
     def __init__(self, initial_ts: int = 0) -> None:
-        _check_ts("initial_ts", initial_ts)
+        check_ts("initial_ts", initial_ts)
         self._initial_ts = initial_ts
         self._start_ms = initial_ts >> 18
         self._versions: dict[int, list[int]] = {}  # per table, each key's commit TS
@@ -101,7 +101,7 @@ class FakeDownstream:
 
     def create_table(self, table_id: int, committed_ts: int) -> None:
         """Make a new table readable at ``committed_ts`` (it must not exist yet)."""
-        _check_ts("committed_ts", committed_ts)
+        check_ts("committed_ts", committed_ts)
         if table_id in self._committed:
             raise InvalidMessageError(f"table {table_id} already exists downstream")
         self._committed[table_id] = committed_ts
@@ -147,7 +147,7 @@ class FakeDownstream:
         already there). A batch ending at or below the committed checkpoint is otherwise a
         no-op that returns True without a log entry.
         """
-        _check_ts("batch_end_ts", batch_end_ts)
+        check_ts("batch_end_ts", batch_end_ts)
         if token != self.current_token(table_id):
             self.refused_writes += 1
             log.info(

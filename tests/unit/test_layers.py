@@ -208,3 +208,45 @@ def test_the_rules_catch_a_planted_upward_import(
 
 def test_the_cycle_finder_finds_a_cycle() -> None:
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def _private_imports() -> list[str]:
+    """``from project.module import _name`` across modules: a private name used elsewhere."""
+    out = []
+    for path in _sources():
+        own = _module_of(path)
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if (
+                isinstance(node, ast.ImportFrom)
+                and node.level == 0
+                and node.module
+                and _part_of(node.module) is not None
+                and node.module != own
+            ):
+                out += [
+                    f"{path.relative_to(ROOT)}:{node.lineno} {node.module}.{a.name}"
+                    for a in node.names
+                    if a.name.startswith("_")
+                ]
+    return out
+
+
+def test_no_private_name_is_imported_across_modules() -> None:
+    assert _private_imports() == []
+
+
+def test_the_upstream_packages_import_at_module_level() -> None:
+    """``cdc_dagster/mysql`` and ``cdc_dagster/upstream`` read top-down: no import hidden in a
+    function (what once held their file circles together)."""
+    late = []
+    for package in ("cdc_dagster/mysql", "cdc_dagster/upstream"):
+        for path in sorted((ROOT / package).glob("*.py")):
+            tree = ast.parse(path.read_text())
+            top = {id(n) for n in tree.body}
+            top |= {id(m) for n in tree.body if isinstance(n, ast.If) for m in n.body}
+            late += [
+                f"{path.relative_to(ROOT)}:{node.lineno}"
+                for node in ast.walk(tree)
+                if isinstance(node, ast.Import | ast.ImportFrom) and id(node) not in top
+            ]
+    assert late == []

@@ -17,7 +17,7 @@ from typing import Any
 
 import dagster as dg
 
-from cdc_dagster.defs.catalog import _segment
+from cdc_dagster.defs.catalog import key_segment
 from cdc_dagster.defs.mysql.requests import DEFAULT_PULL_S, PULLER_JOB
 from cdc_dagster.defs.resources import CdcResource
 from cdc_dagster.metastore.changefeeds import wall_ms
@@ -38,7 +38,7 @@ class PullConfig(dg.Config):
 
 def binlog_asset_key(changefeed_id: str) -> dg.AssetKey:
     """The asset whose observations carry a changefeed's puller progress."""
-    return dg.AssetKey([BINLOG_ASSET_PREFIX, _segment(changefeed_id)])
+    return dg.AssetKey([BINLOG_ASSET_PREFIX, key_segment(changefeed_id)])
 
 
 def puller_metadata(stats: Any, seconds: float, now_s: float) -> dict[str, dg.MetadataValue]:

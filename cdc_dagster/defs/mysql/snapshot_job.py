@@ -13,7 +13,7 @@ import time
 
 import dagster as dg
 
-from cdc_dagster.defs.catalog import _segment
+from cdc_dagster.defs.catalog import key_segment
 from cdc_dagster.defs.mysql.requests import SNAPSHOT_JOB
 from cdc_dagster.defs.resources import CdcResource, SparkResource
 from cdc_dagster.secrets import redact_text
@@ -30,7 +30,7 @@ class SnapshotConfig(dg.Config):
 
 
 def snapshot_asset_key(changefeed_id: str) -> dg.AssetKey:
-    return dg.AssetKey([SNAPSHOT_ASSET_PREFIX, _segment(changefeed_id)])
+    return dg.AssetKey([SNAPSHOT_ASSET_PREFIX, key_segment(changefeed_id)])
 
 
 @dg.op(name="read_snapshots")
