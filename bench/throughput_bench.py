@@ -228,6 +228,23 @@ def _resume(driver: Driver, uri: str, root: Path, target: str) -> dict[str, floa
     return {"drain_s": elapsed, "ticks": ticks}
 
 
+def _bare_read(spark: Any, uri: str, work: Path, pieces: list[tuple], expect: int) -> float:
+    """The bare baseline: each (name, schema, lo, hi) key range read in 50,000-row keyset
+    chunks into Parquet by one Spark task; the seconds it took."""
+    bare = []
+    for name, schema, lo, hi in pieces:
+        out = work / "bare" / name
+        out.parent.mkdir(parents=True, exist_ok=True)
+        bare.append((json.dumps({"uri": uri, "schema": schema.to_json(), "lo": lo, "hi": hi,
+                                 "chunk": 50_000, "out": str(out)}),))  # fmt: skip
+    t0 = time.perf_counter()
+    df = spark.createDataFrame(bare, "spec string").repartition(len(bare))
+    got = sum(r["rows"] for r in df.mapInArrow(_bare_partition, "rows long").collect())
+    bare_s = time.perf_counter() - t0
+    assert got == expect, (got, expect)
+    return bare_s
+
+
 def _bare_partition(batches: Any) -> Any:
     """mapInArrow body of the bare baseline: read each range in keyset chunks into Parquet."""
     import pyarrow.parquet as pq
@@ -316,19 +333,12 @@ def snapshot_in_process(
         placed = sum(log.read_data_file(f).num_rows for tid in log.tables_at(MAX_TS)
                      for f in log.data_files(tid, snap.start_ts, MAX_TS))  # fmt: skip
         assert placed == tables * rows, (placed, tables * rows)
-        bare = []
-        for sp in specs:
-            schema = log.schema_at(sp["table_id"], MAX_TS)
-            lo, hi = ranges[(sp["table_id"], sp["range"])]
-            out = work / "bare" / f"{sp['table_id']}-{sp['range']}"
-            out.parent.mkdir(parents=True, exist_ok=True)
-            bare.append((json.dumps({"uri": uri, "schema": schema.to_json(), "lo": lo, "hi": hi,
-                                     "chunk": 50_000, "out": str(out)}),))  # fmt: skip
-        t0 = time.perf_counter()
-        df = spark.createDataFrame(bare, "spec string").repartition(len(bare))
-        got = sum(r["rows"] for r in df.mapInArrow(_bare_partition, "rows long").collect())
-        bare_s = time.perf_counter() - t0
-        assert got == tables * rows, (got, tables * rows)
+        pieces = [
+            (f"{sp['table_id']}-{sp['range']}", log.schema_at(sp["table_id"], MAX_TS),
+             *ranges[(sp["table_id"], sp["range"])])
+            for sp in specs
+        ]  # fmt: skip
+        bare_s = _bare_read(spark, uri, work, pieces, tables * rows)
     finally:
         stop.touch()
         proc.join(60)
@@ -571,20 +581,14 @@ def stack_snapshot(
     from pyspark.sql import SparkSession
 
     spark = SparkSession.builder.remote(spark_remote).getOrCreate()
-    bare = []
-    for tid in sorted(state.tables):
-        plan = plan_table(parse_uri(uri), str(root), tid, 999_999, 4, 50_000)
-        schema = log.schema_at(tid, MAX_TS)
-        for r, (lo, hi) in enumerate(plan.ranges):
-            out = work / "bare" / f"{cf}-{tid}-{r}"
-            out.parent.mkdir(parents=True, exist_ok=True)
-            bare.append((json.dumps({"uri": uri, "schema": schema.to_json(), "lo": lo, "hi": hi,
-                                     "chunk": 50_000, "out": str(out)}),))  # fmt: skip
-    t0 = time.perf_counter()
-    df = spark.createDataFrame(bare, "spec string").repartition(len(bare))
-    got = sum(r["rows"] for r in df.mapInArrow(_bare_partition, "rows long").collect())
-    bare_s = time.perf_counter() - t0
-    assert got == tables * rows, (got, tables * rows)
+    pieces = [
+        (f"{cf}-{tid}-{r}", log.schema_at(tid, MAX_TS), lo, hi)
+        for tid in sorted(state.tables)
+        for r, (lo, hi) in enumerate(
+            plan_table(parse_uri(uri), str(root), tid, 999_999, 4, 50_000).ranges
+        )
+    ]
+    bare_s = _bare_read(spark, uri, work, pieces, tables * rows)
     admin.remove_changefeed(ms, cf)
     n = tables * rows
     q, b = quiet.summary(), busy.summary()
@@ -592,7 +596,7 @@ def stack_snapshot(
         f"{q['p90']:.1f}/{q['max']:.1f} s, during it {b['p50']:.1f}/{b['p90']:.1f}/{b['max']:.1f} s")  # fmt: skip
     return {"cores": cores, "tables": tables, "rows": n,
             "snapshot_rows_per_s": n / times["placed"], "readable_rows_per_s": n / times["readable"],
-            "bare_read_rows_per_s": n / bare_s, "ranges": len(bare),
+            "bare_read_rows_per_s": n / bare_s, "ranges": len(pieces),
             "lag_p50_quiet": q["p50"], "lag_max_quiet": q["max"],
             "lag_p50_snapshot": b["p50"], "lag_max_snapshot": b["max"]}  # fmt: skip
 

@@ -65,7 +65,39 @@ def find_mariadbd() -> str:
     )
 
 
-class PrivateMariaDB:
+class _PrivateServer:
+    """What a private test server's process has in common: stop (``_ask_to_stop``, then
+    a kill past 30 s), restart, clean up its socket dir."""
+
+    proc: subprocess.Popen | None
+    _sockdir: Path
+
+    def start(self) -> None:
+        raise NotImplementedError
+
+    def _ask_to_stop(self) -> None:
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self._ask_to_stop()
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.proc = None
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()
+
+    def cleanup(self) -> None:
+        self.stop()
+        shutil.rmtree(self._sockdir, ignore_errors=True)
+
+
+class PrivateMariaDB(_PrivateServer):
     """A MariaDB with a row binlog (FULL image and metadata) in ``base_dir``."""
 
     def __init__(self, base_dir: str | Path, server_id: int = 1, port: int | None = None) -> None:
@@ -132,23 +164,9 @@ class PrivateMariaDB:
         kw.setdefault("autocommit", True)
         return pymysql.connect(host="127.0.0.1", port=self.port, user="root", **kw)
 
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.proc = None
-
-    def restart(self) -> None:
-        self.stop()
-        self.start()
-
-    def cleanup(self) -> None:
-        self.stop()
-        shutil.rmtree(self._sockdir, ignore_errors=True)
+    def _ask_to_stop(self) -> None:
+        assert self.proc is not None
+        self.proc.terminate()
 
 
 def find_pg_bin() -> Path:
@@ -173,7 +191,7 @@ def find_pg_bin() -> Path:
     )
 
 
-class PrivatePostgres:
+class PrivatePostgres(_PrivateServer):
     """A PostgreSQL in ``base_dir`` (run as the ``postgres`` user when we are root)."""
 
     def __init__(self, base_dir: str | Path, port: int | None = None) -> None:
@@ -184,6 +202,7 @@ class PrivatePostgres:
         self.log = self.base / "postgres.log"
         self.bin = find_pg_bin()
         self.proc: subprocess.Popen | None = None
+        self._mode = "fast"
 
     def _as_pg(self, args: list[str]) -> list[str]:
         return ["runuser", "-u", "postgres", "--", *args] if os.geteuid() == 0 else args
@@ -237,23 +256,13 @@ class PrivatePostgres:
         return f"postgresql://{cred}127.0.0.1:{self.port}/{dbname}"
 
     def stop(self, mode: str = "fast") -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            subprocess.run(
-                self._as_pg([str(self.bin / "pg_ctl"), "-D", str(self.datadir), "-m", mode,
-                             "-w", "stop"]),
-                capture_output=True, check=False,
-            )  # fmt: skip
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.proc = None
+        """Stop it with ``pg_ctl stop -m mode`` (smart, fast, immediate)."""
+        self._mode = mode
+        super().stop()
 
-    def restart(self) -> None:
-        self.stop()
-        self.start()
-
-    def cleanup(self) -> None:
-        self.stop()
-        shutil.rmtree(self._sockdir, ignore_errors=True)
+    def _ask_to_stop(self) -> None:
+        subprocess.run(
+            self._as_pg([str(self.bin / "pg_ctl"), "-D", str(self.datadir), "-m", self._mode,
+                         "-w", "stop"]),
+            capture_output=True, check=False,
+        )  # fmt: skip

@@ -9,19 +9,18 @@ the last ones kill the supervisor and stop everything.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
 import sys
 import time
-import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from cdc_dagster.services import procs, stack
+from cdc_dagster.testing.ui import sensor_ticks
 
 pytestmark = pytest.mark.slow
 
@@ -88,19 +87,7 @@ def kill_and_wait_back(state: Path, name: str) -> tuple[procs.Service, procs.Ser
 
 def owner_ticks_since(state: Path, since: float) -> list[dict]:
     """The owner sensor's ticks after ``since`` that did not fail, through the UI's GraphQL."""
-    url = parts(state)[stack.WEB].address + "/graphql"
-    query = """{ sensorOrError(sensorSelector: {repositoryName: "__repository__",
-        repositoryLocationName: "cdc_dagster", sensorName: "cdc_owner"}) {
-        ... on Sensor { sensorState { ticks(limit: 10) { status timestamp } } } } }"""
-    request = urllib.request.Request(
-        url, json.dumps({"query": query}).encode(), {"Content-Type": "application/json"}
-    )
-    try:
-        with urllib.request.urlopen(request, timeout=10) as resp:
-            data = json.loads(resp.read())["data"]["sensorOrError"]
-    except (OSError, KeyError, TypeError, ValueError):
-        return []
-    ticks = (data.get("sensorState") or {}).get("ticks") or []
+    ticks = sensor_ticks(parts(state)[stack.WEB].address)
     return [t for t in ticks if t["timestamp"] > since and t["status"] in ("SKIPPED", "SUCCESS")]
 
 
@@ -162,11 +149,11 @@ def _count_on(address: str) -> int | None:
 
     try:
         spark = SparkSession.builder.remote(address).create()
-    except Exception:  # noqa: BLE001 - not answering yet
+    except Exception:
         return None
     try:
         return spark.range(5).count()
-    except Exception:  # noqa: BLE001 - not answering yet
+    except Exception:
         return None
     finally:
         spark.stop()
