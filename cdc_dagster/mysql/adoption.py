@@ -13,7 +13,6 @@ See ``mysql.snapshots`` for why this needs no reconciliation with the binlog.
 from __future__ import annotations
 
 import logging
-import shutil
 import time
 import zlib
 from dataclasses import dataclass, field
@@ -28,6 +27,7 @@ from cdc_dagster.mysql.snapshots import (
     mark_done,
     pending_chunks,
     read_plan,
+    release_generation,
 )
 from cdc_dagster.mysql.state import SLOTS
 
@@ -94,7 +94,7 @@ class Adopter:
             path.unlink(missing_ok=True)
         self.placed = []
         for gen_dir in self.released:
-            shutil.rmtree(gen_dir, ignore_errors=True)
+            release_generation(gen_dir)
         self.released = []
 
     def _place(self, ctx: PullerContext, tid: int, path: Path, chunk: Chunk) -> None:

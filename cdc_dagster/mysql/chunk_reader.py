@@ -64,9 +64,11 @@ def read_range(
     gen_dir = generation_dir(root, table_id, generation)
     total = 0
     while True:
-        records = done_chunks(gen_dir) | {
-            (c.range_no, c.chunk_no): c for _, c in pending_chunks(gen_dir)
-        }
+        # pending first: the puller marks a chunk done before it removes its file
+        pending = {(c.range_no, c.chunk_no): c for _, c in pending_chunks(gen_dir)}
+        records = done_chunks(gen_dir) | pending
+        if not gen_dir.exists():
+            return total  # released meanwhile: every chunk was placed
         nr = next_read(plan, range_no, records, chunk_rows)
         if nr is None:
             return total

@@ -29,6 +29,7 @@ import datetime as dt
 import json
 import os
 import re
+import shutil
 import uuid
 from dataclasses import dataclass
 from decimal import Decimal
@@ -146,6 +147,17 @@ def generation_dir(root: str | os.PathLike[str], table_id: int, generation: int)
     return Path(root) / "snapshot" / str(table_id) / str(generation)
 
 
+def release_generation(gen_dir: Path) -> None:
+    """Remove a complete snapshot's files: renamed away first, at once, so a reader that
+    still sees ``gen_dir`` after listing it listed it whole (``read_range``)."""
+    away = gen_dir.with_name(f".released-{gen_dir.name}-{uuid.uuid4().hex}")
+    try:
+        os.rename(gen_dir, away)
+    except FileNotFoundError:
+        return
+    shutil.rmtree(away, ignore_errors=True)
+
+
 def write_plan(root: str | os.PathLike[str], plan: Plan) -> None:
     path = generation_dir(root, plan.table_id, plan.generation) / "plan.json"
     write_json(path, plan.to_json())
@@ -179,12 +191,19 @@ def chunk_of(path: Path) -> Chunk:
 
 
 def pending_chunks(gen_dir: Path) -> list[tuple[Path, Chunk]]:
-    """Chunk files written and not yet placed, in (range, chunk) order."""
+    """Chunk files written and not yet placed, in (range, chunk) order. A file the puller
+    removes meanwhile (placed, so marked done first; or dropped, to be read again) is left
+    out: a reader lists these before ``done_chunks``, so a chunk is never in neither."""
     d = gen_dir / "chunks"
     if not d.exists():
         return []
-    paths = sorted(p for p in d.iterdir() if _CHUNK_NAME.fullmatch(p.name))
-    return [(p, chunk_of(p)) for p in paths]
+    out = []
+    for p in sorted(p for p in d.iterdir() if _CHUNK_NAME.fullmatch(p.name)):
+        try:
+            out.append((p, chunk_of(p)))
+        except FileNotFoundError:
+            continue
+    return out
 
 
 def done_chunks(gen_dir: Path) -> dict[tuple[int, int], Chunk]:
@@ -193,10 +212,13 @@ def done_chunks(gen_dir: Path) -> dict[tuple[int, int], Chunk]:
     if not d.exists():
         return {}
     out = {}
-    for p in d.iterdir():
-        if _CHUNK_NAME.fullmatch(p.name):
-            c = Chunk.from_json(json.loads(p.read_text()))
-            out[(c.range_no, c.chunk_no)] = c
+    try:
+        for p in d.iterdir():
+            if _CHUNK_NAME.fullmatch(p.name):
+                c = Chunk.from_json(json.loads(p.read_text()))
+                out[(c.range_no, c.chunk_no)] = c
+    except FileNotFoundError:
+        pass  # the generation was released meanwhile (its snapshot is complete)
     return out
 
 
@@ -271,6 +293,7 @@ __all__ = [
     "next_read",
     "pending_chunks",
     "read_plan",
+    "release_generation",
     "write_chunk",
     "write_plan",
 ]

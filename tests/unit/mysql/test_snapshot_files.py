@@ -1,0 +1,53 @@
+"""A snapshot's chunk files as its readers (Spark tasks) and the puller share them: a chunk
+the puller places while a reader lists them is never lost nor read as missing."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+from cdc_dagster.mysql import snapshots
+from cdc_dagster.mysql.snapshots import (
+    Chunk,
+    done_chunks,
+    mark_done,
+    pending_chunks,
+    release_generation,
+    write_chunk,
+)
+
+
+def _chunk(n: int) -> Chunk:
+    return Chunk(0, n, {0: "0-1-5"}, [n * 10], [n * 10 + 9], False, 1, 7)
+
+
+def test_a_chunk_placed_while_its_reader_lists_the_pending_ones_is_left_out_not_an_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for n in (0, 1):
+        write_chunk(tmp_path, _chunk(n), pa.table({"c1": [n]}))
+    real = snapshots.chunk_of
+
+    def placed_meanwhile(path: Path) -> Chunk:
+        if path.name.startswith("0000-000000"):  # the puller marks it done, then removes it
+            mark_done(tmp_path, real(path), fsync=False)
+            path.unlink()
+        return real(path)
+
+    monkeypatch.setattr(snapshots, "chunk_of", placed_meanwhile)
+    pending = {c.chunk_no for _, c in pending_chunks(tmp_path)}
+    assert pending == {1}
+    # listed after the pending ones, the done marks have it: it is in one or the other
+    assert {c.chunk_no for c in done_chunks(tmp_path).values()} == {0}
+
+
+def test_a_released_generation_is_gone_at_once_and_lists_as_empty(tmp_path: Path) -> None:
+    gen = tmp_path / "snapshot" / "1" / "5"
+    write_chunk(gen, _chunk(0), pa.table({"c1": [0]}))
+    mark_done(gen, _chunk(0), fsync=False)
+    release_generation(gen)
+    assert not gen.exists() and list(gen.parent.iterdir()) == []
+    assert pending_chunks(gen) == [] and done_chunks(gen) == {}
+    release_generation(gen)  # twice: nothing to do
