@@ -47,6 +47,7 @@ from cdc_dagster.pipeline.staging import StagedFile, Staging, TableRecord
 from cdc_dagster.schema import SchemaError, TableSchema
 from cdc_dagster.sinks.base import Sink
 from cdc_dagster.sinks.uri import open_sink
+from cdc_dagster.text import shorten
 from cdc_dagster.upstream.changelog import ChangeLog, ChangeLogError
 from scheduler_core.errors import ExecutorContractError
 from scheduler_core.messages import Barrier, TableStatusBatch
@@ -370,7 +371,7 @@ class SparkTableExecutor:
         root = self.changelog.root
         return (
             f"table {table_id}: the change log at {root} cannot be read for it "
-            f"({type(exc).__name__}: {str(exc)[:300]}); fix the named file or DDL record "
+            f"({type(exc).__name__}: {shorten(exc)}); fix the named file or DDL record "
             "under ddl/, then the table resumes from its checkpoint"
         )
 

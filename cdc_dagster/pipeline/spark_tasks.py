@@ -22,6 +22,7 @@ import pyarrow.parquet as pq
 from cdc_dagster.schema import TableSchema
 from cdc_dagster.sinks.base import FencedError, SinkError
 from cdc_dagster.sinks.uri import open_sink
+from cdc_dagster.text import shorten
 from cdc_dagster.upstream.changelog import ChangeLog, ChangeLogError, DataFile
 
 OP_COLUMN = "_cdc_op"
@@ -68,7 +69,7 @@ def pull_table(spec: dict[str, Any]) -> dict[str, Any]:
             table_id,
             "error",
             f"table {table_id}: the change-log rows in ({spec['segments'][0]['lo']}, "
-            f"{spec['upto']}] cannot be mounted ({type(exc).__name__}: {str(exc)[:300]}); "
+            f"{spec['upto']}] cannot be mounted ({type(exc).__name__}: {shorten(exc)}); "
             "rewrite the files of that range, then the table resumes from its checkpoint",
         )
     except OSError as exc:
@@ -95,7 +96,7 @@ def _read_segment(root: str, table_id: int, seg: dict[str, Any]) -> pa.Table | N
         except ChangeLogError as exc:
             raise BadInputError(
                 f"{where}: change-log file {path} cannot be read ({type(exc).__name__}: "
-                f"{str(exc)[:300]}); then the table resumes from its checkpoint"
+                f"{exc}); then the table resumes from its checkpoint"  # ours: whole
             ) from exc
         if first_ts <= seg["lo"] or last_ts > seg["hi"]:  # a file across the slice's edge
             ts = data.column("_commit_ts")
@@ -132,7 +133,7 @@ def _fit(schema: TableSchema, data: pa.Table, path: str, where: str) -> pa.Table
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
             raise BadInputError(
                 f"{where}: column {name} of change-log file {path} has type "
-                f"{data.schema.field(name).type}, which does not fit {typ} ({str(exc)[:120]}); "
+                f"{data.schema.field(name).type}, which does not fit {typ} ({shorten(exc, 120)}); "
                 "rewrite the file with the schema's types, then the table resumes"
             ) from exc
     out = pa.table(cols)
@@ -270,7 +271,7 @@ def sink_table(spec: dict[str, Any]) -> dict[str, Any]:
         return _result(
             table_id,
             "error",
-            f"{where}: staged files {spec['files']} cannot be read ({str(exc)[:200]}); the "
+            f"{where}: staged files {spec['files']} cannot be read ({shorten(exc, 200)}); the "
             "capture's staging was damaged: remove the table from this capture so another "
             "prepares it again",
         )
@@ -288,7 +289,7 @@ def sink_table(spec: dict[str, Any]) -> dict[str, Any]:
             table_id,
             "error",
             f"{where}: the sink {spec['sink_uri']!r} failed writing ({spec['start']}, "
-            f"{spec['end']}] with an unexpected {type(exc).__name__}: {str(exc)[:300]}; "
+            f"{spec['end']}] with an unexpected {type(exc).__name__}: {shorten(exc)}; "
             "the batch is retried every tick, fix the downstream",
         )
     return _result(table_id, "ok", "", json.dumps(committed), batch.num_rows)

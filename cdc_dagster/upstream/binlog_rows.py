@@ -34,6 +34,7 @@ from pymysqlreplication.constants import CHARSET
 from pymysqlreplication.json_binary import parse_json
 
 from cdc_dagster.schema import ColumnSchema, TableSchema
+from cdc_dagster.text import shorten
 
 # MySQL column type codes in a table map (include/mysql_com.h, enum_field_types)
 T_DECIMAL, T_TINY, T_SHORT, T_LONG, T_FLOAT, T_DOUBLE = 0, 1, 2, 3, 4, 5
@@ -574,7 +575,7 @@ def _finish(col: ColumnSchema, values: list[Any], bc: BinlogColumn, flavor: str)
     except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError, TypeError) as exc:
         raise BinlogRowsError(
             f"column {col.name!r} ({col.type}): binlog values of type {t} do not fit "
-            f"({str(exc)[:200]})"
+            f"({shorten(exc, 200)})"
         ) from exc
 
 

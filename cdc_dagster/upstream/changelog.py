@@ -42,6 +42,7 @@ from cdc_dagster.schema import (
     TableSchema,
     arrow_type,
 )
+from cdc_dagster.text import shorten
 from cdc_dagster.upstream.binlog_rows import (
     EVENT_SCHEMA,
     FLAVOR_KEY,
@@ -506,7 +507,7 @@ def _read_parquet(file: DataFile) -> pa.Table:
         ) from None
     except (pa.ArrowException, OSError) as exc:
         raise CorruptChangeLogError(
-            f"data file {file.path} of table {file.table_id} cannot be read ({exc}); "
+            f"data file {file.path} of table {file.table_id} cannot be read ({shorten(exc)}); "
             "restore it from the producer or rewrite that commit-ts range"
         ) from exc
 

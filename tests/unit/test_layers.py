@@ -21,6 +21,7 @@ LAYERS: dict[str, int] = {
     "scheduler_core": 0,
     "cdc_dagster.secrets": 1,
     "cdc_dagster.schema": 1,
+    "cdc_dagster.text": 1,
     "cdc_dagster.failpoints": 1,
     "cdc_dagster.metastore": 2,
     "cdc_dagster.upstream": 2,

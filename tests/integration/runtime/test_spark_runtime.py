@@ -197,3 +197,58 @@ def test_generator_workload_with_ddls_through_the_driver_equals_the_oracle(
                 total += sum(v for v in at.column("balance").to_pylist() if v is not None)
         totals.add(total)
     assert len(totals) == 1, f"bank total differs between syncpoints: {totals}"
+
+
+def test_a_corrupt_change_log_file_warns_naming_table_and_file_and_heals_when_restored(
+    spark: Any, metastore: Metastore, tmp_path: Path
+) -> None:
+    """Issue 18: the stall is seen in the changefeed's state (not an INFO line in a run that
+    stays green), with the table, the file and what to do; the other table goes on; putting
+    the file back heals it with no one touching the changefeed."""
+    import shutil
+
+    from cdc_dagster.metastore import ChangefeedState
+
+    up = RowUpstream(tmp_path / "changelog", tables=2)
+    lake = tmp_path / "lake"
+    driver = Driver(
+        tmp_path / "state",
+        up.root,
+        f"delta://{lake}",
+        1,
+        spark_executor_factory(spark),
+        metastore=metastore,
+        start_ts=up.start_ts,
+        lease_ttl_s=60,
+    )
+    up.write_step()
+    driver.run_until(lambda t: driver.caught_up(t, up.resolved), max_ticks=30)
+    up.write_step()
+    victim = sorted((up.root / "tables" / "1" / "data").rglob("*.parquet"))[-1]
+    backup = tmp_path / "backup.parquet"
+    shutil.copy(victim, backup)
+    victim.write_bytes(victim.read_bytes()[:40])  # truncated
+    other = up.write_step()
+
+    def warned(_: Any) -> bool:
+        return metastore.changefeeds.get("cf").status.state is ChangefeedState.WARNING
+
+    driver.run_until(warned, max_ticks=10)
+    error = metastore.changefeeds.get("cf").status.last_error
+    assert "table 1" in error and victim.name in error, error
+    assert "restore" in error or "rewrite" in error, error  # what to do
+    assert not error.endswith("tha"), error  # the whole message, not a cut-off one
+
+    def other_caught_up(tick: Any) -> bool:
+        feed = tick.owner.changefeeds.get("cf")
+        return any(t.table_id == 2 and t.checkpoint_ts >= other for t in feed.tables)
+
+    driver.run_until(other_caught_up, max_ticks=10)  # the other table goes on meanwhile
+
+    shutil.copy(backup, victim)  # the cause goes away
+    driver.run_until(lambda t: driver.caught_up(t, up.resolved), max_ticks=30)
+    driver.tick()
+    status = metastore.changefeeds.get("cf").status
+    assert (status.state, status.last_error) == (ChangefeedState.NORMAL, ""), status
+    for tid in up.table_ids:
+        assert delta_content(lake, tid) == up.content[tid], tid
