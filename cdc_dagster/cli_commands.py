@@ -112,6 +112,7 @@ def cmd_changefeed(args: argparse.Namespace) -> None:
             )
             print(f"created changefeed {cf.changefeed_id} into {redact_uri(cf.info.sink_uri)}")
             print(f"start ts {cf.info.start_ts} ({_time(cf.info.start_ts)})")
+            print(_reload_definitions(args))
         elif args.action == "list":
             now = wall_ms()
             _print(
@@ -149,6 +150,15 @@ def cmd_changefeed(args: argparse.Namespace) -> None:
             print(f"removed changefeed {args.changefeed_id}")
             for path in removed:
                 print(f"removed {path}")
+            print(_reload_definitions(args))
+
+
+def _reload_definitions(args: argparse.Namespace) -> str:
+    """The Dagster UI's assets follow the changefeeds (a local supervised stack's code server
+    is restarted; see ``services.stack.reload_definitions``)."""
+    from cdc_dagster.services.stack import reload_definitions
+
+    return reload_definitions(state_dir_of(args))
 
 
 def _capture_rows(ms: Any) -> list[dict[str, Any]]:

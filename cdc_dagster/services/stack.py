@@ -739,3 +739,25 @@ def part_state(part: procs.Service) -> str:
     else:
         answers = not part.address or procs.listening(_port_of(part.address))
     return "running" if answers else "starting"
+
+
+def reload_definitions(state_dir: Path) -> str:
+    """Make the Dagster of the stack running in ``state_dir`` load its definitions again, after
+    a changefeed was created or removed (its assets and health check are built when the code
+    server loads them; ``dagster api grpc`` loads once). The code server is killed and the
+    supervisor starts it again on its port (runs in flight go on; the owner sensor misses a
+    few ticks), and the webserver reloads the location when it sees the new server. Returns
+    the line to show the user."""
+    record = procs.read_record(state_dir)
+    code = record.part(CODE)
+    supervised = record.supervisor is not None and record.supervisor.alive()
+    if not supervised or code is None or not code.alive():
+        return (
+            "its assets and health check appear in the Dagster UI once the code server loads "
+            "the definitions again (restart it); the owner sensor replicates it meanwhile"
+        )
+    os.kill(code.pid, signal.SIGKILL)
+    return (
+        "restarting the Dagster code server so the UI shows its assets and health check "
+        "(the owner sensor pauses for a few seconds)"
+    )

@@ -49,11 +49,21 @@ def test_demo_replicates_equals_oracle_and_moves_a_table(tmp_path: Path) -> None
     def generator() -> workload.GeneratorThread:
         return workload.GeneratorThread(changelog, 3, interval_s=1.0, txns_per_step=10)
 
-    with stack.Stack(state, kind="demo", changelog=changelog, generator=generator) as st:
-        etcd = st.etcd_endpoints
+    def create_changefeed(st: stack.Stack) -> None:
+        # Before Dagster starts, as `demo` does: its asset and health check are in the catalog
         workload.ensure_demo_changefeed(
-            etcd, state, "demo", lake, stack.DEMO_CAPTURES, changelog, st.generator.start_ts
-        )
+            st.etcd_endpoints, state, "demo", lake, stack.DEMO_CAPTURES, changelog,
+            st.generator.start_ts,
+        )  # fmt: skip
+
+    with stack.Stack(
+        state,
+        kind="demo",
+        changelog=changelog,
+        generator=generator,
+        before_dagster=create_changefeed,
+    ) as st:
+        etcd = st.etcd_endpoints
         with connect(etcd.split(","), state) as ms:
             start = ms.changefeeds.get("demo").status.checkpoint_ts
             _wait(
@@ -98,6 +108,7 @@ def _query(state: Path) -> dict:
             str(state),
             "changefeed",
             "query",
+            "-c",
             "demo",
         ],
         capture_output=True,
@@ -124,7 +135,7 @@ def _sink_goes_away_then_comes_back(state: Path, lake: Path) -> None:
     assert row["warning_since"], row
     _wait("the UI's health check to fail", lambda: ui_check().get("success") is False, 120)
     failing = ui_check()
-    assert failing["description"] and "warning" in failing["description"], failing
+    assert failing["severity"] == "WARN", failing  # a warning, retried; not failed
     assert "lake" in failing["description"], failing
 
     lake.unlink()

@@ -55,8 +55,9 @@ def _log_step(
             context.log.warning("changefeed %s is %s: %s", cf, state, health.message)
         if cf not in catalog.changefeeds:
             context.log.info(
-                "changefeed %s has no asset yet (created after this code location loaded): "
-                "reload the code location to see its health check and tables",
+                "changefeed %s has no asset yet (created after this code server loaded the "
+                "definitions): restart the code server to see its health check and tables "
+                "(changefeed create does it for a local `server start`)",
                 cf,
             )
     for note in step.notes:
