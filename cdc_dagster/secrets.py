@@ -61,7 +61,8 @@ def resolve_uri(uri: str, environ: Mapping[str, str]) -> str:
     if missing:
         raise SecretReferenceError(
             f"URI {redact_uri(uri)!r} refers to {', '.join(missing)}, which this process's "
-            "environment does not set: export it where the sink connects"
+            "environment does not set: export it in the environment of the process that "
+            "connects (with `cdc-dagster server start`, before starting it: its runs inherit it)"
         )
     scheme, sep, rest = uri.partition("://")
     if not sep:
