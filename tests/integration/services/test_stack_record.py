@@ -147,3 +147,21 @@ def test_server_start_while_a_supervisor_runs_says_so_and_starts_nothing(
     assert procs.read_record(tmp_path) == record  # untouched
     assert not (tmp_path / "etcd").exists()  # nothing started
     assert signal.getsignal(signal.SIGINT) is handler  # the CLI's handlers are gone again
+
+
+def test_reload_definitions_kills_the_supervised_code_server_only(tmp_path: Path, spawn) -> None:  # type: ignore[no-untyped-def]
+    """After ``changefeed create`` the code server of a local supervised stack is restarted
+    (its supervisor starts it again; the webserver reloads a location whose server changed);
+    without a live supervisor nothing is killed and the user is told what to restart."""
+    sup, code, web = spawn("sleep 60"), spawn("sleep 60"), spawn("sleep 60")
+    code = procs.Service(stack.CODE, code.pid, pgid=code.pgid, started=code.started)
+    web = procs.Service(stack.WEB, web.pid, pgid=web.pgid, started=web.started)
+    _record(tmp_path, None, code, web)
+    assert "restart it" in stack.reload_definitions(tmp_path)
+    assert code.alive() and web.alive()  # no supervisor: not killed, nobody would restart it
+    _record(tmp_path, sup, code, web)
+    assert "restarting the Dagster code server" in stack.reload_definitions(tmp_path)
+    deadline = time.monotonic() + 5
+    while code.alive() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not code.alive() and web.alive() and sup.alive()
