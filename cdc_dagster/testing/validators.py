@@ -433,7 +433,11 @@ class DdlPlacement(Validator):
         want = [c.name for c in schema.columns]
         problem = ""
         if set(v.column_names) != set(want):
-            problem = f"columns {list(v.column_names)}, but the schema at the claim has {want}"
+            lacks = [n for n in want if n not in v.column_names]
+            extra = [n for n in v.column_names if n not in want]
+            problem = (
+                f"its columns are not the schema's at the claim (lacks {lacks}, extra {extra})"
+            )
         elif self.types is not None:
             types = self.types(schema)
             have = dict(v.columns)
