@@ -241,7 +241,7 @@ class FaultStack:
         bank_tables: int = 2,
         txns_per_step: int = 10,
         ddl_every: int = 900,
-        sync_point_interval_s: int = 20,
+        sync_point_interval_s: int = 60,
         every: int = 1,
     ) -> None:
         self.state = state.resolve()
@@ -534,17 +534,19 @@ class FaultStack:
         now = time.time() * 1000
         return {cf: (now - physical_ms(self.checkpoint(cf))) / 1000 for cf in self.changefeeds}
 
-    def wait_replicating(self, timeout_s: float = 600.0) -> None:
-        """Until every changefeed's checkpoint is within a minute of the wall clock."""
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            lags = self.lag_s()
-            if all(lag < 60 for lag in lags.values()):
-                say("replicating: lag " + ", ".join(f"{k} {v:.0f} s" for k, v in lags.items()))
-                return
-            self.poll()
-            time.sleep(3)
-        raise TimeoutError(f"not replicating after {timeout_s:.0f} s: lags {self.lag_s()}")
+    def wait_replicating(self, timeout_s: float = 600.0) -> float:
+        """Until every changefeed's checkpoint passes this moment; the seconds it took."""
+        target = compose(_now_ms())
+        took, _ = self._catch_up(
+            dict.fromkeys(self.changefeeds, target), time.monotonic(), timeout_s
+        )
+        if took is None:
+            raise TimeoutError(f"not replicating after {timeout_s:.0f} s: lags {self.lag_s()}")
+        say(
+            f"replicating ({took:.0f} s to catch up with the moment asked); lags "
+            + ", ".join(f"{k} {v:.0f} s" for k, v in self.lag_s().items())
+        )
+        return took
 
     # -------------------------------------------------------------- the end
     def finish(self, timeout_s: float = 300.0) -> Validators:
@@ -782,6 +784,23 @@ def puller_crash(fs: FaultStack) -> Injected:
     return Injected("puller-run kill", f"pid {pid}", _now_ms()).over()
 
 
+def puller_run_sigkill(fs: FaultStack) -> Injected:
+    """SIGKILL of a running puller run at whatever it is doing."""
+    deadline = time.monotonic() + 120
+    pids: dict[str, int] = {}
+    while not pids and time.monotonic() < deadline:
+        pids = run_pids(fs.state, "mysql_puller")
+        if not pids:
+            fs.poll()
+            time.sleep(1)
+    if not pids:
+        raise TimeoutError("no puller run in progress to kill within 120 s")
+    run_id, pid = sorted(pids.items())[0]
+    time.sleep(random.uniform(0, 5))
+    os.kill(pid, signal.SIGKILL)
+    return Injected("puller-run SIGKILL", f"run {run_id[:8]} pid {pid}", _now_ms()).over()
+
+
 def mariadb_restart(fs: FaultStack) -> Injected:
     """kill -9 of MariaDB mid-stream, started again on its port and data."""
     began = _now_ms()
@@ -873,11 +892,12 @@ FAULTS: dict[str, Callable[[FaultStack], Injected]] = {
     "owner-slow-ddl": owner_killed_in_slow_ddl,
     "scale": scale_out_and_in,
     "puller": puller_crash,
+    "puller-sigkill": puller_run_sigkill,
     "mariadb": mariadb_restart,
     "postgres": postgres_restart_in_commit,
     "failing-ddl": failing_ddl_fixed,
 }
-MYSQL_FAULTS = frozenset({"puller", "mariadb", "postgres", "failing-ddl"})
+MYSQL_FAULTS = frozenset({"puller", "puller-sigkill", "mariadb", "postgres", "failing-ddl"})
 
 
 @contextlib.contextmanager

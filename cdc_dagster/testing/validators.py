@@ -849,8 +849,8 @@ class PostgresFeed:
                     v = self._read(conn, int(table_id), int(committed), int(token), location)
                     if v is not None:
                         out.append(v)
-        except psycopg.OperationalError:
-            return []  # PostgreSQL restarting: the next poll
+        except (psycopg.OperationalError, psycopg.errors.UndefinedTable):
+            return []  # PostgreSQL restarting, or nothing written yet: the next poll
         for v in out:
             self.latest[v.table_id] = v
         return out
