@@ -56,7 +56,7 @@ from cdc_dagster.upstream.uri import UpstreamError, changelog_path, is_mysql_uri
 from scheduler_core.checkpoint import barrier_cap
 from scheduler_core.coordinator import Coordinator, CoordinatorConfig, TickResult
 from scheduler_core.ddl import DDLEvent, DDLManager
-from scheduler_core.errors import InvalidMessageError
+from scheduler_core.errors import InvalidMessageError, SchedulerError
 from scheduler_core.messages import Barrier, Header, HeartbeatResponse, OwnerMessage
 from scheduler_core.model import Checkpoint, TableState
 from scheduler_core.ts import compose, physical_ms
@@ -79,8 +79,6 @@ class ChangefeedTick:
     finished: bool
     rebuilt: bool
     tables: tuple[TableProgress, ...] = ()
-    problem: str | None = None  # what keeps it from moving (its state: warning), if anything
-    failed: bool = False  # the owner fails it this tick
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,6 +138,8 @@ class OwnerTick:
     admin_errors: tuple[str, ...] = ()
     captures: tuple[str, ...] = ()  # alive captures (dynamic partitions)
     registered: tuple[str, ...] = ()  # desired captures whose lease had expired, registered again
+    # every running changefeed's health this tick (no message: normal)
+    health: Mapping[str, Health] = field(default_factory=dict)
 
     def run_config(self, capture_id: str) -> dict[str, list[dict[str, Any]]]:
         """The capture run's messages per changefeed, JSON-able (decode with wire.decode)."""
@@ -394,7 +394,7 @@ class OwnerLoop:
         )
         step.registered = self._heal_captures(snapshot, step.alive)
         for _, cf in sorted(snapshot.changefeeds.items()):
-            self._tick_changefeed(session, step, cf)
+            self._isolated(session, step, cf)
         failpoints.hit(failpoints.OWNER_BEFORE_WRITE)
         ms.commit_owner_tick(session, snapshot, step.progress, step.ddl_states)
         for cf_id, t in step.ticks.items():
@@ -412,6 +412,7 @@ class OwnerLoop:
             tuple(step.errors),
             tuple(sorted(step.alive)),
             step.registered,
+            {cf: Health(p.problem, p.failed) for cf, p in step.progress.items()},
         )
 
     def _heal_captures(self, snapshot: OwnerSnapshot, alive: dict[str, str]) -> tuple[str, ...]:
@@ -426,6 +427,26 @@ class OwnerLoop:
                 alive[capture_id] = info.epoch
                 healed.append(capture_id)
         return tuple(healed)
+
+    def _isolated(self, session: OwnerSession, step: _TickState, cf: Changefeed) -> None:
+        """One changefeed's part of the tick; its failure (an upstream URI or change log the
+        owner cannot read) is that changefeed's warning, never the other changefeeds' tick."""
+        try:
+            self._tick_changefeed(session, step, cf)
+        except (MetastoreError, SchedulerError):
+            raise  # the owner's own trouble, or a protocol bug: the tick fails loudly
+        except Exception as exc:
+            self._feeds.pop(cf.changefeed_id, None)  # rebuilt once the cause is gone
+            message = (
+                f"the owner cannot schedule it: {type(exc).__name__}: "
+                f"{redact_text(' '.join(str(exc).split()))}"
+            )
+            log.warning("owner %s: changefeed %s: %s", self.owner_id, cf.changefeed_id, message)
+            status = cf.status
+            if status.state.running:
+                step.progress[cf.changefeed_id] = ChangefeedProgress(
+                    status.checkpoint_ts, status.resolved_ts, message, False, step.now_ms
+                )
 
     def _tick_changefeed(self, session: OwnerSession, step: _TickState, cf: Changefeed) -> None:
         """One changefeed's part of the tick (its failure to build waits, visibly)."""
@@ -458,7 +479,7 @@ class OwnerLoop:
         step.syncs += self._syncpoint(feed, result)
         tick = self._progress(feed, result, rebuilt)
         health = self._health(feed, cf, result, tick, step)
-        step.ticks[cf_id] = dataclasses.replace(tick, problem=health.message, failed=health.failed)
+        step.ticks[cf_id] = tick
         cp = result.checkpoint
         step.progress[cf_id] = ChangefeedProgress(
             cp.checkpoint_ts, cp.resolved_ts, health.message, health.failed, step.now_ms
@@ -723,6 +744,7 @@ class OwnerStep:
     gated: tuple[ReadyDdl, ...] = ()  # DDLs on existing tables: each waits for a gated run
     notes: tuple[str, ...] = ()  # why nothing happened, refused admin requests, what was done
     duration_s: float = 0.0
+    recorded: tuple[ReadySyncpoint, ...] = ()  # syncpoints recorded downstream this tick
 
     @property
     def tables(self) -> tuple[TableProgress, ...]:
@@ -748,8 +770,9 @@ def owner_step(
     ms = loop.metastore
     notes = [f"admin request refused: {e}" for e in tick.admin_errors]
     notes += [f"capture {c}: its lease had expired; registered again" for c in tick.registered]
+    recorded = []
     for ready in tick.syncpoints:
-        _, note = carry_out(
+        done, note = carry_out(
             ms,
             ready.changefeed_id,
             SYNCPOINT,
@@ -757,6 +780,8 @@ def owner_step(
             lambda ready=ready: apply_syncpoint(ms, ready, sink=sink),
         )
         notes.append(note)
+        if done:
+            recorded.append(ready)
     gated = []
     for ddl in tick.ready_ddls:
         if ddl.table_ids and not apply_gated:
@@ -771,7 +796,8 @@ def owner_step(
         )
         notes.append(note)
     work = {c: w for c in tick.messages if (w := tick.run_config(c))}
-    return OwnerStep(tick, work, tuple(gated), tuple(notes), time.perf_counter() - started)
+    elapsed = time.perf_counter() - started
+    return OwnerStep(tick, work, tuple(gated), tuple(notes), elapsed, tuple(recorded))
 
 
 def carry_out(

@@ -126,16 +126,24 @@ def pid_alive(pid: int) -> bool:
     return fields is not None and fields[0] not in ("Z", "X")
 
 
-def group_members(pgid: int) -> list[int]:
-    """The live (not zombie) processes of process group ``pgid``."""
-    members = []
+ProcTable = dict[int, tuple[str, int]]  # pid -> (state letter, process group)
+
+
+def proc_table() -> ProcTable:
+    """Every process now: its state and process group (one pass over /proc)."""
+    table: ProcTable = {}
     for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        fields = _stat_fields(int(entry.name))
-        if fields and fields[0] not in ("Z", "X") and int(fields[2]) == pgid:
-            members.append(int(entry.name))
-    return members
+        if entry.name.isdigit():
+            fields = _stat_fields(int(entry.name))
+            if fields:
+                table[int(entry.name)] = (fields[0], int(fields[2]))
+    return table
+
+
+def group_members(pgid: int, table: ProcTable | None = None) -> list[int]:
+    """The live (not zombie) processes of process group ``pgid``."""
+    table = proc_table() if table is None else table
+    return [pid for pid, (state, group) in table.items() if group == pgid and state not in "ZX"]
 
 
 def launch(
@@ -190,8 +198,8 @@ class Stoppable(Protocol):
         """Deliver ``sig``."""
         ...
 
-    def alive(self) -> bool:
-        """Whether anything of it still runs."""
+    def alive(self, table: ProcTable | None = None) -> bool:
+        """Whether anything of it still runs (``table``: a /proc snapshot to look in)."""
         ...
 
 
@@ -210,24 +218,34 @@ class Target:
             else:
                 os.kill(self.pid, sig)
 
-    def alive(self) -> bool:
+    def alive(self, table: ProcTable | None = None) -> bool:
         """Whether anything of it still runs."""
-        return bool(group_members(self.pgid)) if self.pgid else pid_alive(self.pid)
+        if not self.pgid:
+            return pid_alive(self.pid)
+        return bool(group_members(self.pgid, table))
 
 
-def stop_all(targets: Iterable[Stoppable], grace_s: float = 2.5, kill_wait_s: float = 1.5) -> None:
+def stop_all(
+    targets: Iterable[Stoppable], grace_s: float = 2.0, kill_wait_s: float = 1.0
+) -> list[Stoppable]:
     """SIGTERM every target at once, wait for all together, SIGKILL what is left after
-    ``grace_s``, and wait up to ``kill_wait_s`` for that (so: at most their sum)."""
+    ``grace_s``, and wait up to ``kill_wait_s`` for that (so: at most their sum).
+    Returns the targets that had to be SIGKILLed."""
     pending = [t for t in targets if t.alive()]
+    killed: list[Stoppable] = []
     for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, kill_wait_s)):
+        if sig == signal.SIGKILL:
+            killed = list(pending)
         for target in pending:
             target.send(sig)
         deadline = time.monotonic() + wait_s
         while pending and time.monotonic() < deadline:
-            time.sleep(0.05)
-            pending = [t for t in pending if t.alive()]
+            time.sleep(0.1)
+            table = proc_table()  # one pass for every target
+            pending = [t for t in pending if t.alive(table)]
         if not pending:
-            return
+            break
+    return killed
 
 
 def terminate(pid: int, timeout_s: float = 5.0) -> None:

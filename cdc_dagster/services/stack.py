@@ -33,11 +33,13 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from cdc_dagster.pipeline.engine import connect_server_conf
 from cdc_dagster.services import procs
 from cdc_dagster.services.dagster_home import LOCATION_NAME, WORKSPACE_YAML, grpc_workspace
 from cdc_dagster.services.supervise import (
@@ -52,7 +54,7 @@ from cdc_dagster.services.supervise import (
 DEMO_CHANGEFEED = "demo"
 DEMO_CAPTURES = ("capture-1", "capture-2")
 VENV_BIN = Path(sys.executable).parent
-STOP_GRACE_S = 2.5  # SIGTERM, then SIGKILL: a stop takes at most this + 1.5 s
+STOP_GRACE_S = 2.0  # SIGTERM, then SIGKILL: a stop takes at most this + 1 s
 SERVER_LOG = "server.log"
 
 SPARK, CODE, DAEMON, WEB, ETCD, GENERATOR = (
@@ -102,21 +104,11 @@ def spark_connect_part(state_dir: Path, port: int) -> Part:
         "SPARK_LOCAL_IP": "127.0.0.1",
         "PYSPARK_PYTHON": sys.executable,
     }
-    argv = [
-        "bash",
-        str(home / "sbin" / "start-connect-server.sh"),
-        "--wait",
-        "--master",
-        "local[2]",
-        "--conf",
-        f"spark.connect.grpc.binding.port={port}",
-        "--conf",
-        "spark.connect.grpc.binding.address=127.0.0.1",
-        "--conf",
-        "spark.ui.enabled=false",
-        "--conf",
-        "spark.sql.shuffle.partitions=4",
-    ]
+    argv = ["bash", str(home / "sbin" / "start-connect-server.sh"), "--wait"]
+    # Task slots of the embedded Spark: CDC_DAGSTER_SPARK_CORES (default 2, this machine's)
+    argv += ["--master", f"local[{int(os.environ.get('CDC_DAGSTER_SPARK_CORES', '2'))}]"]
+    for key, value in connect_server_conf(port).items():
+        argv += ["--conf", f"{key}={value}"]
     return Part(
         SPARK,
         lambda: ProcessHandle(procs.launch(SPARK, argv, log, env)),
@@ -280,7 +272,7 @@ class _GeneratorStop:
     def send(self, sig: int) -> None:
         self.generator.request_stop()
 
-    def alive(self) -> bool:
+    def alive(self, table: procs.ProcTable | None = None) -> bool:
         return bool(self.generator.alive())
 
 
@@ -325,8 +317,14 @@ class Stack:
         generator: Callable[[], Any] | None = None,
         stop: threading.Event | None = None,
         backoff: Backoff | None = None,
+        cluster_id: str = "default",
+        before_dagster: Callable[[Stack], None] | None = None,
     ) -> None:
         self.state_dir = state_dir.resolve()
+        self.cluster_id = cluster_id
+        # Runs once etcd (and the generator) are up, before the Dagster processes start: what
+        # it puts in etcd (the demo's changefeed) is in the code location's catalog at once.
+        self.before_dagster = before_dagster
         self.kind = kind
         self.external_etcd = etcd or ""
         self.ui_port = ui_port
@@ -372,12 +370,17 @@ class Stack:
             say(f"etcd at {self.etcd_endpoints}")
         else:
             say(f"using the etcd cluster at {self.external_etcd}")
-        if self.make_generator is not None:
+        if self.make_generator is not None and not self.stop.is_set():
             self.supervisor.add(Part(GENERATOR, self._start_generator))
             self.supervisor.start(self.stop)
+        if self.stop.is_set():
+            return  # Ctrl-C while starting: leaving the block stops what started
+        if self.before_dagster is not None:
+            self.before_dagster(self)
         self._add_processes(before)
         self.supervisor.start(self.stop)
-        self._set_state("running")
+        if not self.stop.is_set():
+            self._set_state("running")
 
     def _start_generator(self) -> Handle:
         assert self.make_generator is not None
@@ -402,6 +405,7 @@ class Stack:
             env = dagster_env(
                 self.state_dir, self.etcd_endpoints, self.spark_remote, self.changelog
             )
+            env["CDC_DAGSTER_CLUSTER_ID"] = self.cluster_id
             if not any(name in alive for name in DAGSTER_PARTS):
                 prepare_instance(self.state_dir, env)
             parts += dagster_parts(self.state_dir, env, ports[CODE], ports[WEB])
@@ -470,9 +474,11 @@ def _port_of(address: str) -> int:
 
 
 # ------------------------------------------------------------------------------ commands
-def stop_on_signals() -> threading.Event:
+@contextmanager
+def stop_on_signals() -> Iterator[threading.Event]:
     """An event set by SIGTERM, SIGINT or SIGHUP (also when started with SIGINT ignored:
-    a background job of a script, nohup), so the parts are stopped, never orphaned."""
+    a background job of a script, nohup), so the parts are stopped, never orphaned; the
+    previous handlers come back on the way out."""
     stop = threading.Event()
 
     def handler(signum: int, _frame: object) -> None:
@@ -480,9 +486,13 @@ def stop_on_signals() -> threading.Event:
             say(f"{signal.Signals(signum).name}: stopping everything ...")
         stop.set()
 
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        signal.signal(sig, handler)
-    return stop
+    signals = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+    before = {sig: signal.signal(sig, handler) for sig in signals}
+    try:
+        yield stop
+    finally:
+        for sig, previous in before.items():
+            signal.signal(sig, previous)
 
 
 def serve(
@@ -492,20 +502,34 @@ def serve(
     port: int = 0,
     dagster: bool = True,
     captures: Sequence[str] = DEMO_CAPTURES,
+    cluster_id: str = "default",
 ) -> int:
     """``server start``: etcd, Spark Connect and Dagster, supervised, until stopped; the
     ``captures`` are registered (desired state) once Dagster runs their leases' renewals."""
     from cdc_dagster.services import workload
 
-    stop = stop_on_signals()
     try:
-        with Stack(state_dir, etcd=etcd, ui_port=port, dagster=dagster, stop=stop) as stack:
+        with (
+            stop_on_signals() as stop,
+            Stack(
+                state_dir,
+                etcd=etcd,
+                ui_port=port,
+                dagster=dagster,
+                stop=stop,
+                cluster_id=cluster_id,
+            ) as stack,
+        ):
             if stop.is_set():
                 return 0
             if stack.ui_url:
                 say(f"Dagster UI at {stack.ui_url}")
             if captures:
-                say(workload.ensure_captures(stack.etcd_endpoints, stack.state_dir, captures))
+                say(
+                    workload.ensure_captures(
+                        stack.etcd_endpoints, stack.state_dir, captures, cluster_id
+                    )
+                )
             say(
                 "running in the foreground, restarting any part that dies; Ctrl-C (or "
                 "`cdc-dagster server stop`) stops everything; `cdc-dagster server start "
@@ -528,33 +552,36 @@ def demo(
     """``demo``: :func:`serve` plus the embedded generator and a changefeed into a Delta root."""
     from cdc_dagster.services import workload
 
-    stop = stop_on_signals()
     changelog = state_dir.resolve() / "changelog"
     lake = state_dir.resolve() / "lake"
     say(f"the embedded generator ({tables} bank tables) writes into {changelog}")
-    with Stack(
-        state_dir,
-        kind="demo",
-        ui_port=port,
-        dagster=dagster,
-        changelog=changelog,
-        generator=lambda: workload.GeneratorThread(changelog, tables),
-        stop=stop,
-    ) as stack:
+    with (
+        stop_on_signals() as stop,
+        Stack(
+            state_dir,
+            kind="demo",
+            ui_port=port,
+            dagster=dagster,
+            changelog=changelog,
+            generator=lambda: workload.GeneratorThread(changelog, tables),
+            stop=stop,
+            # Before Dagster starts, so the changefeed's assets are in the catalog it loads
+            # (the captures' leases may lapse before the first runs: the owner heals them).
+            before_dagster=lambda st: say(
+                workload.ensure_demo_changefeed(
+                    st.etcd_endpoints,
+                    st.state_dir,
+                    DEMO_CHANGEFEED,
+                    lake,
+                    captures,
+                    changelog,
+                    st.generator.start_ts,
+                )
+            ),
+        ) as stack,
+    ):
         if stop.is_set():
             return 0
-        # After Dagster is up: capture leases are renewed by capture runs, which need it.
-        say(
-            workload.ensure_demo_changefeed(
-                stack.etcd_endpoints,
-                stack.state_dir,
-                DEMO_CHANGEFEED,
-                lake,
-                captures,
-                changelog,
-                stack.generator.start_ts,
-            )
-        )
         for line in workload.what_to_look_at(stack.ui_url, DEMO_CHANGEFEED, lake):
             say(line)
         stack.supervise()
@@ -629,7 +656,10 @@ def stop(state_dir: Path, grace_s: float = STOP_GRACE_S) -> None:
         etcd.start()
     if targets:
         say("stopping " + ", ".join(f"{name} (pid {t.pid})" for name, t in targets) + " ...")
-    procs.stop_all([t for _, t in targets], grace_s=grace_s)
+    killed = procs.stop_all([t for _, t in targets], grace_s=grace_s)
+    if killed:
+        names = [name for name, t in targets if t in killed]
+        say(f"SIGKILLed after {grace_s:.1f}s: {', '.join(names)}")
     # A supervisor that relaunched a part as it was being stopped: that one too.
     late = _live_targets(procs.read_record(state_dir))
     procs.stop_all([t for _, t in late], grace_s=0.5)

@@ -281,12 +281,15 @@ class Supervisor:
             self.step()
 
     # ------------------------------------------------------------------ stop
-    def shutdown(self, grace_s: float = 2.5) -> None:
+    def shutdown(self, grace_s: float = 2.0) -> None:
         """Stop every part at once (SIGTERM, SIGKILL after ``grace_s``) and release them."""
         self.stopping.set()
-        handles = [s.handle for s in self.slots.values() if s.handle is not None]
-        left = [Target(s.pid) for s in self.leftovers if s.alive()]
-        stop_all([*(h.target() for h in handles), *left], grace_s=grace_s)
+        named = [(n, s.handle.target()) for n, s in self.slots.items() if s.handle is not None]
+        named += [(s.name, Target(s.pid)) for s in self.leftovers if s.alive()]
+        killed = stop_all([t for _, t in named], grace_s=grace_s)
+        if killed:
+            names = ", ".join(n for n, t in named if any(t is k for k in killed))
+            self.say(f"SIGKILLed after {grace_s:.1f}s: {names}")
         self.leftovers.clear()
         for slot in self.slots.values():
             if slot.handle is not None:

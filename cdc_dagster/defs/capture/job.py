@@ -102,7 +102,7 @@ def capture_tick(
         capture_id,
         work,
         staging_root=settings.staging_dir(),
-        executor_factory=spark_executor_factory(spark.spark_session),
+        executor_factory=spark_executor_factory(spark.live_session()),
         lease_ttl_s=settings.capture_ttl_s,
     )
 

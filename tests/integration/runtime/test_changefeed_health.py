@@ -77,7 +77,7 @@ def test_a_broken_sink_warns_its_changefeed_only_and_heals_when_fixed(
     healed = driver.tick()
     status = metastore.changefeeds.get("bad").status
     assert (status.state, status.last_error) == (ChangefeedState.NORMAL, "")
-    assert metastore.problems.of("bad") == {} and healed.owner.changefeeds["bad"].problem is None
+    assert metastore.problems.of("bad") == {} and healed.owner.health["bad"].message is None
 
 
 def test_a_changefeed_with_no_alive_capture_says_how_to_add_one_until_one_comes(

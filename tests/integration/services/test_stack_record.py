@@ -128,3 +128,22 @@ def wait_until(predicate, timeout_s: float = 10.0) -> None:  # type: ignore[no-u
     while not predicate():
         assert time.monotonic() < deadline, "timed out"
         time.sleep(0.05)
+
+
+def test_server_start_while_a_supervisor_runs_says_so_and_starts_nothing(
+    tmp_path: Path,
+    spawn,
+    capsys: pytest.CaptureFixture[str],  # type: ignore[no-untyped-def]
+) -> None:
+    sup = spawn("sleep 1000")
+    record = procs.StackRecord(
+        procs.Service("supervisor", sup.pid, started=sup.started), "server", "127.0.0.1:1"
+    )
+    procs.write_record(tmp_path, record)
+    handler = signal.getsignal(signal.SIGINT)
+    assert main(["--state-dir", str(tmp_path), "server", "start"]) == 0
+    out = capsys.readouterr().out
+    assert f"a supervisor (pid {sup.pid}, server) already runs" in out
+    assert procs.read_record(tmp_path) == record  # untouched
+    assert not (tmp_path / "etcd").exists()  # nothing started
+    assert signal.getsignal(signal.SIGINT) is handler  # the CLI's handlers are gone again

@@ -199,15 +199,15 @@ _SCRIPT = textwrap.dedent(
     from pathlib import Path
     from cdc_dagster.services import procs, stack
     from cdc_dagster.services.supervise import Part, ProcessHandle, Supervisor
-    stop = stack.stop_on_signals()
-    sup = Supervisor(stack.say)
-    log = Path(sys.argv[1])
-    sup.add(Part("child", lambda: ProcessHandle(
-        procs.launch("child", ["sh", "-c", "trap '' TERM; sleep 1000 & wait"], log, os.environ))))
-    sup.start(stop)
-    print("child", sup.slots["child"].handle.pid, flush=True)
-    sup.run(stop, interval_s=0.2)
-    sup.shutdown(grace_s=1.0)
+    with stack.stop_on_signals() as stop:
+        sup = Supervisor(stack.say)
+        log = Path(sys.argv[1])
+        sup.add(Part("child", lambda: ProcessHandle(
+            procs.launch("child", ["sh", "-c", "trap '' TERM; sleep 1000 & wait"], log, os.environ))))
+        sup.start(stop)
+        print("child", sup.slots["child"].handle.pid, flush=True)
+        sup.run(stop, interval_s=0.2)
+        sup.shutdown(grace_s=1.0)
     print("done", flush=True)
     """
 )
