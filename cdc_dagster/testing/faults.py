@@ -98,13 +98,19 @@ class Recovery:
     fault_s: float  # how long the fault itself lasted
     longest_stall_s: float  # longest time a changefeed checkpoint stood still meanwhile
     notes: list[str] = field(default_factory=list)
+    # from the fault being over until every changefeed checkpoint moved again
+    advanced_s: float | None = None
+
+    HEADER = f"{'fault':<28} {'advanced':>9} {'caught up':>14}  {'fault':>7}  {'stall':>7}  detail"
 
     def line(self) -> str:
-        """One row for the report."""
+        """One row for the report (seconds after the fault was over: every checkpoint moved
+        again; every checkpoint passed that moment)."""
         took = "NOT RECOVERED" if self.recovered_s is None else f"{self.recovered_s:6.1f} s"
+        moved = "never" if self.advanced_s is None else f"{self.advanced_s:5.1f} s"
         return (
-            f"{self.kind:<28} {took:>14}  fault {self.fault_s:5.1f} s  "
-            f"stall {self.longest_stall_s:5.1f} s  {self.detail}"
+            f"{self.kind:<28} {moved:>9} {took:>14}  {self.fault_s:5.1f} s  "
+            f"{self.longest_stall_s:5.1f} s  {self.detail}"
         )
 
 
@@ -243,6 +249,7 @@ class FaultStack:
         ddl_every: int = 900,
         sync_point_interval_s: int = 60,
         every: int = 1,
+        seed: int = 7,
     ) -> None:
         self.state = state.resolve()
         self.mysql = mysql
@@ -251,6 +258,9 @@ class FaultStack:
         self.ddl_every = ddl_every
         self.sync_point_interval_s = sync_point_interval_s
         self.every = every  # per-key order on one state in this many (the soak)
+        self.seed = seed  # the MySQL workload's
+        self.stalls: StallWatch | None = None  # the soak's
+        self.runs = 0  # faults injected so far (repeated faults name things apart)
         self.changelog = self.state / "changelog"
         self.lake = self.state / "lake"
         self.fp_dir = self.state / "failpoints"
@@ -338,7 +348,7 @@ class FaultStack:
 
         with psycopg.connect(self.pg.dsn(), autocommit=True) as conn:
             conn.execute("CREATE DATABASE analytics")
-        self.mysql_workload = MySqlWorkload(lambda: self.mariadb.connect())
+        self.mysql_workload = MySqlWorkload(lambda: self.mariadb.connect(), seed=self.seed)
         self.mysql_workload.create()
 
     def _create_shop(self) -> None:
@@ -433,6 +443,11 @@ class FaultStack:
 
     def poll(self) -> None:
         """Feed the validators what is new (etcd errors while etcd is down are skipped)."""
+        if self.stalls is not None:
+            for cf in self.changefeeds:
+                st = self.status(cf)
+                if st is not None:
+                    self.stalls.note(cf, st.checkpoint_ts, st.last_error, time.monotonic())
         with self._lock:
             for cf, watch in self.watches.items():
                 if cf in self.paused:
@@ -495,21 +510,24 @@ class FaultStack:
         if not injected.over_wall_ms:
             injected.over()
         target = compose(injected.over_wall_ms)
-        done, stall = self._catch_up(
+        done, stall, moved = self._catch_up(
             dict.fromkeys(self.changefeeds, target), injected.over_mono, timeout_s
         )
         fault_s = (injected.over_wall_ms - injected.began_wall_ms) / 1000
-        rec = Recovery(injected.kind, injected.detail, done, fault_s, stall, injected.notes)
+        rec = Recovery(injected.kind, injected.detail, done, fault_s, stall, injected.notes, moved)
         self.recoveries.append(rec)
         say(rec.line())
         return rec
 
     def _catch_up(
         self, targets: dict[str, int], since: float, timeout_s: float
-    ) -> tuple[float | None, float]:
+    ) -> tuple[float | None, float, float | None]:
         """Until each changefeed's checkpoint passes its target: (seconds since ``since``
-        or None on timeout, the longest time a checkpoint stood still)."""
+        or None on timeout, the longest time a checkpoint stood still, seconds since
+        ``since`` until every checkpoint had moved past where it was at the start)."""
+        start = {cf: self.checkpoint(cf) for cf in targets}
         last = {cf: (0, time.monotonic()) for cf in targets}
+        moved_at: dict[str, float] = {}
         stall = 0.0
         next_poll = 0.0
         while time.monotonic() < since + timeout_s:
@@ -518,16 +536,22 @@ class FaultStack:
             for cf, cp in cps.items():
                 if cp > last[cf][0]:
                     last[cf] = (cp, now)
+                if not start[cf]:
+                    start[cf] = cp  # etcd did not answer at the start
+                elif cp > start[cf]:
+                    moved_at.setdefault(cf, now)
                 stall = max(stall, now - last[cf][1])
+            moved = max(moved_at.values()) - since if len(moved_at) == len(targets) else None
             if all(cps[cf] >= ts for cf, ts in targets.items()):
                 self.poll()
-                return now - since, stall
+                return now - since, stall, now - since if moved is None else moved
             if now >= next_poll:
                 self.poll()
                 next_poll = time.monotonic() + 3.0
             time.sleep(0.5)
         self.poll()
-        return None, stall
+        moved = max(moved_at.values()) - since if len(moved_at) == len(targets) else None
+        return None, stall, moved
 
     def lag_s(self) -> dict[str, float]:
         """Each changefeed's checkpoint lag behind the wall clock now."""
@@ -537,7 +561,7 @@ class FaultStack:
     def wait_replicating(self, timeout_s: float = 600.0) -> float:
         """Until every changefeed's checkpoint passes this moment; the seconds it took."""
         target = compose(_now_ms())
-        took, _ = self._catch_up(
+        took, _, _ = self._catch_up(
             dict.fromkeys(self.changefeeds, target), time.monotonic(), timeout_s
         )
         if took is None:
@@ -566,7 +590,7 @@ class FaultStack:
         targets = {DEMO: min(log_.table_resolved_ts(t) for t in log_.tables_at(2**62))}
         if self.mysql:
             targets[SHOP] = compose(_now_ms())  # the puller's heartbeats resolve past it
-        done, _ = self._catch_up(targets, time.monotonic(), timeout_s)
+        done, _, _ = self._catch_up(targets, time.monotonic(), timeout_s)
         if done is None:
             raise TimeoutError(
                 f"replication did not catch up with the end in {timeout_s:.0f} s: "
@@ -585,8 +609,8 @@ class FaultStack:
         return self.changelog if changefeed_id == DEMO else self.state / "mysql" / changefeed_id
 
     def report(self) -> list[str]:
-        """The recoveries measured, one line each."""
-        return [r.line() for r in self.recoveries]
+        """The recoveries measured, one line each, under a header."""
+        return [Recovery.HEADER] + [r.line() for r in self.recoveries]
 
 
 # ------------------------------------------------------------------------------ Dagster runs
@@ -759,19 +783,21 @@ def owner_killed_in_slow_ddl(fs: FaultStack) -> Injected:
 def scale_out_and_in(fs: FaultStack) -> Injected:
     """capture add under load, wait until it holds tables, then drain and remove it."""
     assert fs.ms is not None
+    fs.runs += 1
+    new = f"capture-{2 + fs.runs}"  # a name of its own each time (the soak repeats faults)
     began = _now_ms()
-    admin.add_capture(fs.ms, "capture-3")
-    took = _wait("capture-3 to hold tables", lambda: fs.held(DEMO).get("capture-3"), 300, fs)
-    inj = Injected("scale out and in", "capture-3 added, drained, removed", began)
-    inj.notes.append(f"capture-3 held tables after {took:.0f} s")
-    admin.drain_capture(fs.ms, "capture-3")
+    admin.add_capture(fs.ms, new)
+    took = _wait(f"{new} to hold tables", lambda: fs.held(DEMO).get(new), 300, fs)
+    inj = Injected("scale out and in", f"{new} added, drained, removed", began)
+    inj.notes.append(f"{new} held tables after {took:.0f} s")
+    admin.drain_capture(fs.ms, new)
     took = _wait(
-        "capture-3 to be drained",
-        lambda: not any(fs.held(cf).get("capture-3") for cf in fs.changefeeds),
+        f"{new} to be drained",
+        lambda: not any(fs.held(cf).get(new) for cf in fs.changefeeds),
         300,
         fs,
     )
-    admin.remove_capture(fs.ms, "capture-3")
+    admin.remove_capture(fs.ms, new)
     inj.notes.append(f"drained after {took:.0f} s")
     return inj.over()
 
@@ -845,27 +871,29 @@ def failing_ddl_fixed(fs: FaultStack) -> Injected:
 
     # A person changes the downstream by hand: what the validators would read meanwhile
     # (the column before its DDL, syncpoint copies with it) is that person's doing.
+    fs.runs += 1
+    column = f"coupon{fs.runs}"  # a column of its own each time (the soak repeats faults)
     fs.poll()
     fs.paused.add(SHOP)
     with psycopg.connect(fs.pg.dsn("analytics"), autocommit=True) as conn:
-        conn.execute('ALTER TABLE "shop"."orders" ADD COLUMN coupon varchar(16)')
+        conn.execute(f'ALTER TABLE "shop"."orders" ADD COLUMN {column} varchar(16)')
     conn_my = fs.mariadb.connect()
     with conn_my.cursor() as cur:
-        cur.execute("ALTER TABLE shop.orders ADD COLUMN coupon VARCHAR(16)")
+        cur.execute(f"ALTER TABLE shop.orders ADD COLUMN {column} VARCHAR(16)")
     conn_my.close()
     began = _now_ms()
     inj = Injected("failing DDL fixed", "ADD COLUMN the downstream already has", began)
 
     def warned() -> bool:
         st = fs.status(SHOP)
-        return st is not None and st.state.value == "warning" and "coupon" in st.last_error
+        return st is not None and st.state.value == "warning" and column in st.last_error
 
     took = _wait("the shop changefeed to warn about the DDL", warned, 300, fs)
     message = fs.status(SHOP).last_error
     inj.notes.append(f"warning after {took:.0f} s: {message[:200]}")
     assert fs.checkpoint(DEMO) > 0
     with psycopg.connect(fs.pg.dsn("analytics"), autocommit=True) as conn:
-        conn.execute('ALTER TABLE "shop"."orders" DROP COLUMN coupon')
+        conn.execute(f'ALTER TABLE "shop"."orders" DROP COLUMN {column}')
     inj.over()
 
     def applied() -> bool:
@@ -898,6 +926,147 @@ FAULTS: dict[str, Callable[[FaultStack], Injected]] = {
     "failing-ddl": failing_ddl_fixed,
 }
 MYSQL_FAULTS = frozenset({"puller", "puller-sigkill", "mariadb", "postgres", "failing-ddl"})
+
+
+# ------------------------------------------------------------------------------ the soak
+SOAK_ENV = "CDC_DAGSTER_SOAK_MINUTES"
+SOAK_SEED_ENV = "CDC_DAGSTER_SOAK_SEED"
+
+
+@dataclass
+class Stall:
+    """A stretch of time one changefeed's checkpoint stood still, and why, as far as seen."""
+
+    seconds: float = 0.0
+    changefeed: str = ""
+    cause: str = ""
+
+
+class StallWatch:
+    """The longest time any changefeed checkpoint stood still over a soak, with its cause:
+    the faults that overlapped it, else the warning its changefeed showed meanwhile."""
+
+    def __init__(self) -> None:
+        self.longest = Stall()
+        self._last: dict[str, tuple[int, float, str]] = {}  # cf -> checkpoint, since, warning
+        self._faults: list[tuple[str, float, float]] = []  # name, began, recovered (monotonic)
+
+    def fault(self, name: str, began: float, ended: float) -> None:
+        """A fault ran from ``began`` until replication had recovered at ``ended``."""
+        self._faults.append((name, began, ended))
+
+    def note(self, changefeed_id: str, checkpoint_ts: int, warning: str, now: float) -> None:
+        """One reading of a changefeed's checkpoint (and its warning, if any)."""
+        last = self._last.get(changefeed_id)
+        if last is None or checkpoint_ts > last[0]:
+            if last is not None:
+                self._ended(changefeed_id, last[1], last[2], now)
+            self._last[changefeed_id] = (checkpoint_ts, now, warning)
+        elif warning and not last[2]:
+            self._last[changefeed_id] = (last[0], last[1], warning)
+
+    def close(self, now: float) -> Stall:
+        """The longest stall, counting the ones still going on now."""
+        for cf, (_, since, warning) in self._last.items():
+            self._ended(cf, since, warning, now)
+        return self.longest
+
+    def _ended(self, changefeed_id: str, since: float, warning: str, now: float) -> None:
+        if now - since <= self.longest.seconds:
+            return
+        during = [name for name, b, e in self._faults if b < now and e > since]
+        cause = "during " + ", ".join(during) if during else "no fault running"
+        if warning:
+            cause += f"; warning: {warning[:160]}"
+        self.longest = Stall(now - since, changefeed_id, cause)
+
+
+@dataclass
+class SoakReport:
+    """What a soak did and saw."""
+
+    minutes: float
+    seed: int
+    recoveries: list[Recovery] = field(default_factory=list)
+    not_injected: list[str] = field(default_factory=list)
+    rows_checked: int = 0
+    violations: int = 0
+    longest_stall: Stall = field(default_factory=Stall)
+    failures: list[str] = field(default_factory=list)
+
+    @property
+    def unrecovered(self) -> list[Recovery]:
+        """Faults replication did not catch up with in time."""
+        return [r for r in self.recoveries if r.recovered_s is None]
+
+    def table(self) -> list[str]:
+        """The soak's table, then one line per fault injected."""
+        counts: dict[str, int] = {}
+        for r in self.recoveries:
+            counts[r.kind] = counts.get(r.kind, 0) + 1
+        by_kind = ", ".join(f"{k} x{n}" for k, n in sorted(counts.items()))
+        caught = [r.recovered_s for r in self.recoveries if r.recovered_s is not None]
+        stall = self.longest_stall
+        rows = [
+            ("soak", f"{self.minutes:.1f} min, seed {self.seed}"),
+            ("faults injected", f"{len(self.recoveries)} ({by_kind})"),
+            ("faults not injected", f"{len(self.not_injected)}"),
+            ("rows checked", f"{self.rows_checked}"),
+            ("violations", f"{self.violations}"),
+            ("not recovered", f"{len(self.unrecovered)}"),
+            ("slowest catch-up", f"{max(caught, default=0.0):.1f} s after a fault was over"),
+            ("longest stall", f"{stall.seconds:.1f} s ({stall.changefeed}: {stall.cause})"),
+        ]
+        out = [f"{k:<20} {v}" for k, v in rows]
+        out += ["", Recovery.HEADER] + [r.line() for r in self.recoveries]
+        out += [f"not injected: {n}" for n in self.not_injected]
+        out += [f"violation: {f}" for f in self.failures[:20]]
+        return out
+
+
+def soak(
+    fs: FaultStack,
+    minutes: float,
+    seed: int,
+    names: list[str] | None = None,
+    recover_timeout_s: float = 300.0,
+) -> SoakReport:
+    """Random faults of the matrix (seeded), a quiet spell of 10-40 s before each, for
+    ``minutes``; then the end checked (:meth:`FaultStack.finish`). Each fault is measured
+    as in the matrix; the stall watch notes the longest stand-still and what caused it."""
+    rng = random.Random(seed)
+    if names is None:
+        names = [n for n in FAULTS if fs.mysql or n not in MYSQL_FAULTS]
+    report = SoakReport(minutes, seed)
+    fs.stalls = StallWatch()
+    started = time.monotonic()
+    end = started + minutes * 60
+    while time.monotonic() < end:
+        quiet = min(end, time.monotonic() + rng.uniform(10, 40))
+        while time.monotonic() < quiet:
+            fs.poll()
+            time.sleep(3)
+        if time.monotonic() >= end:
+            break
+        name = rng.choice(sorted(names))
+        say(f"soak: {(time.monotonic() - started) / 60:.1f} min in, injecting {name}")
+        began = time.monotonic()
+        try:
+            injected = FAULTS[name](fs)
+        except TimeoutError as exc:  # nothing to inject it into just then
+            report.not_injected.append(f"{name}: {exc}")
+            fs.stalls.fault(f"{name} (not injected)", began, time.monotonic())
+            continue
+        report.recoveries.append(fs.recover(injected, timeout_s=recover_timeout_s))
+        fs.stalls.fault(name, began, time.monotonic())
+    report.minutes = (time.monotonic() - started) / 60
+    report.longest_stall = fs.stalls.close(time.monotonic())
+    fs.stalls = None
+    validators = fs.finish()
+    report.rows_checked = validators.rows_checked
+    report.violations = validators.failure_count
+    report.failures = validators.failures
+    return report
 
 
 @contextlib.contextmanager
