@@ -457,6 +457,17 @@ class FaultStack:
                 except MetastoreError as exc:
                     log.info("watch %s: etcd: %s", cf, exc)
 
+    def missing_captures(self) -> set[str] | None:
+        """Captures the user asked for that are not registered now (None: etcd does not
+        answer). Captures heal: only removing or draining one makes it leave."""
+        assert self.ms is not None
+        try:
+            desired = set(self.ms.captures.desired())
+            alive = {c.capture_id for c in self.ms.captures.list_alive()}
+        except MetastoreError:
+            return None
+        return desired - alive
+
     def part(self, name: str) -> procs.Service:
         """A supervised part as recorded now."""
         parts = {p.name: p for p in procs.read_record(self.state).parts}
@@ -993,6 +1004,7 @@ class SoakReport:
     violations: int = 0
     longest_stall: Stall = field(default_factory=Stall)
     failures: list[str] = field(default_factory=list)
+    missing_captures: set[str] | None = field(default_factory=set)  # at the end (None: unknown)
 
     @property
     def unrecovered(self) -> list[Recovery]:
@@ -1014,6 +1026,7 @@ class SoakReport:
             ("rows checked", f"{self.rows_checked}"),
             ("violations", f"{self.violations}"),
             ("not recovered", f"{len(self.unrecovered)}"),
+            ("captures not back", ", ".join(sorted(self.missing_captures or ())) or "none"),
             ("slowest catch-up", f"{max(caught, default=0.0):.1f} s after a fault was over"),
             ("longest stall", f"{stall.seconds:.1f} s ({stall.changefeed}: {stall.cause})"),
         ]
@@ -1060,6 +1073,11 @@ def soak(
         report.recoveries.append(fs.recover(injected, timeout_s=recover_timeout_s))
         fs.stalls.fault(name, began, time.monotonic())
     report.minutes = (time.monotonic() - started) / 60
+    settle = time.monotonic() + 120  # a capture registered again by the next owner tick
+    while fs.missing_captures() != set() and time.monotonic() < settle:
+        fs.poll()
+        time.sleep(3)
+    report.missing_captures = fs.missing_captures()
     report.longest_stall = fs.stalls.close(time.monotonic())
     fs.stalls = None
     validators = fs.finish()

@@ -59,8 +59,10 @@ def fs(tmp_path_factory: pytest.TempPathFactory, artefacts: Path) -> Iterator[Fa
 
 
 def _all_normal(fs: FaultStack) -> bool:
+    """Every changefeed normal, and every capture the user asked for registered again."""
     states = {cf: fs.status(cf) for cf in fs.changefeeds}
-    return all(st is not None and st.state.value == "normal" for st in states.values())
+    healthy = all(st is not None and st.state.value == "normal" for st in states.values())
+    return healthy and fs.missing_captures() == set()
 
 
 @pytest.mark.parametrize("fault", list(FAULTS))
@@ -79,7 +81,10 @@ def test_the_fault_heals_by_itself(fs: FaultStack, fault: str) -> None:
     while not _all_normal(fs) and time.monotonic() < deadline:
         fs.poll()
         time.sleep(2)
-    assert _all_normal(fs), {cf: fs.status(cf) for cf in fs.changefeeds}
+    assert _all_normal(fs), (
+        {cf: fs.status(cf) for cf in fs.changefeeds},
+        f"captures asked for but not registered: {fs.missing_captures()}",
+    )
     for watch in fs.watches.values():
         watch.validators.assert_ok()
 

@@ -43,4 +43,5 @@ def test_soak_random_faults_heal_with_no_violation(
     assert report.recoveries, "no fault was injected"
     assert report.violations == 0, report.failures
     assert not report.unrecovered, [r.line() for r in report.unrecovered]
+    assert report.missing_captures == set(), "captures asked for but not registered at the end"
     assert report.rows_checked > 0
