@@ -1066,8 +1066,8 @@ def soak(
         began = time.monotonic()
         try:
             injected = FAULTS[name](fs)
-        except TimeoutError as exc:  # nothing to inject it into just then
-            report.not_injected.append(f"{name}: {exc}")
+        except Exception as exc:  # nothing to inject it into just then, or it broke: noted
+            report.not_injected.append(f"{name}: {type(exc).__name__}: {exc}")
             fs.stalls.fault(f"{name} (not injected)", began, time.monotonic())
             continue
         report.recoveries.append(fs.recover(injected, timeout_s=recover_timeout_s))
