@@ -15,8 +15,10 @@ Each term is ``name=[count*]action``; actions (the grammar of pingcap/failpoint,
 
 ``count*`` fires the first ``count`` hits only. Counts are per process, unless
 ``CDC_DAGSTER_FAILPOINTS_STATE`` names a directory: then every process sharing it shares the
-count (each firing creates ``<name>.<n>`` there exclusively), so ``1*crash`` kills exactly
-one capture run of a whole Dagster deployment, not one per run process.
+count (each firing creates ``<name>.<n>`` there exclusively, holding the firing process's
+pid), so ``1*crash`` kills exactly one capture run of a whole Dagster deployment, not one
+per run process, and a test knows which process a ``delay`` holds (to stop or kill it).
+Removing ``<name>.<n>`` arms that firing again.
 
 When the variable is unset, :func:`hit` costs one dict lookup. The places are :data:`POINTS`;
 a name in the variable that is not one of them is refused, so a typo cannot silently test
@@ -39,6 +41,7 @@ ENV = "CDC_DAGSTER_FAILPOINTS"
 STATE_ENV = "CDC_DAGSTER_FAILPOINTS_STATE"
 CRASH_EXIT_CODE = 86  # what an injected crash exits with (not a signal's 128+n)
 
+SINK_BEFORE_WRITE = "sink.before_write"
 SINK_AFTER_WRITE = "sink.after_write"
 CAPTURE_PREPARE = "capture.prepare"
 DDL_AFTER_APPLY = "ddl.after_apply"
@@ -46,6 +49,7 @@ PULLER_AFTER_CHANGELOG_WRITE = "puller.after_changelog_write"
 OWNER_BEFORE_WRITE = "owner.before_write"
 
 POINTS: Mapping[str, str] = {
+    SINK_BEFORE_WRITE: "capture commit: its tick open, its tokens held, the sink not yet written",
     SINK_AFTER_WRITE: "capture commit: the sink wrote the batch, the checkpoint is not reported",
     CAPTURE_PREPARE: "capture prepare: pulled into staging, the state is not persisted",
     DDL_AFTER_APPLY: "a DDL applied at the sink, its applied marker not yet written",
@@ -177,10 +181,14 @@ def _take(point: Failpoint) -> bool:
     Path(state).mkdir(parents=True, exist_ok=True)
     for n in range(1, point.count + 1):
         try:
-            os.close(os.open(Path(state) / f"{point.name}.{n}", os.O_CREAT | os.O_EXCL))
-            return True
+            fd = os.open(Path(state) / f"{point.name}.{n}", os.O_CREAT | os.O_EXCL | os.O_WRONLY)
         except FileExistsError:
             continue
+        try:
+            os.write(fd, str(os.getpid()).encode())
+        finally:
+            os.close(fd)
+        return True
     return False
 
 

@@ -166,17 +166,19 @@ class SparkTableExecutor:
                 f"commit of table {table_id} on {self.capture_id} at {start}: the change log "
                 "has no schema for it (not created yet or dropped); the owner must not commit it"
             )
-        committed = self.sink.committed(self.changefeed_id, schema)
+        reached = self.sink.committed(self.changefeed_id, schema).committed_ts
+        if reached == start - 1 and self._ddl_at(table_id, start):
+            reached = start  # held at its DDL: every row change up to it is in (_sink_spec)
         # committed_ts 0: no batch was ever written, so no earlier primary's writes to miss.
-        if 0 < committed.committed_ts < start:
+        if 0 < reached < start:
             raise ExecutorContractError(
                 f"table {schema.qualified_name} (id {table_id}) on {self.capture_id}: downstream "
-                f"committed {committed.committed_ts} < commit checkpoint {start}: the previous "
+                f"committed {reached} < commit checkpoint {start}: the previous "
                 "primary's writes are not readable yet"
             )
         rec.token = self.sink.acquire(self.changefeed_id, schema)
         # Never below the downstream: a replay must not rewrite a newer row version.
-        rec.checkpoint_ts = max(start, committed.committed_ts)
+        rec.checkpoint_ts = max(start, reached)
         rec.resolved_ts = max(rec.resolved_ts, rec.checkpoint_ts)
         rec.state = T.REPLICATING
 
@@ -293,8 +295,13 @@ class SparkTableExecutor:
             except (ChangeLogError, SchemaError, OSError, ValueError) as exc:
                 self._fail(table_id, rec, self._history_error(table_id, exc))
                 continue
-            if spec is not None:
-                specs.append(spec)
+            if spec is None:
+                continue
+            if spec["end"] <= spec["start"]:  # nothing but its DDL in (checkpoint, upto]
+                rec.checkpoint_ts = spec["upto"]
+                continue
+            specs.append(spec)
+        upto = {spec["table_id"]: spec for spec in specs}
         for spec in specs:
             self._tables[spec["table_id"]].sink_intent = spec["end"]
         if specs:
@@ -314,7 +321,10 @@ class SparkTableExecutor:
             elif res["status"] != "ok":
                 self._fail(table_id, rec, res["message"])
             else:
-                rec.checkpoint_ts = max(rec.checkpoint_ts, json.loads(res["detail"]))
+                done, spec = json.loads(res["detail"]), upto[table_id]
+                rec.checkpoint_ts = max(
+                    rec.checkpoint_ts, spec["upto"] if done >= spec["end"] else done
+                )
                 rec.error = None
                 rec.rows_applied += res["rows"]
                 written[table_id] = res["rows"]
@@ -333,9 +343,10 @@ class SparkTableExecutor:
         if end <= start:
             return None
         # A batch never spans a DDL of its table (the barrier cuts there too; this is a guard).
-        for r in self.changelog.ddl_records(start, end - 1):
+        at_ddl = False
+        for r in self.changelog.ddl_records(start, end):
             if table_id in r.tables or table_id in r.table_ids:
-                end = r.commit_ts
+                end, at_ddl = r.commit_ts, True
                 break
         # The rows' schema: the one valid above ``start`` (at ``end`` itself a DDL may apply).
         schema = self._schema(table_id, start) or self._schema(table_id, end)
@@ -345,7 +356,12 @@ class SparkTableExecutor:
         return {
             "table_id": table_id,
             "start": start,
-            "end": end,
+            # A batch up to a DDL of its table holds every row change up to the DDL's commit
+            # ts T (none shares T), not the DDL: the sink commit claims T - 1, and the DDL's
+            # own commit claims T (a state that claims T holds every effect at or below T).
+            # The table's checkpoint is T all the same: the DDL waits for it (DESIGN.md).
+            "end": end - 1 if at_ddl else end,
+            "upto": end,
             "token": rec.token,
             "changefeed": self.changefeed_id,
             "sink_uri": self.sink_uri,
@@ -373,6 +389,13 @@ class SparkTableExecutor:
             f"table {table_id}: the change log at {root} cannot be read for it "
             f"({type(exc).__name__}: {shorten(exc)}); fix the named file or DDL record "
             "under ddl/, then the table resumes from its checkpoint"
+        )
+
+    def _ddl_at(self, table_id: int, ts: int) -> bool:
+        """Whether a DDL of the table committed at exactly ``ts``."""
+        return any(
+            table_id in r.tables or table_id in r.table_ids
+            for r in self.changelog.ddl_records(ts - 1, ts)
         )
 
     def _schema(self, table_id: int, ts: int) -> TableSchema | None:

@@ -179,6 +179,7 @@ def capture_commit(ctx: CaptureContext) -> CommitOutcome:
 
 
 def _commit(ctx: CaptureContext, tick: _Tick) -> CommitOutcome:
+    failpoints.hit(failpoints.SINK_BEFORE_WRITE)
     tick.executor.sink_phase()
     failpoints.hit(failpoints.SINK_AFTER_WRITE)
     held_before = tick.executor.statuses()

@@ -422,6 +422,7 @@ class DeltaSink:
     ) -> None:
         """One commit that brings ``after``'s table to the DDL's effect, with its marker."""
         ddl, fence = app_id(changefeed_id, "ddl"), app_id(changefeed_id, "fence")
+        checkpoint = app_id(changefeed_id, "checkpoint")
 
         def attempt() -> None:
             dt = self._open(changefeed_id, after)
@@ -437,6 +438,10 @@ class DeltaSink:
                 Transaction(fence, dt.transaction_version(fence) or 0),  # conflicts with writers
                 Transaction(ddl, record.commit_ts),
             ]
+            # The table's last batch before the DDL claims T - 1 (every row change below T;
+            # none shares T): this commit holds the DDL, so it claims T.
+            if dt.transaction_version(checkpoint) == record.commit_ts - 1:
+                txns.append(Transaction(checkpoint, record.commit_ts))
             target = delta_schema(after)
             props = CommitProperties(app_transactions=txns)
             if record.action == "truncate_table":

@@ -366,6 +366,13 @@ class PostgresSink:
                     return  # applied before (replay)
                 for stmt in stmts:
                     conn.execute(stmt)
+                # A table's last batch before the DDL claims T - 1 (every row change below
+                # T; none shares T): with the DDL applied, the table holds T.
+                conn.execute(
+                    f"UPDATE {META_SCHEMA}.checkpoints SET committed_ts = %s, updated_at = now() "
+                    "WHERE changefeed = %s AND table_id = ANY(%s) AND committed_ts = %s",
+                    (record.commit_ts, changefeed_id, list(record.table_ids), record.commit_ts - 1),
+                )
         except psycopg.Error as exc:
             raise SinkDDLError(
                 self._ddl_where(changefeed_id, record) + f": PostgreSQL refused it: {exc}; "

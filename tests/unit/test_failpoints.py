@@ -122,6 +122,9 @@ def test_count_is_shared_by_processes_with_a_state_dir(tmp_path: Path) -> None:
     codes = [_hit_in_subprocess(env).returncode for _ in range(3)]
     assert codes == [failpoints.CRASH_EXIT_CODE, 0, 0]
     assert [p.name for p in tmp_path.iterdir()] == ["sink.after_write.1"]
+    assert int((tmp_path / "sink.after_write.1").read_text()) > 0  # the pid that fired
+    (tmp_path / "sink.after_write.1").unlink()  # armed again
+    assert _hit_in_subprocess(env).returncode == failpoints.CRASH_EXIT_CODE
 
 
 def test_a_bad_variable_fails_the_first_hit_loudly() -> None:
@@ -153,6 +156,7 @@ def test_every_failpoint_is_hit_at_exactly_one_place() -> None:
     assert sorted(hits) == sorted(failpoints.POINTS)
     assert all(len(where) == 1 for where in hits.values()), hits
     assert hits == {
+        "sink.before_write": ["runtime/capture.py"],
         "sink.after_write": ["runtime/capture.py"],
         "capture.prepare": ["runtime/capture.py"],
         "ddl.after_apply": ["runtime/owner.py"],

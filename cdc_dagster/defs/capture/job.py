@@ -44,7 +44,8 @@ OWNER_CHECK_S = 1.0  # and looks whether its owner still is the owner this often
 # follow ticks for CDC_DAGSTER_CAPTURE_LOOP_S (300 s). One still running after this long is
 # hung: run monitoring (dagster.yaml) fails it, so it stops holding its capture's slot in
 # the run queue; once it is gone its lease expires, the owner moves its tables, and the
-# sink's fence refuses any late write of it.
+# sink's fence refuses any late write of it. One whose lease expired first is stopped by the
+# owner at once (cdc_dagster/defs/owner/stale_runs.py).
 MAX_RUNTIME_S = 1800
 
 
