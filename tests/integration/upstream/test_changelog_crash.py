@@ -90,6 +90,7 @@ def test_a_killed_producer_resumes_with_the_invariants_of_an_uninterrupted_run(
         w.step()
         w.advance_resolved()
     log, oracle, last = ChangeLog(tmp_path), Oracle(tmp_path), w.last_commit_ts
+    written_after = 0
     assert oracle.bank_total_at(last, w.bank_table_ids) == Decimal("40000.00") == w.bank_total()
     for tid in w.tables:
         s, rows = w.schema(tid), list(w.table_rows(tid).values())
@@ -101,7 +102,10 @@ def test_a_killed_producer_resumes_with_the_invariants_of_an_uninterrupted_run(
             rows = log.read_data_file(f)
             pairs += zip(rows["_commit_ts"].to_pylist(), rows["_seq"].to_pylist(), strict=True)
         assert len(pairs) == len(set(pairs))  # no change written twice
-        new = [ts for ts, _ in pairs if ts > resumed_at]
-        assert new and min(new) > resumed_at
+        written_after += sum(1 for ts, _ in pairs if ts > resumed_at)
+    # The resumed producer went on writing (above the highest ts the log held: the pairs
+    # above are unique). Not per table: three steps need not touch every table (one the
+    # workload's DDLs just created, say), which made this test fail now and then.
+    assert written_after > 0
     ddl_ts = [r.commit_ts for r in log.ddl_records()]
     assert ddl_ts == sorted(set(ddl_ts))
