@@ -57,21 +57,26 @@ def gate_status(
 @dataclass(frozen=True, slots=True)
 class CheckpointLookup:
     """A table's checkpoint: its asset's metadata when the catalog has the table (of that
-    changefeed), else ``fallback(changefeed_id)`` (the owner's view, or what the captures
-    report in etcd; called only when needed): tables created after the code server loaded
-    the catalog have no asset, and must not hold a gate closed forever."""
+    changefeed) or ``fallback(changefeed_id)`` (the owner's view, or what the captures
+    report in etcd), whichever is further: tables created after the code server loaded
+    the catalog have no asset, and a lost materialization is not a closed gate."""
 
     catalog: Catalog
     metadata_checkpoint: Callable[[object], int | None]
     fallback: Callable[[str], Mapping[int, int]]
 
     def __call__(self, changefeed_id: str, table_id: int) -> int | None:
+        rendered = None
         ref = self.catalog.ref(changefeed_id, table_id)
         if ref is not None:
             key = self.catalog.replica_key(ref)
             if key not in self.catalog.shared_keys():  # else it may be another changefeed's
-                return self.metadata_checkpoint(key)
-        return self.fallback(changefeed_id).get(table_id)
+                rendered = self.metadata_checkpoint(key)
+        # The reported checkpoint too: both are durable sink commits, and a materialization
+        # lost (its run killed between the commit and logging it) must not hold a DDL while
+        # tables stopped at its barrier have nothing new to commit, and so to report.
+        known = [c for c in (rendered, self.fallback(changefeed_id).get(table_id)) if c is not None]
+        return max(known) if known else None
 
 
 def checkpoint_lookup(

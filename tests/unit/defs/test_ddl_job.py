@@ -27,7 +27,10 @@ def _run(instance: dg.DagsterInstance, commit_ts: int) -> dg.ExecuteInProcessRes
     )
 
 
-def test_gate_closed_fails_the_run_and_applies_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_gate_closed_fails_the_run_and_applies_nothing(
+    monkeypatch: pytest.MonkeyPatch, cdc_env: Metastore
+) -> None:
+    # No materialization and nothing reported in etcd: the gate stays closed.
     applied: list[int] = []
     monkeypatch.setattr(ddl_job, "apply_ddl_at", lambda ms, cf, ts: applied.append(ts) or [])
     with dg.instance_for_test() as instance:

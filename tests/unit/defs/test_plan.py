@@ -187,3 +187,14 @@ def test_gate_reads_tables_without_an_asset_from_the_owner_view_and_global_ddls_
     )
     assert not gate_status(DdlRequest("cf", 450, ()), CATALOG, lookup)[0]
     assert gate_status(DdlRequest("cf", 450, ()), CATALOG, lookup, {1, 9})[0]
+
+
+def test_gate_opens_on_the_reported_checkpoint_when_the_materialization_was_lost() -> None:
+    from cdc_dagster.defs.tables.gate import checkpoint_lookup
+
+    # The run that committed table 1 up to the DDL was killed before it logged the asset
+    # materialization; the table, stopped at the barrier, commits nothing more to report.
+    lookup = checkpoint_lookup(CATALOG, lambda key: 100, lambda cf: {1: 450})
+    assert lookup("cf", 1) == 450
+    assert gate_status(DdlRequest("cf", 450, (1,)), CATALOG, lookup)[0]
+    assert not gate_status(DdlRequest("cf", 451, (1,)), CATALOG, lookup)[0]
