@@ -10,7 +10,8 @@ The sources of a message, in the order the message gives them:
    longer than ``fail_after_s`` (TiCDC's "error stuck" duration);
 4. a resolved ts that has not moved for ``stall_s`` (the change log's producer is stuck);
 5. a checkpoint that has not moved for ``stall_s`` while the resolved ts is ahead of it (a
-   table is stuck: the message names the slowest ones, their state and holder).
+   DDL every table reached is not applied: the message names it; else a table is stuck:
+   the message names the slowest ones, their state and holder).
 
 No message: the changefeed is normal. The conditions of 1, 4 and 5 never fail it: they heal
 by themselves when their cause is gone, and they say what to do meanwhile.
@@ -77,8 +78,10 @@ def judge(
     now_ms: int,
     config: HealthConfig,
     producer: str,
+    ready_ddls: Sequence[str] = (),
 ) -> Health:
-    """The changefeed's health this tick (see the module docstring)."""
+    """The changefeed's health this tick (see the module docstring). ``ready_ddls``: the
+    DDLs whose barrier every table reached, not applied yet (named in a stall)."""
     parts: list[str] = []
     failed = False
     if not alive:
@@ -91,7 +94,7 @@ def judge(
         too_long = lasted_s > config.fail_after_s
         failed = failed or problem.fatal or too_long
         parts.append(_problem_line(source, problem, lasted_s, too_long))
-    stalled = _stalls(motion, tables, now_ms, config.stall_s, producer)
+    stalled = _stalls(motion, tables, now_ms, config.stall_s, producer, ready_ddls)
     if stalled and not problems and alive:
         parts.append(stalled)
     return Health("; ".join(parts) or None, failed)
@@ -108,7 +111,12 @@ def _problem_line(source: str, problem: Problem, lasted_s: float, too_long: bool
 
 
 def _stalls(
-    motion: Motion, tables: Sequence[TableProgress], now_ms: int, stall_s: float, producer: str
+    motion: Motion,
+    tables: Sequence[TableProgress],
+    now_ms: int,
+    stall_s: float,
+    producer: str,
+    ready_ddls: Sequence[str] = (),
 ) -> str:
     resolved_still_s = (now_ms - motion.resolved_moved_ms) / 1000
     if motion.resolved_moved_ms and resolved_still_s > stall_s:
@@ -123,6 +131,14 @@ def _stalls(
         and checkpoint_still_s > stall_s
         and motion.resolved_ts > motion.checkpoint_ts
     ):
+        if ready_ddls:
+            return (
+                f"the checkpoint has not moved for {checkpoint_still_s:.0f} s (it is "
+                f"{format_ts(motion.checkpoint_ts)}): it waits for the DDL(s) "
+                f"{'; '.join(ready_ddls)}, which every table it blocks has reached but nothing "
+                "has applied yet: see the `apply_ddl` runs (a DDL gate that stays closed names "
+                "the tables it waits for)"
+            )
         slowest = sorted(tables, key=lambda t: (t.checkpoint_ts, t.table_id))[:3]
         named = ", ".join(
             f"{t.name or t.table_id} ({t.state}"

@@ -59,7 +59,7 @@ from scheduler_core.ddl import DDLEvent, DDLManager
 from scheduler_core.errors import InvalidMessageError, SchedulerError
 from scheduler_core.messages import Barrier, Header, HeartbeatResponse, OwnerMessage
 from scheduler_core.model import Checkpoint, TableState
-from scheduler_core.ts import compose, physical_ms
+from scheduler_core.ts import compose, format_ts, physical_ms
 
 log = logging.getLogger(__name__)
 
@@ -507,6 +507,7 @@ class OwnerLoop:
             now_ms=step.now_ms,
             config=self.health,
             producer=_producer(cf.info.upstream_uri),
+            ready_ddls=[f"{e.query!r} at {format_ts(e.commit_ts)}" for e in result.ready_ddls],
         )
 
     def _waiting(self, cf: Changefeed, step: _TickState) -> ChangefeedProgress:

@@ -72,8 +72,12 @@ class Driver:
         owner_lease_ttl_s: int | None = None,
         config: CoordinatorConfig | None = None,
         health: HealthConfig | None = None,
+        apply_gated: bool = True,
     ) -> None:
         self.state_dir = Path(state_dir)
+        # False: DDLs that touch tables wait for a gated run, as under Dagster, which the
+        # driver never launches (a gate that never opens, a DDL run that never comes)
+        self.apply_gated = apply_gated
         self.staging_root = self.state_dir / "staging"
         self.changelog_root = Path(changelog_root).resolve()
         self.changelog = ChangeLog(self.changelog_root)
@@ -130,7 +134,7 @@ class Driver:
         ``runner`` may run some captures elsewhere (a test runs one in a subprocess it
         kills); it gets the capture's context and its run config, as a Dagster run would.
         """
-        owner = owner_step(self.owner, apply_gated=True).tick
+        owner = owner_step(self.owner, apply_gated=self.apply_gated).tick
         step = DriverTick(owner)
         for cid in list(self.capture_ids):
             if cid in skip:

@@ -159,3 +159,33 @@ def test_a_ddl_the_sink_refuses_stops_neither_the_owner_nor_the_other_changefeed
     assert status.state is ChangefeedState.WARNING
     assert "[ddl] applying DDL 'CREATE TABLE db.t9'" in status.last_error
     assert "refused CREATE TABLE db.t9" in status.last_error
+
+
+def test_a_ddl_that_is_never_applied_warns_naming_it_instead_of_staying_normal(
+    make_driver: Callable[..., Driver], upstream: Upstream, metastore: Metastore
+) -> None:
+    """Found by the fault matrix: a changefeed held at a DDL's barrier whose run never came
+    stayed "normal" for ten minutes. No DDL run here at all (the driver launches none)."""
+    from cdc_dagster.schema import DdlRecord as Record
+    from scheduler_core.ddl import DDLKind
+
+    driver = make_driver(captures=1, health=HealthConfig(stall_s=1.0), apply_gated=False)
+    at = upstream.ts(2000)
+    upstream.writer.write_ddl(
+        Record(at, DDLKind.TRUNCATE_TABLE, "truncate_table", "TRUNCATE TABLE db.t1", (1,))
+    )
+    upstream.advance(upstream.ts(4000))
+    driver.run_until(
+        lambda t: any(
+            x.table_id == 1 and x.checkpoint_ts >= at for x in t.owner.changefeeds["cf"].tables
+        ),
+        max_ticks=30,
+    )
+    deadline = time.monotonic() + 30
+    while metastore.changefeeds.get("cf").status.state is not ChangefeedState.WARNING:
+        assert time.monotonic() < deadline, metastore.changefeeds.get("cf").status
+        upstream.advance(upstream.resolved + 1)  # the upstream goes on
+        driver.tick()
+        time.sleep(0.3)
+    error = metastore.changefeeds.get("cf").status.last_error
+    assert "TRUNCATE TABLE db.t1" in error, error
