@@ -228,6 +228,17 @@ def _resume(driver: Driver, uri: str, root: Path, target: str) -> dict[str, floa
     return {"drain_s": elapsed, "ticks": ticks}
 
 
+def _snapshot_tables(my: Any, prefix: str, tables: int, rows: int) -> None:
+    """``tables`` sysbench-shaped tables ``<prefix><i>`` of ``rows`` rows each (kept if there)."""
+    c = my.connect(database=DB)
+    with c.cursor() as cur:
+        for t in (f"{prefix}{i}" for i in range(tables)):
+            cur.execute(f"CREATE TABLE IF NOT EXISTS {t} LIKE sbtest1")
+            cur.execute(f"INSERT INTO {t} SELECT seq, seq % 1000, REPEAT('c', 119), "
+                        f"REPEAT('p', 59) FROM seq_1_to_{rows}")  # fmt: skip
+    c.close()
+
+
 def _bare_read(spark: Any, uri: str, work: Path, pieces: list[tuple], expect: int) -> float:
     """The bare baseline: each (name, schema, lo, hi) key range read in 50,000-row keyset
     chunks into Parquet by one Spark task; the seconds it took."""
@@ -296,14 +307,7 @@ def snapshot_in_process(
     from cdc_dagster.mysql.state import load_state
 
     work = base / f"snapshot-{cores}-{tables}"
-    db_tables = [f"snap{cores}x{tables}_{i}" for i in range(tables)]
-    c = my.connect(database=DB)
-    with c.cursor() as cur:
-        for t in db_tables:
-            cur.execute(f"CREATE TABLE IF NOT EXISTS {t} LIKE sbtest1")
-            cur.execute(f"INSERT INTO {t} SELECT seq, seq % 1000, REPEAT('c', 119), "
-                        f"REPEAT('p', 59) FROM seq_1_to_{rows}")  # fmt: skip
-    c.close()
+    _snapshot_tables(my, f"snap{cores}x{tables}_", tables, rows)
     uri = my.uri(query="server-id=4244")
     root = work / "changelog"
     flt = (f"{DB}.snap{cores}x{tables}_*",)
@@ -535,14 +539,7 @@ def stack_snapshot(
 
     work = base / f"stack-{cores}"
     prefix = f"snap{cores}x{tables}_"
-    db_tables = [f"{prefix}{i}" for i in range(tables)]
-    c = my.connect(database=DB)
-    with c.cursor() as cur:
-        for t in db_tables:
-            cur.execute(f"CREATE TABLE IF NOT EXISTS {t} LIKE sbtest1")
-            cur.execute(f"INSERT INTO {t} SELECT seq, seq % 1000, REPEAT('c', 119), "
-                        f"REPEAT('p', 59) FROM seq_1_to_{rows}")  # fmt: skip
-    c.close()
+    _snapshot_tables(my, prefix, tables, rows)
     say(f"[{cores} core(s)] stream lag without a snapshot ({rate} txn/s for {lag_s} s)")
     quiet = LagSampler(ms, my, sizes, rate)
     quiet.run(lag_s)

@@ -1,5 +1,6 @@
 """The owner sensor: each evaluation is one owner step (docs: DESIGN.md "Mapping onto Dagster")."""
 
+import functools
 import time
 
 import dagster as dg
@@ -146,11 +147,13 @@ def build_owner_sensor(
         checkpoint_of = checkpoint_lookup(
             catalog,
             lambda key: latest_checkpoint(context.instance, key),
-            lambda cf: {
-                t.table_id: t.checkpoint_ts
-                for t in (owner.changefeeds[cf].tables if cf in owner.changefeeds else ())
-                if t.replicating
-            },
+            functools.cache(  # asked once per table of a gated DDL: built once per changefeed
+                lambda cf: {
+                    t.table_id: t.checkpoint_ts
+                    for t in (owner.changefeeds[cf].tables if cf in owner.changefeeds else ())
+                    if t.replicating
+                }
+            ),
         )
         if owner.is_owner:  # runs of expired registrations must not hold their capture's slot
             stopped = terminate_expired_runs(context.instance, owner.registered)

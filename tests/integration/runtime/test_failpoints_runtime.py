@@ -66,17 +66,29 @@ def caught_up(make_driver: Callable[..., Driver], upstream: Upstream) -> Driver:
     return driver
 
 
+def _crash_capture_1(
+    driver: Driver, upstream: Upstream, endpoints: list[str], cluster_id: str, failpoint: str
+) -> tuple[dict, int]:
+    """capture-1's report before, and the target: the upstream moved to it, then one tick
+    with capture-1 in a process that crashes at ``failpoint``."""
+    before = _reported(driver.ms, "capture-1")
+    target = upstream.ts(9000)
+    upstream.advance(target)
+    codes: list[int] = []
+    driver.tick(
+        runner={"capture-1": _crashing_runner(endpoints, cluster_id, f"{failpoint}=crash", codes)}
+    )
+    assert codes == [failpoints.CRASH_EXIT_CODE]
+    return before, target
+
+
 def test_crash_at_sink_after_write_leaves_the_sink_written_and_the_report_not(
     caught_up: Driver, upstream: Upstream, sink_uri: str, etcd_endpoints: list[str], cluster_id: str
 ) -> None:
     driver, ms = caught_up, caught_up.ms
-    before = _reported(ms, "capture-1")
-    target = upstream.ts(9000)
-    upstream.advance(target)
-    codes: list[int] = []
-    crash = _crashing_runner(etcd_endpoints, cluster_id, "sink.after_write=crash", codes)
-    driver.tick(runner={"capture-1": crash})
-    assert codes == [failpoints.CRASH_EXIT_CODE]
+    before, target = _crash_capture_1(
+        driver, upstream, etcd_endpoints, cluster_id, "sink.after_write"
+    )
     ds = FileDownstream(sink_uri[len("file://") :])
     assert before and all(ds.committed(t) == target for t in before)  # the sink wrote
     assert {t: cp for t, (cp, _) in _reported(ms, "capture-1").items()} == {
@@ -94,13 +106,9 @@ def test_crash_at_capture_prepare_persists_nothing_and_the_next_run_carries_on(
     caught_up: Driver, upstream: Upstream, sink_uri: str, etcd_endpoints: list[str], cluster_id: str
 ) -> None:
     driver, ms = caught_up, caught_up.ms
-    before = _reported(ms, "capture-1")
-    target = upstream.ts(9000)
-    upstream.advance(target)
-    codes: list[int] = []
-    crash = _crashing_runner(etcd_endpoints, cluster_id, "capture.prepare=crash", codes)
-    driver.tick(runner={"capture-1": crash})
-    assert codes == [failpoints.CRASH_EXIT_CODE]
+    before, target = _crash_capture_1(
+        driver, upstream, etcd_endpoints, cluster_id, "capture.prepare"
+    )
     # prepare pulled to the target but died before its persist: the report is as it was
     assert _reported(ms, "capture-1") == before
     assert all(resolved < target for _, resolved in before.values())

@@ -41,21 +41,28 @@ def delta_content(root: Path, table_id: int) -> dict[int, str]:
     return out
 
 
-def test_spark_executor_replicates_to_delta_with_a_move_mid_load(
-    spark: Any, metastore: Metastore, tmp_path: Path
-) -> None:
-    up = RowUpstream(tmp_path / "changelog", tables=3)
-    lake = tmp_path / "lake"
-    driver = Driver(
+def _driver(
+    spark: Any, metastore: Metastore, tmp_path: Path, up: RowUpstream, lake: Path, captures: int = 2
+) -> Driver:
+    """The in-process driver on the Spark executor into Delta at ``lake``, from ``up``."""
+    return Driver(
         tmp_path / "state",
         up.root,
         f"delta://{lake}",
-        2,
+        captures,
         spark_executor_factory(spark),
         metastore=metastore,
         start_ts=up.start_ts,
         lease_ttl_s=60,  # a driver tick of Spark jobs takes seconds per capture
     )
+
+
+def test_spark_executor_replicates_to_delta_with_a_move_mid_load(
+    spark: Any, metastore: Metastore, tmp_path: Path
+) -> None:
+    up = RowUpstream(tmp_path / "changelog", tables=3)
+    lake = tmp_path / "lake"
+    driver = _driver(spark, metastore, tmp_path, up, lake)
     for _ in range(3):
         up.write_step()
     driver.run_until(lambda t: driver.caught_up(t, up.resolved), max_ticks=30)
@@ -96,16 +103,7 @@ def test_spark_capture_killed_after_its_delta_write_carries_on_in_a_new_process(
 
     up = RowUpstream(tmp_path / "changelog", tables=2)
     lake = tmp_path / "lake"
-    driver = Driver(
-        tmp_path / "state",
-        up.root,
-        f"delta://{lake}",
-        2,
-        spark_executor_factory(spark),
-        metastore=metastore,
-        start_ts=up.start_ts,
-        lease_ttl_s=60,
-    )
+    driver = _driver(spark, metastore, tmp_path, up, lake)
     for _ in range(2):
         up.write_step()
     driver.run_until(lambda t: driver.caught_up(t, up.resolved), max_ticks=30)
@@ -138,7 +136,7 @@ def test_generator_workload_with_ddls_through_the_driver_equals_the_oracle(
         shards_per_table=2,
         txns_per_step=25,
         ddl_every=6,
-        ms_per_txn=20,  # 75 transactions span 1.5 s: a syncpoint every second falls inside
+        ms_per_txn=40,  # 75 transactions span 3 s: at least two 1 s syncpoints fall inside
         start_physical_ms=start_ms,
         fsync=False,
     )
@@ -215,16 +213,7 @@ def test_a_corrupt_change_log_file_warns_naming_table_and_file_and_heals_when_re
 
     up = RowUpstream(tmp_path / "changelog", tables=2)
     lake = tmp_path / "lake"
-    driver = Driver(
-        tmp_path / "state",
-        up.root,
-        f"delta://{lake}",
-        1,
-        spark_executor_factory(spark),
-        metastore=metastore,
-        start_ts=up.start_ts,
-        lease_ttl_s=60,
-    )
+    driver = _driver(spark, metastore, tmp_path, up, lake, captures=1)
     up.write_step()
     driver.run_until(lambda t: driver.caught_up(t, up.resolved), max_ticks=30)
     up.write_step()
