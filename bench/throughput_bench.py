@@ -562,9 +562,7 @@ def stack_snapshot(
         wait_for(lambda: readable_ts(ms, cf, tables) >= last, 1800, "the snapshot downstream")
         times["readable"] = time.perf_counter() - t0
 
-    worker = threading.Thread(target=snap)
-    worker.start()
-    busy.threads.append(worker)
+    busy.threads.append(threading.Thread(target=snap))  # started by run, with the sampler
     busy.run(lag_s)  # the stream's lag while the snapshot runs (and after, until it is done)
     say(f"[{cores} core(s)] {tables} x {rows} rows: created in {times['created']:.1f} s, in the "
         f"change log after {times['placed']:.1f} s, readable after {times['readable']:.1f} s")  # fmt: skip
