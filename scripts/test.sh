@@ -20,4 +20,9 @@ if [ ! -x /usr/bin/etcd ] && [ ! -x /usr/local/bin/etcd ] && [ -z "${CDC_DAGSTER
   fi
 fi
 
+# sysbench (Debian's package): the OLTP workload of bench/oltp_bench.py, run by a slow test.
+if ! command -v sysbench >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1; then
+  apt-get update -qq && apt-get install -y -qq sysbench
+fi
+
 .venv/bin/python -m pytest -q "$@"
