@@ -22,8 +22,10 @@ from typing import TYPE_CHECKING, Any
 
 import dagster as dg
 
+from cdc_dagster.defs.resources import open_metastore
 from cdc_dagster.metastore.errors import MetastoreError
-from cdc_dagster.runtime.spec import UpstreamUriError, changelog_path
+from cdc_dagster.upstream.changelog import ChangeLog
+from cdc_dagster.upstream.uri import UpstreamError, changelog_path
 
 if TYPE_CHECKING:
     from cdc_dagster.defs.settings import Settings
@@ -32,6 +34,7 @@ _log = logging.getLogger(__name__)
 
 UPSTREAM = "upstream"
 REPLICA = "replica"
+CHANGEFEED = "changefeed"
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +63,7 @@ class Catalog:
 
     tables: tuple[TableRef, ...]
     max_table_assets: int = 2000
+    changefeeds: tuple[str, ...] = ()  # the changefeeds in etcd when the catalog was loaded
     # indexes of ``tables``, built on first use (a cache: rebuildable from ``tables``)
     _cache: dict[str, Any] = field(default_factory=dict, compare=False, hash=False, repr=False)
 
@@ -137,11 +141,19 @@ class Catalog:
             for t in self.tables
         }
 
+    def changefeed_key(self, changefeed_id: str) -> dg.AssetKey:
+        """The asset of a changefeed (its health check says whether it moves)."""
+        return dg.AssetKey([CHANGEFEED, _segment(changefeed_id)])
+
     @staticmethod
-    def of(tables: Iterable[TableRef], max_table_assets: int = 2000) -> Catalog:
-        """A catalog of ``tables`` sorted by id (then changefeed)."""
+    def of(
+        tables: Iterable[TableRef], max_table_assets: int = 2000, changefeeds: Iterable[str] = ()
+    ) -> Catalog:
+        """A catalog of ``tables`` sorted by id (then changefeed), and of ``changefeeds``."""
         return Catalog(
-            tuple(sorted(tables, key=lambda t: (t.table_id, t.changefeed_id))), max_table_assets
+            tuple(sorted(tables, key=lambda t: (t.table_id, t.changefeed_id))),
+            max_table_assets,
+            tuple(sorted(set(changefeeds))),
         )
 
 
@@ -152,7 +164,6 @@ def changelog_tables(
     selects (none if there is no log yet)."""
     if root is None or not (root / "FORMAT").exists():
         return []
-    from cdc_dagster.upstream.changelog import ChangeLog
 
     log = ChangeLog(root)
     tables = log.tables_at(log.ddl_resolved_ts() or (1 << 62))
@@ -186,7 +197,7 @@ def load_catalog(settings: Settings) -> Catalog:
     for cf in feeds:
         try:
             root = Path(changelog_path(cf.info.upstream_uri))
-        except UpstreamUriError as exc:
+        except UpstreamError as exc:
             _log.warning("table catalog: changefeed %s skipped: %s", cf.changefeed_id, exc)
             continue
         roots.add(root.resolve())
@@ -194,24 +205,13 @@ def load_catalog(settings: Settings) -> Catalog:
     env = settings.changelog
     if env is not None and env.resolve() not in roots:
         refs += changelog_tables(env)
-    return Catalog.of(refs, settings.max_table_assets)
+    return Catalog.of(refs, settings.max_table_assets, (cf.changefeed_id for cf in feeds))
 
 
 def _changefeeds(settings: Settings) -> list[Any]:
     """The changefeed list, with short timeouts (the location must load without etcd)."""
-    from cdc_dagster.metastore import connect
-
-    ms = connect(
-        list(settings.etcd) or None,
-        settings.state_dir,
-        cluster_id=settings.cluster_id,
-        rpc_timeout_s=2.0,
-        retry_timeout_s=3.0,
-    )
-    try:
+    with open_metastore(settings, rpc_timeout_s=2.0, retry_timeout_s=3.0) as ms:
         return ms.changefeeds.list()
-    finally:
-        ms.close()
 
 
 def demo_catalog(names: Sequence[tuple[int, str, str]]) -> Catalog:

@@ -19,17 +19,26 @@ import contextlib
 import json
 import logging
 import shutil
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
+from cdc_dagster import failpoints
 from cdc_dagster.metastore import CaptureSession, Metastore, TaskStatus
+from cdc_dagster.metastore.changefeeds import wall_ms
 from cdc_dagster.metastore.client import Put
-from cdc_dagster.metastore.errors import CaptureNotRegisteredError, LeaseExpiredError
+from cdc_dagster.metastore.errors import (
+    CaptureNotRegisteredError,
+    LeaseExpiredError,
+    MetastoreError,
+)
+from cdc_dagster.metastore.problems import Problem, reported
 from cdc_dagster.metastore.status_codec import encode as encode_status
+from cdc_dagster.runtime import wire
+from cdc_dagster.runtime.progress import TableProgress
 from cdc_dagster.runtime.spec import ExecutorFactory, ExecutorSpec, RuntimeExecutor, capture_epoch
 from cdc_dagster.runtime.wire import (
     decode_dispatch,
@@ -71,25 +80,6 @@ class CaptureContext:
 
 
 @dataclass(frozen=True, slots=True)
-class TableLine:
-    """What one table is and what this half did to it (a Dagster op logs these)."""
-
-    table_id: int
-    state: str
-    checkpoint_ts: int
-    resolved_ts: int
-    note: str = ""
-    rows_applied: int = 0  # rows the sink wrote for it since this capture took it
-
-    def __str__(self) -> str:
-        note = f": {self.note}" if self.note else ""
-        return (
-            f"table {self.table_id} {self.state} checkpoint {self.checkpoint_ts} "
-            f"resolved {self.resolved_ts} rows_applied {self.rows_applied}{note}"
-        )
-
-
-@dataclass(frozen=True, slots=True)
 class PrepareOutcome:
     """What ``capture_prepare`` did."""
 
@@ -101,7 +91,7 @@ class PrepareOutcome:
     owner_rev: int
     received: int
     rejected: dict[str, int]  # fencing drops by reason (stale owner, wrong epoch, ...)
-    tables: tuple[TableLine, ...]
+    tables: tuple[TableProgress, ...]
     errors: dict[int, str] = field(default_factory=dict)
 
     def lines(self) -> list[str]:
@@ -111,7 +101,7 @@ class PrepareOutcome:
             f"owner_rev {self.owner_rev}: received {self.received}, rejected {self.rejected}"
             + (" (registered anew)" if self.registered_anew else "")
         )
-        return [head, *(str(t) for t in self.tables)]
+        return [head, *(t.line() for t in self.tables)]
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,7 +114,7 @@ class CommitOutcome:
     owner_rev: int
     reported: bool  # a task status key was written (an owner was adopted)
     responses: tuple[CaptureMessage, ...]
-    tables: tuple[TableLine, ...]
+    tables: tuple[TableProgress, ...]
     errors: dict[int, str] = field(default_factory=dict)
 
     def lines(self) -> list[str]:
@@ -133,7 +123,7 @@ class CommitOutcome:
             f"capture {self.capture_id} changefeed {self.changefeed_id} epoch {self.epoch} "
             f"owner_rev {self.owner_rev}: {'reported' if self.reported else 'no owner yet'}"
         )
-        return [head, *(str(t) for t in self.tables)]
+        return [head, *(t.line() for t in self.tables)]
 
 
 # ------------------------------------------------------------------------------ halves
@@ -152,6 +142,7 @@ def _prepare(ctx: CaptureContext, tick: _Tick, messages: Sequence[OwnerMessage])
     rejected = {k: v - before[k] for k, v in _counts(tick.agent.stats).items() if v > before[k]}
     tick.agent.begin_tick()
     tick.executor.pull_phase()
+    failpoints.hit(failpoints.CAPTURE_PREPARE)
     # The report too, with the Agent's state in one transaction: what the messages did
     # (a promotion, a table prepared) is what the owner reads even if this run dies before
     # its commit half; an owner rebuilt meanwhile would otherwise start from the last
@@ -176,7 +167,7 @@ def _prepare(ctx: CaptureContext, tick: _Tick, messages: Sequence[OwnerMessage])
         tick.agent.owner_rev,
         len(messages),
         rejected,
-        tick.lines(),
+        tick.progress(),
         dict(tick.executor.errors()),
     )
 
@@ -189,6 +180,7 @@ def capture_commit(ctx: CaptureContext) -> CommitOutcome:
 
 def _commit(ctx: CaptureContext, tick: _Tick) -> CommitOutcome:
     tick.executor.sink_phase()
+    failpoints.hit(failpoints.SINK_AFTER_WRITE)
     held_before = tick.executor.statuses()
     responses = tick.agent.end_tick()
     report = _report(tick.agent, tick.executor.statuses(), held_before, responses)
@@ -200,7 +192,7 @@ def _commit(ctx: CaptureContext, tick: _Tick) -> CommitOutcome:
         tick.agent.owner_rev,
         report is not None,
         tuple(responses),
-        tick.lines(),
+        tick.progress(),
         dict(tick.executor.errors()),
     )
 
@@ -233,13 +225,14 @@ class _Tick:
             lambda: capture_epoch(session.epoch, self.adopting_rev),
             registration=session.epoch,
         )
-        kv = ms.client.get(agent_state_key(ms, ctx.changefeed_id, ctx.capture_id))
+        kv = ms.client.get(ms.layout.agent_state(ctx.changefeed_id, ctx.capture_id))
         if kv is not None:
             state = decode_agent_state(kv.value, ctx.capture_id)
             if state is not None:
                 self.agent.restore(state)
         owner = ms.election.current_owner()
         self.agent.observe_owner_rev(owner.owner_rev if owner is not None else 0)
+        self.problem = ms.problems.get(ctx.changefeed_id, ctx.capture_id)
 
     @classmethod
     @contextlib.contextmanager
@@ -258,7 +251,7 @@ class _Tick:
         lease = self.session.lease_id
         ops = [
             Put(
-                agent_state_key(ms, self.ctx.changefeed_id, self.ctx.capture_id),
+                ms.layout.agent_state(self.ctx.changefeed_id, self.ctx.capture_id),
                 encode_agent_state(self.agent.snapshot()),
                 lease,
             )
@@ -266,31 +259,48 @@ class _Tick:
         if report is not None:
             key = ms.layout.task(self.ctx.changefeed_id, self.ctx.capture_id)
             ops.append(Put(key, encode_status(report), lease))
+        problem = self.table_problem()
+        if problem is not None or self.problem is not None:
+            ops.append(
+                ms.problems.put_op(self.ctx.changefeed_id, self.ctx.capture_id, problem, lease)
+            )
         self.session.txn(ops)
 
-    def lines(self) -> tuple[TableLine, ...]:
+    def table_problem(self) -> Problem | None:
+        """The executor's table errors as this capture's problem with the changefeed (None:
+        no table is in error, and a problem of an earlier tick is gone)."""
+        errors = dict(self.executor.errors())
+        if not errors:
+            return None
+        first = "; ".join(f"table {t}: {m}" for t, m in sorted(errors.items())[:3])
+        more = f" (and {len(errors) - 3} more tables)" if len(errors) > 3 else ""
+        message = f"capture {self.ctx.capture_id}: {len(errors)} table(s) in error: {first}{more}"
+        return reported(self.problem, message, wall_ms(), tables=errors)
+
+    def progress(self) -> tuple[TableProgress, ...]:
+        """Each held table's progress after this half (the barrier is the executor's own)."""
         notes: dict[int, str] = dict(getattr(self.executor, "last_phase", {}) or {})
         for table_id, req in self.agent.tasks.items():
             notes[table_id] = (notes.get(table_id, "") + f" task {type(req).__name__}").strip()
         for table_id, err in self.executor.errors().items():
             notes[table_id] = f"ERROR {err}"
-        held = self.executor.statuses()
         rows = self.executor.rows_applied()
-        out = [
-            TableLine(
-                s.table_id,
-                s.state.name,
-                *_cp(s),
-                notes.get(s.table_id, ""),
-                rows.get(s.table_id, 0),
+        barrier = self.executor.barrier
+        ctx = self.ctx
+        return tuple(
+            TableProgress(
+                ctx.changefeed_id,
+                st.table_id,
+                st.state.name.lower(),
+                ctx.capture_id,
+                st.checkpoint.checkpoint_ts,
+                st.checkpoint.resolved_ts,
+                barrier.barrier_ts(st.table_id),
+                rows.get(st.table_id, 0),
+                note=notes.get(st.table_id, ""),
             )
-            for s in sorted(held, key=lambda s: s.table_id)
-        ]
-        return tuple(out)
-
-
-def _cp(status: Any) -> tuple[int, int]:
-    return status.checkpoint.checkpoint_ts, status.checkpoint.resolved_ts
+            for st in sorted(self.executor.statuses(), key=lambda st: st.table_id)
+        )
 
 
 def attach_or_register(ctx: CaptureContext) -> tuple[CaptureSession, bool]:
@@ -353,12 +363,6 @@ def _report(
 
 
 # ------------------------------------------------------------------------------ agent state
-def agent_state_key(ms: Metastore, changefeed_id: str, capture_id: str) -> str:
-    """The key of a capture's Agent state for one changefeed (under the capture's lease)."""
-    ms.layout.task(changefeed_id, capture_id)  # validates both ids
-    return f"{ms.layout.prefix}agent/{changefeed_id}/{capture_id}"
-
-
 def encode_agent_state(state: AgentState) -> bytes:
     """JSON of an AgentState (messages through the wire codec)."""
     obj = {
@@ -410,3 +414,112 @@ def decode_agent_state(data: bytes, capture_id: str) -> AgentState | None:
 def held_states(report: TaskStatus) -> dict[int, TableState]:
     """Table id -> state of a report (tests, logs)."""
     return {s.table_id: s.state for s in report.tables}
+
+
+# ------------------------------------------------------------------------------ a capture run
+class CaptureTick:
+    """One tick of a capture over every changefeed the owner sent it messages for: what a
+    capture run (or one of its follow ticks) does, both halves, per changefeed."""
+
+    def __init__(
+        self,
+        ms: Metastore,
+        capture_id: str,
+        work: Mapping[str, list[dict[str, Any]]],
+        *,
+        staging_root: Path,
+        executor_factory: ExecutorFactory,
+        lease_ttl_s: int,
+    ) -> None:
+        self.work = {cf: wire.decode(msgs) for cf, msgs in work.items()}
+        self.contexts = {
+            cf: CaptureContext(
+                ms, capture_id, cf, staging_root, executor_factory, lease_ttl_s=lease_ttl_s
+            )
+            for cf in self.work
+        }
+
+        self.failed: dict[str, str] = {}  # changefeed -> why it was skipped or failed this tick
+        self.prepared: dict[str, PrepareOutcome] = {}
+        self.committed: dict[str, CommitOutcome] = {}
+        for cf in self.contexts:
+            waiting = _backing_off(ms.problems.get(cf, capture_id))
+            if waiting:
+                self.failed[cf] = waiting
+
+    def prepare(self) -> list[str]:
+        """Phase 1 per changefeed; the run-log lines."""
+        lines: list[str] = []
+        for cf, ctx in self._running():
+            outcome = self._isolated(cf, lambda ctx=ctx, cf=cf: capture_prepare(ctx, self.work[cf]))
+            if outcome is not None:
+                self.prepared[cf] = outcome
+                lines += [f"{cf}: {line}" for line in outcome.lines()]
+        return lines + self._failed_lines()
+
+    def commit(self) -> tuple[list[str], list[TableProgress]]:
+        """Phase 2 per changefeed; the run-log lines and each held table's progress."""
+        lines: list[str] = []
+        progress: list[TableProgress] = []
+        for cf, ctx in self._running():
+            outcome = self._isolated(cf, lambda ctx=ctx: capture_commit(ctx))
+            if outcome is not None:
+                self.committed[cf] = outcome
+                lines += [f"{cf}: {line}" for line in outcome.lines()]
+                progress += outcome.tables
+        return lines + self._failed_lines(), progress
+
+    def _running(self) -> list[tuple[str, CaptureContext]]:
+        return [(cf, ctx) for cf, ctx in self.contexts.items() if cf not in self.failed]
+
+    def _failed_lines(self) -> list[str]:
+        return [f"{cf}: {why}" for cf, why in sorted(self.failed.items())]
+
+    def _isolated(self, cf: str, half: Callable[[], _Outcome]) -> _Outcome | None:
+        """Run one changefeed's half; its failure is that changefeed's problem, recorded for
+        the owner to show, never the run's, the capture's or another changefeed's.
+
+        A metastore error is the capture's own (its lease, its etcd) and propagates.
+        """
+        ctx = self.contexts[cf]
+        try:
+            return half()
+        except MetastoreError:
+            raise
+        except Exception as exc:
+            message = f"capture {ctx.capture_id}: {type(exc).__name__}: {exc}"
+            log.warning("changefeed %s: %s", cf, message)
+            problem = _record_failure(ctx, message)
+            self.failed[cf] = f"FAILED {message}" + (
+                f" (attempt {problem.attempts}; retried from {problem.retry_at_ms})"
+                if problem
+                else ""
+            )
+            return None
+
+
+_Outcome = TypeVar("_Outcome", PrepareOutcome, CommitOutcome)
+
+
+def _backing_off(problem: Problem | None) -> str:
+    """Why a changefeed waits this tick: its last whole-changefeed failure is younger than
+    its backoff ("" when it may run)."""
+    if problem is None or problem.tables:
+        return ""
+    wait_ms = problem.retry_at_ms - wall_ms()
+    if wait_ms <= 0:
+        return ""
+    return f"waits {wait_ms / 1000:.1f} s before retrying (attempt {problem.attempts}): {problem.message}"
+
+
+def _record_failure(ctx: CaptureContext, message: str) -> Problem | None:
+    """Write the capture's problem with the changefeed under its lease (None if the capture
+    is not registered: the owner then sees the capture gone)."""
+    ms = ctx.metastore
+    try:
+        session = ms.captures.attach(ctx.capture_id)
+    except (CaptureNotRegisteredError, LeaseExpiredError):
+        return None
+    problem = reported(ms.problems.get(ctx.changefeed_id, ctx.capture_id), message, wall_ms())
+    session.txn([ms.problems.put_op(ctx.changefeed_id, ctx.capture_id, problem, session.lease_id)])
+    return problem

@@ -1,22 +1,27 @@
-"""The owner sensor: each evaluation is one owner tick (docs: DESIGN.md "Mapping onto Dagster")."""
+"""The owner sensor: each evaluation is one owner step (docs: DESIGN.md "Mapping onto Dagster")."""
 
 import time
 
 import dagster as dg
+from dagster._core.definitions.unresolved_asset_job_definition import UnresolvedAssetJobDefinition
 
 from cdc_dagster.defs.catalog import Catalog
+from cdc_dagster.defs.changefeeds.health import HealthReporter
 from cdc_dagster.defs.mysql.requests import with_puller_runs
 from cdc_dagster.defs.owner.mailbox import MailboxOutbox
 from cdc_dagster.defs.owner.plan import CAPTURE_JOB, plan, progress_lines
 from cdc_dagster.defs.partitions import CAPTURES
-from cdc_dagster.defs.runtime_glue import owner_metastore, owner_tick
-from cdc_dagster.defs.settings import Settings
+from cdc_dagster.defs.resources import CdcResource
 from cdc_dagster.defs.tables.assets import (
     ObservationBudget,
     latest_checkpoint,
     progress_observations,
 )
+from cdc_dagster.defs.tables.checks import SYNCPOINT_CHECKS_JOB, lag_evaluations
 from cdc_dagster.defs.tables.gate import checkpoint_lookup
+from cdc_dagster.metastore import Metastore
+from cdc_dagster.runtime import OwnerStep, owner_step
+from cdc_dagster.sinks.uri import is_delta
 
 SENSOR_NAME = "cdc_owner"
 MIN_INTERVAL_S = 5  # the daemon's loop wakes every 5 s: the real floor
@@ -38,15 +43,70 @@ def queued_captures(instance: dg.DagsterInstance, in_progress: bool = False) -> 
     return {p for r in records if (p := r.dagster_run.tags.get("dagster/partition"))}
 
 
+def _log_step(context: dg.SensorEvaluationContext, step: OwnerStep, tick: int, runs: int) -> None:
+    for cf, line in progress_lines(step).items():
+        context.log.info("changefeed %s: %s", cf, line)
+    for note in step.notes:
+        context.log.info(note)
+    context.log.info(
+        "tick %d owner_rev %d: %d run(s) requested, owner tick %.3f s",
+        tick,
+        step.tick.owner_rev,
+        runs,
+        step.duration_s,
+    )
+
+
+def checks_runs(step: OwnerStep, ms: Metastore, tick: int, enabled: bool) -> list[dg.RunRequest]:
+    """A run of the syncpoint checks after each syncpoint recorded at a Delta sink this tick
+    (equality with the upstream, the bank total: they read the Delta versions it pinned)."""
+    if not enabled:
+        return []
+    runs = []
+    for sp in step.recorded:
+        if is_delta(ms.changefeeds.get(sp.changefeed_id).info.sink_uri):
+            runs.append(
+                dg.RunRequest(
+                    run_key=f"checks:{sp.changefeed_id}:{sp.ts}:{tick}",
+                    job_name=SYNCPOINT_CHECKS_JOB,
+                    tags={"cdc/changefeed": sp.changefeed_id, "cdc/syncpoint_ts": str(sp.ts)},
+                )
+            )
+    return runs
+
+
+def _asset_events(
+    catalog: Catalog,
+    step: OwnerStep,
+    budgets: tuple[ObservationBudget, ObservationBudget, HealthReporter],
+    lag_bound_s: float,
+) -> list[dg.AssetObservation | dg.AssetCheckEvaluation]:
+    """The owner's view for the UI: table observations, lag checks, changefeed health."""
+    observed, lagged, health = budgets
+    now_ms = time.time_ns() // 1_000_000
+    return [
+        *progress_observations(catalog, step.tables, now_ms, observed),
+        *lag_evaluations(catalog, step.tables, now_ms, lag_bound_s, lagged),
+        *health.evaluations(catalog, step.tick, now_ms / 1000.0),
+    ]
+
+
 def build_owner_sensor(
     catalog: Catalog,
-    jobs: list[dg.JobDefinition],
+    jobs: list[dg.JobDefinition | UnresolvedAssetJobDefinition],
     *,
     observations_per_tick: int | None = OBSERVATIONS_PER_TICK,
 ) -> dg.SensorDefinition:
-    """The owner sensor over ``catalog``'s tables, launching ``jobs`` (capture tick, DDL);
-    at most ``observations_per_tick`` asset observations a tick (None: one per asset)."""
-    budget = ObservationBudget(observations_per_tick)  # lives as long as the code server
+    """The owner sensor over ``catalog``'s tables, launching ``jobs`` (capture tick, DDL,
+    puller, syncpoint checks); at most ``observations_per_tick`` asset observations and as
+    many lag check evaluations a tick (None: one per asset)."""
+    # These live as long as the code server (losing them only reports everything again).
+    budgets = (
+        ObservationBudget(observations_per_tick),
+        ObservationBudget(observations_per_tick),
+        HealthReporter(),
+    )
+    checks_job = any(j.name == SYNCPOINT_CHECKS_JOB for j in jobs)
 
     @dg.sensor(
         name=SENSOR_NAME,
@@ -59,70 +119,60 @@ def build_owner_sensor(
             "run when a DDL's gate opens."
         ),
     )
-    def cdc_owner(context: dg.SensorEvaluationContext) -> dg.SensorResult:
+    def cdc_owner(context: dg.SensorEvaluationContext, cdc: CdcResource) -> dg.SensorResult:
         tick = int(context.cursor or 0) + 1
-        settings = Settings.from_env()
-        view = owner_tick(settings)
-        # Messages for captures with a queued run wait in etcd, where that run takes them
-        # when it starts (its newest barriers), or the capture's next run does.
-        outbox = MailboxOutbox(owner_metastore(settings).mailbox)
-
-        # Tables without an asset (created after the catalog was loaded): the owner's view,
-        # built only when a DDL gate asks for such a table (it is O(tables)).
+        settings = cdc.settings()
+        loop = cdc.owner_loop()
+        step = owner_step(loop)
+        owner = step.tick
+        # Tables without an asset (created after the catalog was loaded): the owner's view.
         checkpoint_of = checkpoint_lookup(
             catalog,
             lambda key: latest_checkpoint(context.instance, key),
             lambda cf: {
                 t.table_id: t.checkpoint_ts
-                for t in view.tables
-                if t.changefeed_id == cf and t.state == "replicating"
+                for t in (owner.changefeeds[cf].tables if cf in owner.changefeeds else ())
+                if t.replicating
             },
         )
-
-        known = context.instance.get_dynamic_partitions(CAPTURES.name)
         # A run that follows its mailbox (capture_loop_s > 0) takes the messages sent while
-        # it runs: no second run for its capture meanwhile.
+        # it runs: no second run for its capture meanwhile; they wait in its etcd mailbox.
         follow_s = settings.capture_loop_s
         queued = (
-            queued_captures(context.instance, in_progress=follow_s > 0) if view.is_owner else set()
+            queued_captures(context.instance, in_progress=follow_s > 0) if owner.is_owner else set()
         )
         result = plan(
-            view,
+            step,
             tick,
-            known,
+            context.instance.get_dynamic_partitions(CAPTURES.name),
             catalog,
             checkpoint_of,
             queued=queued,
-            outbox=outbox,
+            outbox=MailboxOutbox(loop.metastore.mailbox),
             follow_s=follow_s,
         )
-        if view.is_owner:  # binlog pullers of mysql:// changefeeds
-            result = with_puller_runs(result, context.instance, view.owner_rev, tick)
-        for cf, line in progress_lines(view).items():
-            context.log.info("changefeed %s: %s", cf, line)
-        for note in view.notes:
-            context.log.info(note)
-        context.log.info(
-            "tick %d owner_rev %d: %d run(s) requested, owner tick %.3f s",
-            tick,
-            view.owner_rev,
-            len(result.run_requests or []),
-            view.duration_s,
-        )
+        if owner.is_owner:  # binlog pullers of mysql:// changefeeds, syncpoint checks
+            result = with_puller_runs(
+                result, context.instance, loop.metastore, owner.owner_rev, tick
+            )
+            checks = checks_runs(step, loop.metastore, tick, checks_job)
+            result = dg.SensorResult(
+                run_requests=[*(result.run_requests or []), *checks],
+                dynamic_partitions_requests=result.dynamic_partitions_requests,
+                cursor=result.cursor,
+            )
+        _log_step(context, step, tick, len(result.run_requests or []))
         if queued:  # one line, no etcd read per capture
             context.log.info(
                 "run queued or following its mailbox (their messages wait there): %s",
                 ", ".join(sorted(queued)),
             )
-        if view.is_owner and view.tables:
-            observations = progress_observations(
-                catalog, view.tables, time.time_ns() // 1_000_000, budget
-            )
+        if owner.is_owner:
             return dg.SensorResult(
                 run_requests=result.run_requests,
                 dynamic_partitions_requests=result.dynamic_partitions_requests,
                 cursor=result.cursor,
-                asset_events=observations,
+                asset_events=_asset_events(catalog, step, budgets, settings.lag_bound_s),
             )
         return result
 
