@@ -111,7 +111,7 @@ def readable_ts(ms: Any, changefeed_id: str, tables: int) -> int:
     """The ts up to which every row of every table is in Delta (the minimum over tables of
     the checkpoints their captures reported after committing), 0 while a table is not
     reported as replicating (moving, or not started)."""
-    from cdc_dagster.defs.runtime_glue import reported_checkpoints
+    from cdc_dagster.runtime import reported_checkpoints
 
     per_table = reported_checkpoints(ms.task_statuses.read(changefeed_id))
     return min(per_table.values()) if len(per_table) >= tables else 0

@@ -90,7 +90,7 @@ def run_cell(endpoints: list[str], captures: int, distinct: bool, ticks: int) ->
         connect(endpoints, cluster_id=cluster) as cap_ms,
     ):
         start = compose(int(time.time() * 1000) - 60_000)
-        owner_ms.changefeeds.create("bench", "blackhole://", start_ts=start)
+        owner_ms.changefeeds.create("bench", "delta:///tmp/metastore-bench-unused", start_ts=start)
         sessions = [
             cap_ms.captures.register(f"cap-{c}", 60, keepalive=False) for c in range(captures)
         ]

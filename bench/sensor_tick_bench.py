@@ -21,7 +21,7 @@ Definitions
 * sensor tick (``sensor_tick_*``): wall time of ``evaluate_tick`` (what runs in the code
   server under ``DAGSTER_SENSOR_GRPC_TIMEOUT_SECONDS``, 60 s by default) plus
   ``serialize_value`` of its result (the gRPC reply the daemon receives).
-* owner tick (``owner_tick_*``): ``TickView.duration_s`` of that evaluation: election, the
+* owner tick (``owner_tick_*``): ``OwnerStep.duration_s`` of that evaluation: election, the
   one etcd snapshot read, the Coordinator tick, the guarded write (``OwnerLoop.tick``). It
   is the baseline the ratios divide by: measured inside the same evaluations.
 * Dagster side (``dagster_side_*``): sensor tick - owner tick: the plan into RunRequests
@@ -73,10 +73,11 @@ from typing import Any
 
 import dagster as dg
 import numpy as np
-from cdc_dagster.runtime.driver import add_capture
 from dagster._core.events import DagsterEvent, DagsterEventType
 from dagster._serdes import serialize_value
 
+import cdc_dagster.testing.fake_runtime  # noqa: F401  (the file:// fake downstream)
+from cdc_dagster import admin
 from cdc_dagster.defs.capture.job import build_capture_job
 from cdc_dagster.defs.catalog import Catalog, TableRef
 from cdc_dagster.defs.ddl.job import build_ddl_job
@@ -84,12 +85,11 @@ from cdc_dagster.defs.mysql import mysql_puller
 from cdc_dagster.defs.owner import sensor as sensor_module
 from cdc_dagster.defs.owner.plan import CAPTURE_JOB
 from cdc_dagster.defs.owner.sensor import build_owner_sensor
-from cdc_dagster.defs.resources import table_resources
-from cdc_dagster.defs.runtime_glue import TickView, forget_owner_loops
+from cdc_dagster.defs.resources import CdcResource, table_resources
 from cdc_dagster.defs.settings import Settings
 from cdc_dagster.metastore import Metastore, connect
 from cdc_dagster.metastore.mailbox import merge
-from cdc_dagster.runtime import CaptureContext, capture_commit, capture_prepare, wire
+from cdc_dagster.runtime import CaptureContext, OwnerStep, capture_commit, capture_prepare, wire
 from cdc_dagster.runtime.spec import ExecutorSpec
 from cdc_dagster.schema import ColumnSchema, DdlRecord, TableSchema
 from cdc_dagster.testing.etcd import EmbeddedEtcd
@@ -241,7 +241,7 @@ class Tick:
     """One sensor evaluation and what followed it."""
 
     sensor_s: float  # evaluate_tick + serialize
-    owner_s: float  # TickView.duration_s
+    owner_s: float  # OwnerStep.duration_s
     serialize_s: float
     parts: dict[str, float]
     run_requests: int
@@ -264,7 +264,7 @@ class Probe:
 
     def __init__(self) -> None:
         self.parts: dict[str, float] = {}
-        self.view: TickView | None = None
+        self.view: OwnerStep | None = None
         self._saved: dict[str, Any] = {}
 
     def _wrap(self, attr: str, part: str) -> None:
@@ -277,7 +277,7 @@ class Probe:
                 out = real(*args, **kwargs)
             finally:
                 self.parts[part] = self.parts.get(part, 0.0) + time.perf_counter() - started
-            if attr == "owner_tick":
+            if attr == "owner_step":
                 self.view = out
             return out
 
@@ -286,7 +286,7 @@ class Probe:
     @contextlib.contextmanager
     def installed(self) -> Iterator[Probe]:
         for attr, part in (
-            ("owner_tick", "owner"),
+            ("owner_step", "owner"),
             ("plan", "plan"),
             ("queued_captures", "queued_query"),
             ("with_puller_runs", "puller_runs"),
@@ -349,13 +349,13 @@ class SensorBench:
         self.ms: Metastore = connect(list(endpoints), cluster_id=self.cluster_id)
         self.ms.changefeeds.create(
             CHANGEFEED,
-            "blackhole://",
+            f"file://{root / 'downstream' / self.cluster_id}",  # the fake downstream
             start_ts=self.upstream.start_ts,
             upstream_uri=f"changelog://{self.upstream.root}",
         )
         self.capture_ids = [f"capture-{i}" for i in range(captures)]
         for cid in self.capture_ids:
-            add_capture(self.ms, cid, lease_ttl_s=600)
+            admin.add_capture(self.ms, cid, 600)
         self.executor_state: dict[Any, Any] = {}
         self.catalog = Catalog.of(self.upstream.refs, self.settings.max_table_assets)
         self.capture_job = build_capture_job(self.catalog)
@@ -375,10 +375,10 @@ class SensorBench:
         self.capture_job = self.repositories["after"].get_job(CAPTURE_JOB)
         self.cursor: str | None = None
         self.probe = Probe()
-        forget_owner_loops()  # a fresh owner (a new code server)
+        CdcResource.forget_owner_loops()  # a fresh owner (a new code server)
 
     def close(self) -> None:
-        forget_owner_loops()
+        CdcResource.forget_owner_loops()
         self.ms.client.delete(self.ms.layout.prefix, prefix=True)
         self.ms.close()
 
@@ -402,14 +402,20 @@ class SensorBench:
                 repository_name=repository.name,
                 repository_def=repository,
                 sensor_name=sensor.name,
-                resources={},
+                resources={
+                    k: v
+                    for k, v in repository.get_top_level_resources().items()
+                    if k in sensor.required_resource_keys
+                },
             ) as ctx:
                 data = sensor.evaluate_tick(ctx)
             evaluated = time.perf_counter()
             reply = serialize_value(data)
             done = time.perf_counter()
         view = self.probe.view
-        assert view is not None and view.is_owner, f"the bench's owner lost: {view}"
+        assert view is not None and view.tick.is_owner, (
+            f"the bench's owner lost: {view.notes if view else None}"
+        )
         if data.cursor is not None:
             self.cursor = data.cursor
         requests = list(data.run_requests or [])

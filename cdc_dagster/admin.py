@@ -1,64 +1,124 @@
-"""Admin operations shared by the CLI and the Dagster admin jobs.
+"""Admin operations, the one home of what the CLI, the Dagster admin jobs and the owner do
+with them.
 
-Changefeed CRUD goes straight to the metastore's compare-and-swap store. Scheduling
-requests the owner must act on (move a table, drain a capture, rebalance) are written as
-one etcd key each under ``<cluster prefix>/admin/<changefeed>/<request-id>``; the owner
-sensor hands them to its coordinator and deletes them. Every request is validated against
-what etcd holds now, so a bad one fails with a one-line reason and writes nothing.
+- Changefeeds (create, update, pause, resume, remove) go straight to the metastore's
+  compare-and-swap store; ``create`` checks the upstream (and snapshots a MySQL one) first.
+- Captures (add, remove) are registrations in etcd.
+- Scheduling requests the owner must act on (move a table, drain a capture, rebalance) are
+  one etcd key each, ``admin/<changefeed>/<request-id>`` (:mod:`cdc_dagster.metastore.keys`):
+  the ``request_*``/user functions validate against what etcd holds now and write it (a bad
+  request raises :class:`AdminError` and writes nothing); the owner reads them every tick
+  (:func:`pending_requests`) and hands them to its coordinator (:func:`apply_requests`). A
+  move is deleted once handed over; a drain stays until the capture holds no table of the
+  changefeed, so an owner switch mid-drain carries it on.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from cdc_dagster.metastore import Metastore
-from cdc_dagster.metastore.errors import MetastoreError
+from cdc_dagster.metastore import Changefeed, ChangefeedStatus, Metastore, OwnerSession
+from cdc_dagster.metastore.client import Delete
+from cdc_dagster.metastore.errors import ChangefeedNotFoundError, MetastoreError
+from cdc_dagster.metastore.validation import TableFilter
+from cdc_dagster.mysql.catalog import CatalogError
+from cdc_dagster.mysql.changefeed import discard_snapshot, take_initial_snapshot
+from cdc_dagster.mysql.puller import PullerError
+from cdc_dagster.secrets import redact_uri
+from cdc_dagster.sinks.uri import validate_sink_uri
+from cdc_dagster.upstream.uri import UpstreamError, is_mysql_uri, parse_uri
+from scheduler_core.coordinator import Coordinator
+from scheduler_core.errors import ConfigError
 from scheduler_core.model import TableState
+
+log = logging.getLogger(__name__)
 
 DEFAULT_CAPTURE_TTL_S = 60
 
+Request = tuple[str, dict[str, Any]]  # (key, body)
 
-class AdminError(Exception):
+
+class AdminError(ValueError):
     """A refused admin request; the message is one line saying why and what to do."""
 
 
-def admin_prefix(ms: Metastore, changefeed_id: str | None = None) -> str:
-    """The key prefix of pending owner requests (of one changefeed, or all)."""
-    base = f"{ms.layout.prefix}admin/"
-    return base if changefeed_id is None else f"{base}{changefeed_id}/"
+ADMIN_ERRORS: tuple[type[Exception], ...] = (AdminError, MetastoreError)
 
 
-def pending_requests(ms: Metastore) -> list[tuple[str, dict[str, Any]]]:
-    """Every pending owner request (key, body), by key."""
-    out = []
-    for kv in ms.client.get_prefix(admin_prefix(ms)).kvs:
-        try:
-            out.append((kv.key, dict(json.loads(kv.value))))
-        except (ValueError, TypeError):
-            out.append((kv.key, {"op": "malformed"}))
-    return sorted(out, key=lambda item: item[0])
-
-
+# ------------------------------------------------------------------------------ owner requests
 def _submit(ms: Metastore, changefeed_id: str, body: dict[str, Any]) -> str:
-    # The owner (cdc_dagster.runtime's OwnerLoop) reads these keys, applies and deletes them;
-    # the body format is the runtime's (docs/dataplane.md section 4, admin requests).
-    key = f"{admin_prefix(ms, changefeed_id)}{uuid.uuid4().hex[:12]}"
+    key = ms.layout.admin_request(changefeed_id, uuid.uuid4().hex[:12])
     ms.client.put(key, json.dumps(body).encode())
     return key
 
 
-def _need_changefeed(ms: Metastore, changefeed_id: str) -> None:
-    ms.changefeeds.get(changefeed_id)  # ChangefeedNotFoundError names it
+def pending_requests(ms: Metastore) -> dict[str, list[Request]]:
+    """Requests not yet applied (or drains not yet done), by changefeed, in key order."""
+    out: dict[str, list[Request]] = {}
+    prefix = ms.layout.admin_requests()
+    for kv in sorted(ms.client.get_prefix(prefix).kvs, key=lambda kv: kv.key):
+        cf_id = kv.key[len(prefix) :].split("/", 1)[0]
+        try:
+            body = json.loads(kv.value)
+            if not isinstance(body, dict):
+                raise ValueError(f"not an object: {body!r}")
+        except ValueError as exc:
+            log.error("admin request %s is malformed (%s); deleting it", kv.key, exc)
+            ms.client.delete(kv.key)
+            continue
+        out.setdefault(cf_id, []).append((kv.key, body))
+    return out
+
+
+def apply_requests(
+    session: OwnerSession, coord: Coordinator, requests: Sequence[Request]
+) -> list[str]:
+    """Hand requests to the coordinator (after its tick); returns one line per refused one."""
+    errors: list[str] = []
+    done: list[str] = []
+    for key, body in requests:
+        op = body.get("op")
+        try:
+            if op == "move_table":
+                coord.move_table(int(body["table_id"]), str(body["to"]))
+                done.append(key)
+            elif op == "rebalance":
+                coord.request_rebalance()
+                done.append(key)
+            elif op == "drain_capture":
+                if _drain(coord, str(body["capture_id"])):
+                    done.append(key)
+            else:
+                raise ConfigError(f"unknown admin op {op!r}")
+        except (ConfigError, KeyError, ValueError) as exc:
+            errors.append(f"admin request {body}: {exc}")
+            done.append(key)
+    if done:
+        session.txn([], [Delete(k) for k in done])
+    return errors
+
+
+def _drain(coord: Coordinator, capture_id: str) -> bool:
+    """Start or follow a drain; True once the capture holds none of the changefeed's tables."""
+    if capture_id not in coord.captures.captures:
+        return True  # gone: nothing left to drain
+    if coord.drain.target == capture_id:
+        return False
+    if coord.replications.table_counts([capture_id])[capture_id] == 0:
+        return True
+    if coord.drain.target is None:
+        coord.drain_capture(capture_id)
+    return False
 
 
 def _tables_held(ms: Metastore, changefeed_id: str) -> dict[str, set[int]]:
     """capture id -> tables it reports holding (not absent / stopped)."""
-    snapshot = ms.read_owner_snapshot()
     held: dict[str, set[int]] = {}
-    for capture_id, status in snapshot.tasks.get(changefeed_id, {}).items():
+    for capture_id, status in ms.task_statuses.read(changefeed_id).items():
         batch = status.tables
         live = (batch.states != int(TableState.ABSENT)) & (batch.states != int(TableState.STOPPED))
         held[capture_id] = {int(t) for t in batch.table_ids[live]}
@@ -69,15 +129,30 @@ def _alive(ms: Metastore) -> set[str]:
     return {c.capture_id for c in ms.captures.list_alive()}
 
 
-def move_table(ms: Metastore, changefeed_id: str, table_id: int, capture_id: str) -> str:
-    """Ask the owner to move ``table_id`` to ``capture_id`` (two-phase, no pause)."""
-    _need_changefeed(ms, changefeed_id)
+def _need_alive(ms: Metastore, capture_id: str, what: str) -> set[str]:
     alive = _alive(ms)
     if capture_id not in alive:
         raise AdminError(
             f"capture {capture_id!r} is not alive (alive: {', '.join(sorted(alive)) or 'none'}); "
-            "move the table to one of those"
+            f"{what}"
         )
+    return alive
+
+
+def draining(ms: Metastore) -> set[str]:
+    """Captures with a drain request pending in some changefeed."""
+    return {
+        str(body.get("capture_id"))
+        for requests in pending_requests(ms).values()
+        for _, body in requests
+        if body.get("op") == "drain_capture"
+    }
+
+
+def move_table(ms: Metastore, changefeed_id: str, table_id: int, capture_id: str) -> str:
+    """Ask the owner to move ``table_id`` to ``capture_id`` (two-phase, no pause)."""
+    ms.changefeeds.get(changefeed_id)  # ChangefeedNotFoundError names it
+    _need_alive(ms, capture_id, "move the table to one of those")
     held = _tables_held(ms, changefeed_id)
     if held and not any(table_id in tables for tables in held.values()):
         raise AdminError(
@@ -89,26 +164,29 @@ def move_table(ms: Metastore, changefeed_id: str, table_id: int, capture_id: str
     return _submit(ms, changefeed_id, {"op": "move_table", "table_id": table_id, "to": capture_id})
 
 
-def drain_capture(ms: Metastore, capture_id: str) -> list[str]:
-    """Ask the owner to move every table off ``capture_id`` (in every changefeed)."""
-    alive = _alive(ms)
-    if capture_id not in alive:
+def drain_capture(ms: Metastore, capture_id: str, changefeed_id: str | None = None) -> list[str]:
+    """Ask the owner to move every table off ``capture_id`` (in one changefeed, or in all).
+
+    Refused when no capture that is not draining would be left to take the tables.
+    """
+    alive = _need_alive(ms, capture_id, "drain one of those")
+    staying = alive - draining(ms) - {capture_id}
+    if not staying:
         raise AdminError(
-            f"capture {capture_id!r} is not alive (alive: {', '.join(sorted(alive)) or 'none'})"
+            f"capture {capture_id!r} is the last alive capture that is not draining (alive: "
+            f"{', '.join(sorted(alive))}; draining: "
+            f"{', '.join(sorted(draining(ms) & alive)) or 'none'}); add a capture before "
+            "draining it (`cdc-dagster capture add NAME`)"
         )
-    if len(alive) < 2:
-        raise AdminError(
-            f"capture {capture_id!r} is the last alive capture; add another before draining it"
-        )
-    return [
-        _submit(ms, cf.changefeed_id, {"op": "drain_capture", "capture_id": capture_id})
-        for cf in ms.changefeeds.list()
-    ]
+    ids = [changefeed_id] if changefeed_id else [cf.changefeed_id for cf in ms.changefeeds.list()]
+    for cf_id in ids:
+        ms.changefeeds.get(cf_id)
+    return [_submit(ms, cf_id, {"op": "drain_capture", "capture_id": capture_id}) for cf_id in ids]
 
 
 def rebalance(ms: Metastore, changefeed_id: str) -> str:
     """Ask the owner to spread the changefeed's tables evenly over the alive captures."""
-    _need_changefeed(ms, changefeed_id)
+    ms.changefeeds.get(changefeed_id)
     return _submit(ms, changefeed_id, {"op": "rebalance"})
 
 
@@ -124,6 +202,7 @@ def resign_owner(ms: Metastore) -> str:
     return owner.owner_id
 
 
+# ------------------------------------------------------------------------------ captures
 def add_capture(ms: Metastore, capture_id: str, ttl_s: int = DEFAULT_CAPTURE_TTL_S) -> str:
     """Register a capture (its runs renew the lease); returns its epoch."""
     if ms.captures.get(capture_id) is not None:
@@ -149,6 +228,7 @@ def remove_capture(ms: Metastore, capture_id: str) -> None:
     ms.client.revoke_lease(int(info.epoch, 16))
 
 
+# ------------------------------------------------------------------------------ changefeeds
 def create_changefeed(
     ms: Metastore,
     changefeed_id: str,
@@ -160,15 +240,15 @@ def create_changefeed(
     sync_point_interval_s: int = 0,
     upstream_uri: str = "",
     changelog_root: str | None = None,
-    progress: Any = None,
-    checked: Any = None,
-) -> Any:
-    """Create a changefeed (metastore validation; nothing written on error).
+    progress: Callable[[str, int, int], None] | None = None,
+    checked: Callable[[Sequence[str]], None] | None = None,
+) -> Changefeed:
+    """Create a changefeed (everything checked first; nothing written on error).
 
-    A ``mysql://`` upstream is checked and snapshotted first (``create_mysql_changefeed``).
+    A ``mysql://`` upstream is checked and snapshotted first (:func:`create_mysql_changefeed`).
     """
-    from cdc_dagster.mysql.upstream import is_mysql_uri
-
+    validate_sink_uri(sink_uri)
+    TableFilter.parse(table_filter)
     if upstream_uri and is_mysql_uri(upstream_uri):
         if start_ts is not None:
             raise AdminError(
@@ -186,15 +266,6 @@ def create_changefeed(
             progress=progress,
             checked=checked,
         )
-    extra: dict[str, Any] = {}
-    if upstream_uri:
-        import dataclasses
-
-        from cdc_dagster.metastore import ChangefeedInfo
-
-        if "upstream_uri" not in {f.name for f in dataclasses.fields(ChangefeedInfo)}:
-            raise AdminError("this metastore version stores no upstream URI; omit --upstream-uri")
-        extra["upstream_uri"] = upstream_uri
     return ms.changefeeds.create(
         changefeed_id,
         sink_uri,
@@ -202,7 +273,7 @@ def create_changefeed(
         start_ts=start_ts,
         target_ts=target_ts,
         sync_point_interval_s=sync_point_interval_s,
-        **extra,
+        upstream_uri=upstream_uri,
     )
 
 
@@ -216,9 +287,9 @@ def create_mysql_changefeed(
     target_ts: int = 0,
     sync_point_interval_s: int = 0,
     changelog_root: str | None = None,
-    progress: Any = None,
-    checked: Any = None,
-) -> Any:
+    progress: Callable[[str, int, int], None] | None = None,
+    checked: Callable[[Sequence[str]], None] | None = None,
+) -> Changefeed:
     """Check the upstream, take the initial snapshot into the changefeed's change log, and
     create the changefeed at the snapshot's start ts (docs/mysql-postgres.md).
 
@@ -226,15 +297,6 @@ def create_mysql_changefeed(
     Everything the metastore would refuse is checked before the snapshot; if the create
     fails after it, the snapshot is removed: nothing is left half-written.
     """
-    from cdc_dagster.metastore.errors import ChangefeedNotFoundError
-    from cdc_dagster.metastore.validation import TableFilter, validate_sink_uri
-    from cdc_dagster.mysql.catalog import CatalogError
-    from cdc_dagster.mysql.changefeed import discard_snapshot, take_initial_snapshot
-    from cdc_dagster.mysql.puller import PullerError
-    from cdc_dagster.mysql.upstream import UpstreamError, parse_uri, redact
-
-    validate_sink_uri(sink_uri)
-    TableFilter.parse(table_filter)
     try:
         ms.changefeeds.get(changefeed_id)
     except ChangefeedNotFoundError:
@@ -251,7 +313,7 @@ def create_mysql_changefeed(
             )
         snap = take_initial_snapshot(upstream_uri, root, tuple(table_filter), progress, checked)
     except (UpstreamError, PullerError, CatalogError) as exc:
-        shown = redact(upstream_uri)
+        shown = redact_uri(upstream_uri)
         message = str(exc) if shown in str(exc) else f"upstream {shown}: {exc}"
         raise AdminError(message) from None
     try:
@@ -269,4 +331,28 @@ def create_mysql_changefeed(
         raise
 
 
-ADMIN_ERRORS: tuple[type[Exception], ...] = (AdminError, MetastoreError)
+def update_changefeed(ms: Metastore, changefeed_id: str, **changes: Any) -> Changefeed:
+    """Change a paused changefeed's config (``sink_uri``, ``table_filter``, ``target_ts``,
+    ``sync_point_interval_s``)."""
+    if not changes:
+        raise AdminError(
+            "nothing to update: give sink_uri, table_filter, target_ts or sync_point_interval_s"
+        )
+    if "sink_uri" in changes:
+        validate_sink_uri(changes["sink_uri"])
+    return ms.changefeeds.update(changefeed_id, **changes)
+
+
+def pause_changefeed(ms: Metastore, changefeed_id: str) -> ChangefeedStatus:
+    """Stop replicating (every capture drops its tables; the config may then be updated)."""
+    return ms.changefeeds.pause(changefeed_id)
+
+
+def resume_changefeed(ms: Metastore, changefeed_id: str) -> ChangefeedStatus:
+    """Replicate again from the checkpoint."""
+    return ms.changefeeds.resume(changefeed_id)
+
+
+def remove_changefeed(ms: Metastore, changefeed_id: str) -> None:
+    """Remove the changefeed (its tables stop; the downstream stays as it is)."""
+    ms.changefeeds.remove(changefeed_id)

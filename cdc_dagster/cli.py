@@ -18,7 +18,11 @@ from pathlib import Path
 from typing import Any
 
 from cdc_dagster import admin
+from cdc_dagster.metastore import connect
+from cdc_dagster.metastore.errors import MetastoreError
 from cdc_dagster.secrets import SecretReferenceError, redact_text, redact_uri
+from cdc_dagster.services import stack
+from cdc_dagster.upstream.uri import is_mysql_uri
 from scheduler_core.ts import format_ts
 
 DEFAULT_STATE_DIR = ".state"
@@ -175,8 +179,6 @@ def state_dir_of(args: argparse.Namespace) -> Path:
 
 def open_metastore(args: argparse.Namespace) -> Any:
     """The metastore of ``--etcd`` or of the state dir's private etcd (which must run)."""
-    from cdc_dagster.metastore import connect
-
     endpoints = [e for e in (args.etcd or "").split(",") if e.strip()]
     return connect(endpoints or None, state_dir_of(args), cluster_id=args.cluster_id)
 
@@ -208,8 +210,6 @@ def _print(obj: Any) -> None:
 
 def _mysql_create_options(args: argparse.Namespace) -> dict[str, Any]:
     """For a mysql:// upstream: where its change log goes, and the snapshot's progress lines."""
-    from cdc_dagster.mysql.upstream import is_mysql_uri
-
     if not args.upstream_uri or not is_mysql_uri(args.upstream_uri):
         return {}
     root = args.changelog_dir or state_dir_of(args) / "mysql" / args.changefeed_id
@@ -258,10 +258,10 @@ def cmd_changefeed(args: argparse.Namespace) -> None:
         elif args.action == "query":
             _print(_changefeed_row(ms.changefeeds.get(args.changefeed_id)))
         elif args.action == "pause":
-            ms.changefeeds.pause(args.changefeed_id)
+            admin.pause_changefeed(ms, args.changefeed_id)
             print(f"paused changefeed {args.changefeed_id}")
         elif args.action == "resume":
-            ms.changefeeds.resume(args.changefeed_id)
+            admin.resume_changefeed(ms, args.changefeed_id)
             print(f"resumed changefeed {args.changefeed_id}")
         elif args.action == "update":
             options = load_changefeed_config(args.config) if args.config else {}
@@ -271,10 +271,10 @@ def cmd_changefeed(args: argparse.Namespace) -> None:
                 options["target_ts"] = args.target_ts
             if not options:
                 raise CliError("nothing to update: pass --sink-uri, --target-ts or --config")
-            ms.changefeeds.update(args.changefeed_id, **options)
+            admin.update_changefeed(ms, args.changefeed_id, **options)
             print(f"updated changefeed {args.changefeed_id}")
         elif args.action == "remove":
-            ms.changefeeds.remove(args.changefeed_id)
+            admin.remove_changefeed(ms, args.changefeed_id)
             print(f"removed changefeed {args.changefeed_id}")
 
 
@@ -330,8 +330,6 @@ def cmd_owner(args: argparse.Namespace) -> None:
 
 def cmd_server(args: argparse.Namespace) -> None:
     """server start|stop|status."""
-    from cdc_dagster.services import stack
-
     state = state_dir_of(args)
     if args.action == "start":
         stack.serve(state, etcd=args.etcd, port=args.port, dagster=not args.no_dagster)
@@ -344,8 +342,6 @@ def cmd_server(args: argparse.Namespace) -> None:
 
 def cmd_demo(args: argparse.Namespace) -> None:
     """demo: etcd, Spark Connect, generator, changefeed, Dagster; Ctrl-C stops them."""
-    from cdc_dagster.services import stack
-
     stack.demo(state_dir_of(args), tables=args.tables, port=args.port, dagster=not args.no_dagster)
 
 
@@ -362,7 +358,6 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], None]] = {
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command; returns the exit status (1 with a one-line reason on error)."""
     args = build_parser().parse_args(argv)
-    from cdc_dagster.metastore.errors import MetastoreError
 
     try:
         COMMANDS[args.group](args)

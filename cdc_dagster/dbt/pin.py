@@ -16,7 +16,6 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
-import urllib.parse
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
@@ -26,7 +25,7 @@ from deltalake import DeltaTable
 from deltalake.exceptions import DeltaError, TableNotFoundError
 
 from cdc_dagster.dbt.errors import PinError, SyncpointNotFoundError
-from cdc_dagster.sinks.delta import list_syncpoints, syncpoint_path
+from cdc_dagster.sinks.delta import list_syncpoints, local_path, syncpoint_path
 
 META_SCHEMA = "cdc_meta"
 
@@ -95,13 +94,6 @@ def read_syncpoint_tables(delta_root: str, changefeed_id: str, ts: int) -> list[
     return [{"table_id": int(k), **v} for k, v in sorted(doc["tables"].items())]
 
 
-def _local_path(uri: str) -> str:
-    # delta-rs percent-encodes spaces and non-ASCII in file_uris(); our paths hold no '%'.
-    if uri.startswith("file://"):
-        return urllib.parse.unquote(urllib.parse.urlparse(uri).path)
-    return urllib.parse.unquote(uri) if "%" in uri else uri
-
-
 def resolve_table(delta_root: str, entry: Mapping) -> tuple[PinnedTable, pa.Schema]:
     """``entry``'s table at its syncpoint version: that version's files and its schema."""
     path = os.path.join(delta_root, entry["location"])
@@ -125,7 +117,7 @@ def resolve_table(delta_root: str, entry: Mapping) -> tuple[PinnedTable, pa.Sche
         table=str(entry["table"]),
         version=int(entry["version"]),
         location=str(entry["location"]),
-        files=tuple(_local_path(u) for u in table.file_uris()),
+        files=tuple(local_path(u) for u in table.file_uris()),
     ), pa.schema(table.schema().to_arrow())
 
 

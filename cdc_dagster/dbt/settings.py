@@ -5,8 +5,7 @@ Resolved when asked (sensor tick, run start), never at import time, in this orde
 1. fields given in code (``syncpoint_sensor(..., delta_root=...)``, the ``cdc_dbt``
    resource's fields: tests);
 2. ``CDC_DAGSTER_DBT_DELTA_ROOT`` / ``CDC_DAGSTER_DBT_CHANGEFEED`` (an override);
-3. the changefeeds in etcd (where ``CDC_DAGSTER_ETCD`` / ``CDC_DAGSTER_STATE_DIR`` say, as the
-   owner sensor finds them): the changefeed named by ``CDC_DAGSTER_DBT_CHANGEFEED``, else the
+3. the changefeeds in etcd (the ``cdc`` resource's metastore, as the owner sensor finds them): the changefeed named by ``CDC_DAGSTER_DBT_CHANGEFEED``, else the
    only one with a syncpoint interval. Its sink URI says where: ``delta:///root`` (models in a
    DuckDB file beside the root) or ``postgresql://...`` (models in that database).
 
@@ -17,11 +16,13 @@ in etcd, and the definitions module only assembles.
 from __future__ import annotations
 
 import os
-import urllib.parse
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from cdc_dagster.dbt.errors import DbtDownstreamError
+from cdc_dagster.metastore import Metastore
+from cdc_dagster.metastore.errors import MetastoreError
+from cdc_dagster.sinks.uri import delta_root, delta_uri, is_delta, is_postgres
 
 DELTA_ROOT_ENV = "CDC_DAGSTER_DBT_DELTA_ROOT"  # /abs/root or delta:///abs/root (the sink URI)
 CHANGEFEED_ENV = "CDC_DAGSTER_DBT_CHANGEFEED"
@@ -49,24 +50,24 @@ class DbtSettings:
     @property
     def is_postgres(self) -> bool:
         """True when the changefeed's sink is PostgreSQL."""
-        return self.sink_uri.split(":", 1)[0].lower() in ("postgresql", "postgres")
+        return is_postgres(self.sink_uri)
 
     @staticmethod
     def for_delta(root: str, changefeed_id: str, duckdb_path: str = "") -> DbtSettings:
         """Settings of a Delta downstream (the DuckDB file defaults to ``<root>/../dbt``)."""
-        root = delta_root_of(root)
+        root = delta_root(root)
         default_db = os.path.join(os.path.dirname(root.rstrip("/")), "dbt", "downstream.duckdb")
         return DbtSettings(
             delta_root=root,
             changefeed_id=changefeed_id,
             duckdb_path=duckdb_path or default_db,
-            sink_uri="delta://" + urllib.parse.quote(root),
+            sink_uri=delta_uri(root),
         )
 
     @staticmethod
     def for_sink(changefeed_id: str, sink_uri: str, duckdb_path: str = "") -> DbtSettings:
         """Settings from a changefeed's sink URI (``delta://`` or ``postgresql://``)."""
-        if sink_uri.startswith("delta://"):
+        if is_delta(sink_uri):
             return DbtSettings.for_delta(sink_uri, changefeed_id, duckdb_path)
         return DbtSettings("", changefeed_id, "", sink_uri)
 
@@ -84,31 +85,16 @@ class DbtSettings:
         )
 
 
-def delta_root_of(uri_or_path: str) -> str:
-    """``delta:///abs/root`` (percent-encoded or not) or ``/abs/root`` -> ``/abs/root``."""
-    if uri_or_path.startswith("delta://"):
-        return urllib.parse.unquote(urllib.parse.urlparse(uri_or_path).path)
-    return uri_or_path
-
-
 # changefeed id -> (sink URI, sync_point_interval_s), read from etcd.
 ChangefeedLookup = Callable[[], Mapping[str, tuple[str, int]]]
 
 
-def changefeeds_in_etcd() -> dict[str, tuple[str, int]]:
+def changefeeds_of(ms: Metastore) -> dict[str, tuple[str, int]]:
     """Every changefeed's sink URI and syncpoint interval, from the control plane's etcd."""
-    from cdc_dagster.defs.runtime_glue import open_metastore
-    from cdc_dagster.defs.settings import Settings
-    from cdc_dagster.metastore.errors import MetastoreError
-
-    try:
-        with open_metastore(Settings.from_env()) as ms:
-            return {
-                cf.info.changefeed_id: (cf.info.sink_uri, cf.info.sync_point_interval_s)
-                for cf in ms.changefeeds.list()
-            }
-    except MetastoreError as exc:
-        raise NoTargetError(f"cannot read the changefeeds from etcd: {exc}") from exc
+    return {
+        cf.info.changefeed_id: (cf.info.sink_uri, cf.info.sync_point_interval_s)
+        for cf in ms.changefeeds.list()
+    }
 
 
 def pick_changefeed(changefeeds: Mapping[str, tuple[str, int]], wanted: str) -> tuple[str, str]:
@@ -142,5 +128,13 @@ def resolve_settings(
     root = delta_root or env.get(DELTA_ROOT_ENV, "").strip()
     if root:
         return DbtSettings.for_delta(root, wanted or "default", duckdb_path)
-    cf, sink_uri = pick_changefeed((lookup or changefeeds_in_etcd)(), wanted)
+    if lookup is None:
+        raise NoTargetError(
+            f"no etcd to find the changefeed in; set {DELTA_ROOT_ENV} (and {CHANGEFEED_ENV})"
+        )
+    try:
+        changefeeds = lookup()
+    except MetastoreError as exc:
+        raise NoTargetError(f"cannot read the changefeeds from etcd: {exc}") from exc
+    cf, sink_uri = pick_changefeed(changefeeds, wanted)
     return DbtSettings.for_sink(cf, sink_uri, duckdb_path)

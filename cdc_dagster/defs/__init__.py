@@ -3,22 +3,23 @@
 Nothing is read at import time; ``defs()`` runs when the code location loads and reads the
 table catalog: every changefeed's tables (the list from etcd, each one's change log), plus
 the change log named by ``CDC_DAGSTER_CHANGELOG`` (that one alone when etcd is down). The dbt
-pieces find their changefeed at tick / run time (``cdc_dagster.dbt.settings``).
+pieces find their changefeed at tick / run time (``cdc_dagster.dbt.settings``), through
+the ``cdc`` resource like every other sensor and op.
 """
 
 from __future__ import annotations
 
 import dagster as dg
 
-from cdc_dagster.dbt.assets import dbt_assets_for, with_replica_lineage
-from cdc_dagster.dbt.sensor import syncpoint_sensor
 from cdc_dagster.defs.admin.jobs import ADMIN_JOBS
 from cdc_dagster.defs.capture.job import build_capture_job
 from cdc_dagster.defs.catalog import Catalog, load_catalog
+from cdc_dagster.defs.dbt.assets import dbt_assets_for, dbt_resources, with_replica_lineage
+from cdc_dagster.defs.dbt.sensor import syncpoint_sensor
 from cdc_dagster.defs.ddl.job import build_ddl_job
 from cdc_dagster.defs.mysql import mysql_puller
 from cdc_dagster.defs.owner.sensor import build_owner_sensor
-from cdc_dagster.defs.resources import dbt_resources, table_resources
+from cdc_dagster.defs.resources import table_resources
 from cdc_dagster.defs.settings import Settings
 from cdc_dagster.defs.tables.assets import replica_specs, upstream_specs
 from cdc_dagster.defs.tables.checks import build_checks

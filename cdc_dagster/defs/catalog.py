@@ -22,8 +22,10 @@ from typing import TYPE_CHECKING, Any
 
 import dagster as dg
 
+from cdc_dagster.defs.resources import open_metastore
 from cdc_dagster.metastore.errors import MetastoreError
-from cdc_dagster.runtime.spec import UpstreamUriError, changelog_path
+from cdc_dagster.upstream.changelog import ChangeLog
+from cdc_dagster.upstream.uri import UpstreamError, changelog_path
 
 if TYPE_CHECKING:
     from cdc_dagster.defs.settings import Settings
@@ -152,7 +154,6 @@ def changelog_tables(
     selects (none if there is no log yet)."""
     if root is None or not (root / "FORMAT").exists():
         return []
-    from cdc_dagster.upstream.changelog import ChangeLog
 
     log = ChangeLog(root)
     tables = log.tables_at(log.ddl_resolved_ts() or (1 << 62))
@@ -186,7 +187,7 @@ def load_catalog(settings: Settings) -> Catalog:
     for cf in feeds:
         try:
             root = Path(changelog_path(cf.info.upstream_uri))
-        except UpstreamUriError as exc:
+        except UpstreamError as exc:
             _log.warning("table catalog: changefeed %s skipped: %s", cf.changefeed_id, exc)
             continue
         roots.add(root.resolve())
@@ -199,19 +200,8 @@ def load_catalog(settings: Settings) -> Catalog:
 
 def _changefeeds(settings: Settings) -> list[Any]:
     """The changefeed list, with short timeouts (the location must load without etcd)."""
-    from cdc_dagster.metastore import connect
-
-    ms = connect(
-        list(settings.etcd) or None,
-        settings.state_dir,
-        cluster_id=settings.cluster_id,
-        rpc_timeout_s=2.0,
-        retry_timeout_s=3.0,
-    )
-    try:
+    with open_metastore(settings, rpc_timeout_s=2.0, retry_timeout_s=3.0) as ms:
         return ms.changefeeds.list()
-    finally:
-        ms.close()
 
 
 def demo_catalog(names: Sequence[tuple[int, str, str]]) -> Catalog:

@@ -1,14 +1,40 @@
-"""Resources: the metastore connection and the Spark session, configured at run time."""
+"""The control plane's resources: every sensor, op and dbt piece gets etcd, the settings and
+Spark from here (dagster-open-platform's way: resources, not module-level helpers).
+
+``CdcResource`` gives the settings (``CDC_DAGSTER_*`` under its non-empty fields), a metastore
+connection per run (closed after it), and the owner loop of this code-server process: the one
+explicit, rebuildable cache of the control plane (losing it, in a code-server restart, is an
+owner switch: the next tick rebuilds from etcd). ``SparkResource`` is dagster-pyspark's lazy
+session, built by the data plane's one builder (:func:`cdc_dagster.pipeline.engine.spark_session`).
+"""
 
 from __future__ import annotations
 
-from typing import Any
+import dataclasses
+import threading
+from pathlib import Path
+from typing import Any, ClassVar
 
 import dagster as dg
 from dagster_pyspark import LazyPySparkResource
 from pydantic import PrivateAttr
 
 from cdc_dagster.defs.settings import Settings
+from cdc_dagster.metastore import Metastore, connect
+from cdc_dagster.pipeline.engine import spark_session
+from cdc_dagster.runtime import OwnerLoop
+from scheduler_core.coordinator import CoordinatorConfig
+
+
+def open_metastore(settings: Settings, **timeouts: float) -> Metastore:
+    """A metastore connection per the settings (the caller closes it); ``timeouts``:
+    ``rpc_timeout_s`` / ``retry_timeout_s`` of :func:`cdc_dagster.metastore.connect`."""
+    return connect(
+        list(settings.etcd) or None,
+        settings.state_dir,
+        cluster_id=settings.cluster_id,
+        **timeouts,  # type: ignore[arg-type]
+    )
 
 
 class CdcResource(dg.ConfigurableResource):
@@ -19,12 +45,14 @@ class CdcResource(dg.ConfigurableResource):
     cluster_id: str = ""
     changelog: str = ""
 
+    _metastore: Any = PrivateAttr(default=None)
+
+    # settings key -> this process's owner loop (see the module docstring).
+    _owner_loops: ClassVar[dict[tuple[str, ...], OwnerLoop]] = {}
+    _owner_loops_lock: ClassVar[threading.Lock] = threading.Lock()
+
     def settings(self) -> Settings:
         """The environment's settings with this resource's non-empty fields on top."""
-        import dataclasses
-        from pathlib import Path
-
-        base = Settings.from_env()
         changes: dict[str, Any] = {}
         if self.etcd:
             changes["etcd"] = tuple(e for e in self.etcd.split(",") if e)
@@ -34,18 +62,35 @@ class CdcResource(dg.ConfigurableResource):
             changes["cluster_id"] = self.cluster_id
         if self.changelog:
             changes["changelog"] = Path(self.changelog)
-        return dataclasses.replace(base, **changes)
+        return dataclasses.replace(Settings.from_env(), **changes)
 
-    _metastore: Any = PrivateAttr(default=None)
-
-    def metastore(self) -> Any:
-        """The run's metastore connection (opened on first use, closed after the run)."""
+    def metastore(self) -> Metastore:
+        """This run's metastore connection (opened on first use, closed after the run)."""
         if self._metastore is None:
-            from cdc_dagster.metastore import connect
-
-            s = self.settings()
-            self._metastore = connect(list(s.etcd) or None, s.state_dir, cluster_id=s.cluster_id)
+            self._metastore = open_metastore(self.settings())
         return self._metastore
+
+    def owner_loop(self) -> OwnerLoop:
+        """This process's owner loop for these settings (built on first use, then cached)."""
+        s = self.settings()
+        key = (*s.etcd, str(s.state_dir), s.cluster_id, s.owner_id)
+        with self._owner_loops_lock:
+            loop = self._owner_loops.get(key)
+            if loop is None:
+                loop = OwnerLoop(
+                    open_metastore(s),
+                    s.owner_id,
+                    lease_ttl_s=s.owner_ttl_s,
+                    config=CoordinatorConfig(add_table_batch_size=s.add_table_batch),
+                )
+                self._owner_loops[key] = loop
+            return loop
+
+    @classmethod
+    def forget_owner_loops(cls) -> None:
+        """Drop the cached owner loops (tests: the same as a code-server restart)."""
+        with cls._owner_loops_lock:
+            cls._owner_loops.clear()
 
     def teardown_after_execution(self, context: dg.InitResourceContext) -> None:
         """Close the connection the run opened."""
@@ -54,12 +99,9 @@ class CdcResource(dg.ConfigurableResource):
             self._metastore = None
 
 
-class SparkConnectResource(LazyPySparkResource):
-    """dagster-pyspark's lazy session, pointed at Spark Connect (``spark.remote``) at run time.
-
-    ``remote`` (or ``CDC_DAGSTER_SPARK_REMOTE``) is ``sc://host:port``; with neither, a
-    ``local[2]`` in-process session (tests).
-    """
+class SparkResource(LazyPySparkResource):
+    """dagster-pyspark's lazy session on Spark Connect (``remote`` or
+    ``CDC_DAGSTER_SPARK_REMOTE``: ``sc://host:port``), else a ``local[2]`` in-process session."""
 
     spark_config: dict[str, Any] = {}
     remote: str = ""
@@ -68,29 +110,9 @@ class SparkConnectResource(LazyPySparkResource):
         if self._spark_session is not None:
             return
         remote = self.remote or Settings.from_env().spark_remote
-        config = dict(self.spark_config)
-        if remote:
-            config["spark.remote"] = remote
-        else:
-            import sys
-
-            config.setdefault("spark.master", "local[2]")
-            config.setdefault("spark.pyspark.python", sys.executable)
-            config.setdefault("spark.ui.enabled", "false")
-            config.setdefault("spark.sql.shuffle.partitions", "4")
-        from dagster_pyspark.resources import spark_session_from_config
-
-        self._spark_session = spark_session_from_config(config)
+        self._spark_session = spark_session(remote or "local[2]", dict(self.spark_config))
 
 
 def table_resources() -> dict[str, Any]:
     """The control plane's resources: metastore, Spark, in-memory IO between ops."""
-    return {"cdc": CdcResource(), "spark": SparkConnectResource(), "mem_io": dg.mem_io_manager}
-
-
-def dbt_resources() -> dict[str, Any]:
-    """The dbt downstream's: the dbt CLI of ``dbt_downstream/`` and where builds go (both
-    resolve their changefeed at run time: ``cdc_dagster.dbt.settings``)."""
-    from cdc_dagster.dbt.assets import DbtDownstreamResource, dbt_resource
-
-    return {"dbt": dbt_resource(), "cdc_dbt": DbtDownstreamResource()}
+    return {"cdc": CdcResource(), "spark": SparkResource(), "mem_io": dg.mem_io_manager}

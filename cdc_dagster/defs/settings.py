@@ -6,7 +6,9 @@ run time, the sensor at tick time, the definitions loader when the code location
 
 from __future__ import annotations
 
+import functools
 import os
+import secrets
 import socket
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -24,6 +26,18 @@ DEFAULT_ADD_TABLE_BATCH = 1000
 DEFAULT_CAPTURE_LOOP_S = 300.0
 
 
+def process_owner_id() -> str:
+    """This process's owner identity: host, pid and a random part, so two Dagster instances
+    (or a restarted code server) never campaign as the same owner; stable for the process."""
+    return _owner_id_of(os.getpid())
+
+
+@functools.cache
+def _owner_id_of(pid: int) -> str:
+    host = "".join(c if c.isalnum() or c in "._-" else "-" for c in socket.gethostname())
+    return f"dagster-{host[:80] or 'host'}-{pid}-{secrets.token_hex(3)}"
+
+
 @dataclass(frozen=True, slots=True)
 class Settings:
     """One deployment's settings (the CLI's ``server start`` / ``demo`` export them)."""
@@ -33,14 +47,16 @@ class Settings:
     cluster_id: str = "default"
     changelog: Path | None = None  # the embedded upstream's change log
     spark_remote: str = ""  # sc://host:port; empty: an in-process local session
-    owner_id: str = field(default_factory=lambda: f"dagster-{socket.gethostname()}")
+    owner_id: str = field(default_factory=process_owner_id)
     max_table_assets: int = DEFAULT_MAX_TABLE_ASSETS
     lag_bound_s: float = DEFAULT_LAG_BOUND_S
     capture_ttl_s: int = 60  # spans several sensor ticks plus a run's launch (~5 s each)
     # A capture run goes on ticking from its mailbox this long after its first tick
     # (cdc_dagster/defs/capture/job.py); 0: one tick per run.
     capture_loop_s: float = DEFAULT_CAPTURE_LOOP_S
-    owner_ttl_s: int = 60
+    # The owner's lease: ticks renew it (every 5-8 s); a dead owner's lapses this long after
+    # its last tick, and only then can a new one (a restarted code server) take over.
+    owner_ttl_s: int = 30
     add_table_batch: int = DEFAULT_ADD_TABLE_BATCH  # tables the owner starts adding per tick
 
     @staticmethod
@@ -64,7 +80,7 @@ class Settings:
             lag_bound_s=float(get("LAG_BOUND_S", str(DEFAULT_LAG_BOUND_S))),
             capture_ttl_s=int(get("CAPTURE_TTL_S", "60")),
             capture_loop_s=float(get("CAPTURE_LOOP_S", str(DEFAULT_CAPTURE_LOOP_S))),
-            owner_ttl_s=int(get("OWNER_TTL_S", "60")),
+            owner_ttl_s=int(get("OWNER_TTL_S", "30")),
             add_table_batch=int(get("ADD_TABLE_BATCH", str(DEFAULT_ADD_TABLE_BATCH))),
         )
 

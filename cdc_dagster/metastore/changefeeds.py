@@ -45,12 +45,12 @@ from cdc_dagster.metastore.validation import (
     TableFilter,
     check_ts,
     validate_changefeed_id,
-    validate_sink_uri,
     validate_start_ts,
     validate_sync_point_interval,
     validate_target_ts,
 )
 from cdc_dagster.secrets import redact_bytes, redact_text, redact_uri
+from cdc_dagster.sinks.uri import validate_sink_uri
 from scheduler_core.ts import compose
 
 TxnRunner = Callable[[Sequence[Compare], Sequence[Op], Sequence[Op]], TxnResult]
@@ -432,7 +432,8 @@ class ChangefeedStore:
         return self.update_status(changefeed_id, _resumed(changefeed_id, self._now_ms))
 
     def remove(self, changefeed_id: str) -> None:
-        """Delete the changefeed with its status, DDL state and task statuses."""
+        """Delete the changefeed with everything etcd holds for it: status, DDL state, task
+        statuses, Agent states, pending admin requests, DDL and syncpoint markers."""
         for _ in range(self._max_attempts):
             current = self.get(changefeed_id)
             info_key = self._layout.changefeed_info(changefeed_id)
@@ -443,6 +444,9 @@ class ChangefeedStore:
                     Delete(self._layout.changefeed_status(changefeed_id)),
                     Delete(self._layout.ddl(changefeed_id)),
                     Delete(self._layout.tasks(changefeed_id), prefix=True),
+                    Delete(self._layout.agent_states(changefeed_id), prefix=True),
+                    Delete(self._layout.admin_requests(changefeed_id), prefix=True),
+                    Delete(self._layout.applied(changefeed_id), prefix=True),
                 ],
             )
             if result.succeeded:

@@ -108,14 +108,6 @@ class InvalidChangefeedIdError(ChangefeedError, ValueError):
     """A changefeed id is not of the form ``[A-Za-z0-9]+(-[A-Za-z0-9]+)*``."""
 
 
-class UnknownSinkSchemeError(ChangefeedError, ValueError):
-    """The sink URI's scheme is not one we can write to."""
-
-
-class InvalidSinkUriError(ChangefeedError, ValueError):
-    """The sink URI has a known scheme but is malformed (e.g. no path or host)."""
-
-
 class MalformedTableFilterError(ChangefeedError, ValueError):
     """A table filter rule is not ``[!]schema.table`` with ``*`` wildcards."""
 

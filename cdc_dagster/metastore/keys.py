@@ -11,6 +11,10 @@
     {root}/{cluster}/gc/safepoint                   min checkpoint over changefeeds (decimal TS)
     {root}/{cluster}/mailbox/{capture_id}           owner messages waiting for a capture's next
                                                     run (JSON; metastore/mailbox.py)
+    {root}/{cluster}/agent/{cf}/{capture_id}        a capture's Agent state (JSON; its lease)
+    {root}/{cluster}/admin/{cf}/{request_id}        an admin request the owner applies (JSON)
+    {root}/{cluster}/applied/{cf}/ddl-{ts}-{digest} a DDL ran downstream (marker)
+    {root}/{cluster}/applied/{cf}/syncpoint-{ts}    a syncpoint was recorded (marker)
 
 The owner reads O(captures) keys per tick: one range over ``task/{cf}/`` per changefeed.
 """
@@ -125,6 +129,48 @@ class KeyLayout:
     def gc_safepoint(self) -> str:
         """The GC safepoint: nothing below it may be collected from the change log."""
         return self.prefix + "gc/safepoint"
+
+    @property
+    def mailboxes(self) -> str:
+        """Prefix of every capture's mailbox."""
+        return self.prefix + "mailbox/"
+
+    def mailbox(self, capture_id: str) -> str:
+        """The owner messages waiting for ``capture_id``'s next run."""
+        return self.mailboxes + check_segment("capture_id", capture_id)
+
+    def agent_states(self, changefeed_id: str) -> str:
+        """Prefix of every capture's Agent state for one changefeed."""
+        return f"{self.prefix}agent/{check_segment('changefeed_id', changefeed_id)}/"
+
+    def agent_state(self, changefeed_id: str, capture_id: str) -> str:
+        """A capture's Agent state for one changefeed (under the capture's lease)."""
+        return self.agent_states(changefeed_id) + check_segment("capture_id", capture_id)
+
+    def admin_requests(self, changefeed_id: str | None = None) -> str:
+        """Prefix of the pending admin requests (of one changefeed, or of all)."""
+        base = self.prefix + "admin/"
+        return (
+            base
+            if changefeed_id is None
+            else base + check_segment("changefeed_id", changefeed_id) + "/"
+        )
+
+    def admin_request(self, changefeed_id: str, request_id: str) -> str:
+        """One admin request of a changefeed."""
+        return self.admin_requests(changefeed_id) + check_segment("request_id", request_id)
+
+    def applied(self, changefeed_id: str) -> str:
+        """Prefix of the markers of a changefeed's DDLs and syncpoints done downstream."""
+        return f"{self.prefix}applied/{check_segment('changefeed_id', changefeed_id)}/"
+
+    def ddl_applied(self, changefeed_id: str, commit_ts: int, digest: str) -> str:
+        """The marker that says a DDL (by commit ts and query digest) ran downstream."""
+        return f"{self.applied(changefeed_id)}ddl-{commit_ts:020d}-{digest}"
+
+    def syncpoint_recorded(self, changefeed_id: str, ts: int) -> str:
+        """The marker that says a syncpoint was recorded downstream."""
+        return f"{self.applied(changefeed_id)}syncpoint-{ts:020d}"
 
     def last_segment(self, key: str) -> str:
         """The id at the end of ``key`` (capture id, changefeed id)."""

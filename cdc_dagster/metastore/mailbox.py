@@ -25,7 +25,7 @@ from collections.abc import Collection, Mapping
 from typing import Any
 
 from cdc_dagster.metastore.client import Delete, EtcdClient, Get, Put, mod_revision_is
-from cdc_dagster.metastore.keys import KeyLayout, check_segment
+from cdc_dagster.metastore.keys import KeyLayout
 
 Work = dict[str, list[dict[str, Any]]]  # changefeed id -> encoded owner messages
 
@@ -56,11 +56,11 @@ class MailboxStore:
     @property
     def prefix(self) -> str:
         """Every capture's mailbox key starts with this."""
-        return self._layout.prefix + "mailbox/"
+        return self._layout.mailboxes
 
     def key(self, capture_id: str) -> str:
         """``capture_id``'s mailbox key."""
-        return self.prefix + check_segment("capture_id", capture_id)
+        return self._layout.mailbox(capture_id)
 
     def _read(self, key: str) -> tuple[int, int, Work]:
         kv = self._client.get(key)

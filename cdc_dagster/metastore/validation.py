@@ -9,32 +9,26 @@ from __future__ import annotations
 
 import fnmatch
 import re
-import urllib.parse
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from cdc_dagster.metastore.errors import (
     InvalidChangefeedIdError,
     InvalidChangefeedOptionError,
-    InvalidSinkUriError,
     InvalidTargetTsError,
     InvalidTsError,
     MalformedTableFilterError,
     StartTsBelowGcSafepointError,
     StartTsInFutureError,
-    UnknownSinkSchemeError,
 )
-from cdc_dagster.secrets import SecretReferenceError, redact_uri, references
 from scheduler_core.ts import MAX_TS, compose, format_ts, physical_ms
 
-SINK_SCHEMES = ("delta", "file", "postgres", "postgresql", "blackhole")
 # fullmatch, never match with "$": "$" also matches before a trailing newline.
 _CHANGEFEED_ID = re.compile(r"[A-Za-z0-9]+(-[A-Za-z0-9]+)*")
 _PATTERN = re.compile(r"[A-Za-z0-9_$*?-]+")
 
 # What one changefeed config may hold: the owner reads configs into memory, and each is
 # one etcd value.
-MAX_SINK_URI_CHARS = 2048
 MAX_FILTER_RULES = 256
 MAX_FILTER_RULE_CHARS = 256
 MIN_SYNC_POINT_INTERVAL_S = 1
@@ -55,60 +49,6 @@ def validate_changefeed_id(changefeed_id: str) -> str:
             "joined by single '-', at most 128 characters (e.g. 'orders-to-lake')"
         )
     return changefeed_id
-
-
-def validate_sink_uri(sink_uri: str) -> str:
-    """Return the URI if its scheme is one we write to and it names a target.
-
-    A password may be a ``${ENV_VAR}`` reference (stored as written, resolved by the
-    process that connects); messages show the URI redacted.
-    """
-    if not isinstance(sink_uri, str) or not sink_uri.strip():
-        raise InvalidSinkUriError(
-            f"sink URI {redact_uri(sink_uri)!r} is empty; e.g. delta:///data/lake"
-        )
-    shown = redact_uri(sink_uri)
-    if len(sink_uri) > MAX_SINK_URI_CHARS:
-        raise InvalidSinkUriError(
-            f"sink URI {shown[:60]!r}... has {len(sink_uri)} characters; at most "
-            f"{MAX_SINK_URI_CHARS} are allowed"
-        )
-    if any(c in sink_uri for c in "\r\n\0"):
-        raise InvalidSinkUriError(f"sink URI {shown!r} contains a line break or NUL")
-    try:
-        references(sink_uri)
-    except SecretReferenceError as exc:
-        raise InvalidSinkUriError(str(exc)) from exc
-    parts = urllib.parse.urlsplit(sink_uri)
-    scheme = parts.scheme.lower()
-    supported = ", ".join(f"{s}://" for s in SINK_SCHEMES)
-    if scheme not in SINK_SCHEMES:
-        what = f"scheme {scheme!r}" if scheme else "no scheme"
-        raise UnknownSinkSchemeError(f"sink URI {shown!r} has {what}; supported: {supported}")
-    if scheme in ("delta", "file") and not (parts.netloc + parts.path).strip("/"):
-        raise InvalidSinkUriError(
-            f"sink URI {shown!r} names no directory; e.g. {scheme}:///data/lake"
-        )
-    if scheme in ("postgres", "postgresql"):
-        _check_postgres(sink_uri, parts)
-    return sink_uri
-
-
-def _check_postgres(sink_uri: str, parts: urllib.parse.SplitResult) -> None:
-    sink_uri = redact_uri(sink_uri)
-    try:
-        port = parts.port
-    except ValueError as exc:
-        raise InvalidSinkUriError(f"sink URI {sink_uri!r} has a bad port: {exc}") from exc
-    if not parts.hostname:
-        raise InvalidSinkUriError(
-            f"sink URI {sink_uri!r} names no host; e.g. postgres://user@db-host:5432/warehouse"
-        )
-    if not parts.path.strip("/"):
-        raise InvalidSinkUriError(
-            f"sink URI {sink_uri!r} names no database; add it as the path, e.g. "
-            f"postgres://{parts.hostname}:{port or 5432}/warehouse"
-        )
 
 
 @dataclass(frozen=True, slots=True)

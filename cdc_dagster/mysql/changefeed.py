@@ -15,7 +15,8 @@ from pathlib import Path
 
 from cdc_dagster.mysql.checks import validate_changefeed
 from cdc_dagster.mysql.puller import PullerConfig, run_puller
-from cdc_dagster.mysql.upstream import UpstreamError, parse_uri, redact, with_changelog
+from cdc_dagster.secrets import redact_uri
+from cdc_dagster.upstream.uri import UpstreamError, parse_uri, with_changelog
 
 Progress = Callable[[str, int, int], None]  # (db.table, rows done, rows total)
 
@@ -32,7 +33,7 @@ class InitialSnapshot:
     position: str  # the binlog position the pullers stream from
 
     def __repr__(self) -> str:
-        return f"InitialSnapshot({redact(self.upstream_uri)!r}, start_ts={self.start_ts})"
+        return f"InitialSnapshot({redact_uri(self.upstream_uri)!r}, start_ts={self.start_ts})"
 
 
 def take_initial_snapshot(

@@ -13,7 +13,8 @@ from cdc_dagster.mysql.catalog import (
     read_table,
 )
 from cdc_dagster.mysql.types import UnsupportedTypeError
-from cdc_dagster.mysql.upstream import UpstreamError, check_upstream, connect, parse_uri
+from cdc_dagster.mysql.upstream import check_upstream, connect
+from cdc_dagster.upstream.uri import UpstreamError, parse_uri
 
 
 def validate_changefeed(upstream_uri: str, filters: Sequence[str] = ()) -> list[str]:

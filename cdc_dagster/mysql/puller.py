@@ -32,8 +32,9 @@ from cdc_dagster.mysql.state import (
     save_state,
 )
 from cdc_dagster.mysql.types import converter, passthrough
-from cdc_dagster.mysql.upstream import UpstreamError, check_upstream, connect, parse_uri
+from cdc_dagster.mysql.upstream import check_upstream, connect
 from cdc_dagster.schema import DdlRecord, TableSchema, arrow_type
+from cdc_dagster.upstream.uri import UpstreamError, parse_uri
 from scheduler_core.ddl import DDLKind
 
 log = logging.getLogger(__name__)

@@ -1,125 +1,15 @@
-"""Upstream URIs (``mysql://user:${PW}@host:port/?server-id=4242``) and the start-up checks.
-
-``${VAR}`` references are resolved from the environment of the process that connects; a
-literal password is never printed (``redact``). ``check_upstream`` verifies the binlog
-settings and privileges and says exactly what to change.
+"""MySQL/MariaDB connections and the start-up checks: ``check_upstream`` verifies the binlog
+settings and privileges and says exactly what to change. URIs: :mod:`cdc_dagster.upstream.uri`.
 """
 
 from __future__ import annotations
 
-import os
 import re
-import urllib.parse
 from dataclasses import dataclass
 from typing import Any
 
-from cdc_dagster.secrets import SecretReferenceError, redact_uri, resolve_uri
-
-
-class UpstreamError(Exception):
-    """The upstream URI, settings or privileges are wrong (the message says what to change)."""
-
-
-redact = redact_uri
-
-
-@dataclass(frozen=True, slots=True)
-class UpstreamConfig:
-    """A parsed upstream URI (credentials still as written: resolve with ``connect_kwargs``)."""
-
-    uri: str
-    host: str
-    port: int
-    user: str
-    password: str | None
-    server_id: int
-    force_replicate: bool = False
-    changelog: str = ""  # where this changefeed's change log lives (set by changefeed create)
-
-    @property
-    def key(self) -> str:
-        """``host:port/server-id``: one puller at a time per key (the run tag ``cdc/upstream``);
-        two binlog clients with one server id on one server would disconnect each other."""
-        return f"{self.host}:{self.port}/{self.server_id}"
-
-    def __repr__(self) -> str:
-        return f"UpstreamConfig({redact(self.uri)!r})"
-
-    def connect_kwargs(self) -> dict[str, Any]:
-        """pymysql arguments, ``${ENV}`` resolved now (from this process's environment)."""
-        try:
-            parts = urllib.parse.urlsplit(resolve_uri(self.uri, os.environ))
-        except SecretReferenceError as exc:
-            raise UpstreamError(f"{exc} (the upstream URI, where the puller runs)") from None
-        un = urllib.parse.unquote
-        return {
-            "host": un(parts.hostname or ""),
-            "port": self.port,
-            "user": un(parts.username or ""),
-            "password": un(parts.password) if parts.password is not None else "",
-        }
-
-
-def parse_uri(uri: str) -> UpstreamConfig:
-    """Parse ``mysql://user[:password]@host[:port]/?server-id=N[&force-replicate=true]``
-    ``[&changelog=/abs/path]``."""
-    parts = urllib.parse.urlsplit(uri)
-    shown = redact(uri)
-    if parts.scheme not in ("mysql", "mariadb"):
-        raise UpstreamError(f"upstream URI {shown!r}: scheme must be mysql:// or mariadb://")
-    if not parts.hostname or not parts.username:
-        raise UpstreamError(f"upstream URI {shown!r}: need user@host")
-    try:
-        port = parts.port or 3306
-    except ValueError:
-        raise UpstreamError(f"upstream URI {shown!r}: the port is not a number") from None
-    q = dict(urllib.parse.parse_qsl(parts.query))
-    unknown = set(q) - {"server-id", "force-replicate", "changelog"}
-    if unknown:
-        raise UpstreamError(f"upstream URI {shown!r}: unknown options {sorted(unknown)}")
-    sid = q.get("server-id", "4242")
-    if not sid.isdigit() or not 1 <= int(sid) < 2**32:
-        raise UpstreamError(
-            f"upstream URI {shown!r}: server-id must be an integer in 1..4294967295, unique "
-            "among the upstream's replicas"
-        )
-    un = urllib.parse.unquote
-    return UpstreamConfig(
-        uri=uri,
-        host=un(parts.hostname),
-        port=port,
-        user=un(parts.username),
-        password=un(parts.password) if parts.password is not None else None,
-        server_id=int(sid),
-        force_replicate=q.get("force-replicate", "false").lower() in ("1", "true", "yes"),
-        changelog=q.get("changelog", ""),
-    )
-
-
-def is_mysql_uri(uri: str) -> bool:
-    """Whether ``uri`` names a MySQL/MariaDB upstream (``mysql://`` or ``mariadb://``)."""
-    return urllib.parse.urlsplit(uri).scheme in ("mysql", "mariadb")
-
-
-def with_changelog(uri: str, root: str) -> str:
-    """``uri`` with its ``changelog=`` option set to the absolute path ``root``."""
-    if not os.path.isabs(root):
-        raise UpstreamError(f"change-log root {root!r} must be an absolute path")
-    parts = urllib.parse.urlsplit(uri)
-    q = [(k, v) for k, v in urllib.parse.parse_qsl(parts.query) if k != "changelog"]
-    query = urllib.parse.urlencode([*q, ("changelog", root)], safe="/")
-    return urllib.parse.urlunsplit(parts._replace(query=query))
-
-
-def changelog_root(uri: str) -> str:
-    """The change-log root a ``mysql://`` changefeed's puller writes and its captures read."""
-    cfg = parse_uri(uri)
-    if not cfg.changelog or not os.path.isabs(cfg.changelog):
-        raise UpstreamError(
-            f"upstream URI {redact(uri)!r} names no change log (changelog=/abs/path): create "
-            "the changefeed with `cdc-dagster changefeed create`, which sets it"
-        )
-    return cfg.changelog
+from cdc_dagster.secrets import redact_uri
+from cdc_dagster.upstream.uri import UpstreamConfig, UpstreamError
 
 
 def connect(cfg: UpstreamConfig, **kw: Any):
@@ -132,7 +22,7 @@ def connect(cfg: UpstreamConfig, **kw: Any):
         msg = str(exc)
         if args["password"]:
             msg = msg.replace(args["password"], "***")
-        raise UpstreamError(f"cannot connect to {redact(cfg.uri)}: {msg}") from None
+        raise UpstreamError(f"cannot connect to {redact_uri(cfg.uri)}: {msg}") from None
 
 
 @dataclass(frozen=True, slots=True)

@@ -46,7 +46,7 @@ from cdc_dagster.pipeline import job
 from cdc_dagster.pipeline.staging import StagedFile, Staging, TableRecord
 from cdc_dagster.schema import SchemaError, TableSchema
 from cdc_dagster.sinks.base import Sink
-from cdc_dagster.sinks.uri import sink_for_uri
+from cdc_dagster.sinks.uri import open_sink
 from cdc_dagster.upstream.changelog import ChangeLog, ChangeLogError
 from scheduler_core.errors import ExecutorContractError
 from scheduler_core.messages import Barrier, TableStatusBatch
@@ -128,7 +128,7 @@ class SparkTableExecutor:
     def sink(self) -> Sink:
         """The driver's sink (commit and load talk to it; writes happen in Spark tasks)."""
         if self._sink is None:
-            self._sink = sink_for_uri(self.sink_uri)
+            self._sink = open_sink(self.sink_uri)
         return self._sink
 
     # ------------------------------------------------------------------ commands

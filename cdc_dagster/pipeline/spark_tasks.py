@@ -20,6 +20,8 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from cdc_dagster.schema import TableSchema
+from cdc_dagster.sinks.base import FencedError, SinkError
+from cdc_dagster.sinks.uri import open_sink
 from cdc_dagster.upstream.changelog import ChangeLog, ChangeLogError, DataFile
 
 OP_COLUMN = "_cdc_op"
@@ -256,9 +258,6 @@ def read_staged(paths: Sequence[str]) -> pa.Table:
 
 def sink_table(spec: dict[str, Any]) -> dict[str, Any]:
     """Collapse one table's staged changes in (start, end] and write them with the sink."""
-    from cdc_dagster.sinks.base import FencedError, SinkError
-    from cdc_dagster.sinks.uri import sink_for_uri
-
     table_id = spec["table_id"]
     schema = TableSchema.from_json(spec["schema"])
     where = f"table {schema.qualified_name} (id {table_id})"
@@ -276,7 +275,7 @@ def sink_table(spec: dict[str, Any]) -> dict[str, Any]:
             "prepares it again",
         )
     try:
-        sink = sink_for_uri(spec["sink_uri"])
+        sink = open_sink(spec["sink_uri"])
         committed = sink.write(
             spec["changefeed"], schema, batch, spec["start"], spec["end"], spec["token"]
         )

@@ -1,53 +1,58 @@
-"""Runtime glue: the capture tick halves, the owner tick, the wire codec, the in-process driver.
+"""The runtime: what the owner and the captures do, for any control plane to call.
 
-See docs/dataplane.md section 4. The Dagster plane calls ``capture_prepare`` /
-``capture_commit`` from a capture run's ops, ``OwnerLoop.tick`` from the owner sensor and
-``apply_ready_ddl`` / ``apply_syncpoint`` from gated runs; the driver calls the same.
+docs/architecture.md has the layers; docs/dataplane.md section 4 the contracts. The owner
+sensor calls :func:`owner_step` each tick and renders the :class:`OwnerStep` it returns; a
+capture run calls :class:`CaptureTick` (``capture_prepare`` / ``capture_commit`` per
+changefeed) and renders the :class:`TableProgress` records of its commit; a gated DDL run
+calls :func:`apply_ddl_at`. Everything is typed; nothing here imports Dagster.
 """
 
-from cdc_dagster.runtime import admin, wire
 from cdc_dagster.runtime.capture import (
     CaptureContext,
+    CaptureTick,
     CommitOutcome,
     PrepareOutcome,
-    TableLine,
     capture_commit,
     capture_prepare,
 )
 from cdc_dagster.runtime.owner import (
     ChangefeedTick,
     OwnerLoop,
+    OwnerStep,
     OwnerTick,
     ReadyDdl,
     ReadySyncpoint,
-    TableProgress,
     apply_ddl_at,
     apply_ready_ddl,
     apply_syncpoint,
+    owner_step,
+    reported_checkpoints,
 )
+from cdc_dagster.runtime.progress import TableProgress
 from cdc_dagster.runtime.spark import spark_executor_factory
 from cdc_dagster.runtime.spec import ExecutorFactory, ExecutorSpec, RuntimeExecutor
 
 __all__ = [
     "CaptureContext",
+    "CaptureTick",
     "ChangefeedTick",
     "CommitOutcome",
     "ExecutorFactory",
     "ExecutorSpec",
     "OwnerLoop",
+    "OwnerStep",
     "OwnerTick",
     "PrepareOutcome",
     "ReadyDdl",
     "ReadySyncpoint",
     "RuntimeExecutor",
-    "TableLine",
     "TableProgress",
-    "admin",
     "apply_ddl_at",
     "apply_ready_ddl",
     "apply_syncpoint",
     "capture_commit",
     "capture_prepare",
+    "owner_step",
+    "reported_checkpoints",
     "spark_executor_factory",
-    "wire",
 ]

@@ -19,7 +19,7 @@ import contextlib
 import json
 import logging
 import shutil
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,6 +30,8 @@ from cdc_dagster.metastore import CaptureSession, Metastore, TaskStatus
 from cdc_dagster.metastore.client import Put
 from cdc_dagster.metastore.errors import CaptureNotRegisteredError, LeaseExpiredError
 from cdc_dagster.metastore.status_codec import encode as encode_status
+from cdc_dagster.runtime import wire
+from cdc_dagster.runtime.progress import TableProgress
 from cdc_dagster.runtime.spec import ExecutorFactory, ExecutorSpec, RuntimeExecutor, capture_epoch
 from cdc_dagster.runtime.wire import (
     decode_dispatch,
@@ -71,25 +73,6 @@ class CaptureContext:
 
 
 @dataclass(frozen=True, slots=True)
-class TableLine:
-    """What one table is and what this half did to it (a Dagster op logs these)."""
-
-    table_id: int
-    state: str
-    checkpoint_ts: int
-    resolved_ts: int
-    note: str = ""
-    rows_applied: int = 0  # rows the sink wrote for it since this capture took it
-
-    def __str__(self) -> str:
-        note = f": {self.note}" if self.note else ""
-        return (
-            f"table {self.table_id} {self.state} checkpoint {self.checkpoint_ts} "
-            f"resolved {self.resolved_ts} rows_applied {self.rows_applied}{note}"
-        )
-
-
-@dataclass(frozen=True, slots=True)
 class PrepareOutcome:
     """What ``capture_prepare`` did."""
 
@@ -101,7 +84,7 @@ class PrepareOutcome:
     owner_rev: int
     received: int
     rejected: dict[str, int]  # fencing drops by reason (stale owner, wrong epoch, ...)
-    tables: tuple[TableLine, ...]
+    tables: tuple[TableProgress, ...]
     errors: dict[int, str] = field(default_factory=dict)
 
     def lines(self) -> list[str]:
@@ -111,7 +94,7 @@ class PrepareOutcome:
             f"owner_rev {self.owner_rev}: received {self.received}, rejected {self.rejected}"
             + (" (registered anew)" if self.registered_anew else "")
         )
-        return [head, *(str(t) for t in self.tables)]
+        return [head, *(t.line() for t in self.tables)]
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,7 +107,7 @@ class CommitOutcome:
     owner_rev: int
     reported: bool  # a task status key was written (an owner was adopted)
     responses: tuple[CaptureMessage, ...]
-    tables: tuple[TableLine, ...]
+    tables: tuple[TableProgress, ...]
     errors: dict[int, str] = field(default_factory=dict)
 
     def lines(self) -> list[str]:
@@ -133,7 +116,7 @@ class CommitOutcome:
             f"capture {self.capture_id} changefeed {self.changefeed_id} epoch {self.epoch} "
             f"owner_rev {self.owner_rev}: {'reported' if self.reported else 'no owner yet'}"
         )
-        return [head, *(str(t) for t in self.tables)]
+        return [head, *(t.line() for t in self.tables)]
 
 
 # ------------------------------------------------------------------------------ halves
@@ -176,7 +159,7 @@ def _prepare(ctx: CaptureContext, tick: _Tick, messages: Sequence[OwnerMessage])
         tick.agent.owner_rev,
         len(messages),
         rejected,
-        tick.lines(),
+        tick.progress(),
         dict(tick.executor.errors()),
     )
 
@@ -200,7 +183,7 @@ def _commit(ctx: CaptureContext, tick: _Tick) -> CommitOutcome:
         tick.agent.owner_rev,
         report is not None,
         tuple(responses),
-        tick.lines(),
+        tick.progress(),
         dict(tick.executor.errors()),
     )
 
@@ -233,7 +216,7 @@ class _Tick:
             lambda: capture_epoch(session.epoch, self.adopting_rev),
             registration=session.epoch,
         )
-        kv = ms.client.get(agent_state_key(ms, ctx.changefeed_id, ctx.capture_id))
+        kv = ms.client.get(ms.layout.agent_state(ctx.changefeed_id, ctx.capture_id))
         if kv is not None:
             state = decode_agent_state(kv.value, ctx.capture_id)
             if state is not None:
@@ -258,7 +241,7 @@ class _Tick:
         lease = self.session.lease_id
         ops = [
             Put(
-                agent_state_key(ms, self.ctx.changefeed_id, self.ctx.capture_id),
+                ms.layout.agent_state(self.ctx.changefeed_id, self.ctx.capture_id),
                 encode_agent_state(self.agent.snapshot()),
                 lease,
             )
@@ -268,29 +251,30 @@ class _Tick:
             ops.append(Put(key, encode_status(report), lease))
         self.session.txn(ops)
 
-    def lines(self) -> tuple[TableLine, ...]:
+    def progress(self) -> tuple[TableProgress, ...]:
+        """Each held table's progress after this half (the barrier is the executor's own)."""
         notes: dict[int, str] = dict(getattr(self.executor, "last_phase", {}) or {})
         for table_id, req in self.agent.tasks.items():
             notes[table_id] = (notes.get(table_id, "") + f" task {type(req).__name__}").strip()
         for table_id, err in self.executor.errors().items():
             notes[table_id] = f"ERROR {err}"
-        held = self.executor.statuses()
         rows = self.executor.rows_applied()
-        out = [
-            TableLine(
-                s.table_id,
-                s.state.name,
-                *_cp(s),
-                notes.get(s.table_id, ""),
-                rows.get(s.table_id, 0),
+        barrier = self.executor.barrier
+        ctx = self.ctx
+        return tuple(
+            TableProgress(
+                ctx.changefeed_id,
+                st.table_id,
+                st.state.name.lower(),
+                ctx.capture_id,
+                st.checkpoint.checkpoint_ts,
+                st.checkpoint.resolved_ts,
+                barrier.barrier_ts(st.table_id),
+                rows.get(st.table_id, 0),
+                note=notes.get(st.table_id, ""),
             )
-            for s in sorted(held, key=lambda s: s.table_id)
-        ]
-        return tuple(out)
-
-
-def _cp(status: Any) -> tuple[int, int]:
-    return status.checkpoint.checkpoint_ts, status.checkpoint.resolved_ts
+            for st in sorted(self.executor.statuses(), key=lambda st: st.table_id)
+        )
 
 
 def attach_or_register(ctx: CaptureContext) -> tuple[CaptureSession, bool]:
@@ -353,12 +337,6 @@ def _report(
 
 
 # ------------------------------------------------------------------------------ agent state
-def agent_state_key(ms: Metastore, changefeed_id: str, capture_id: str) -> str:
-    """The key of a capture's Agent state for one changefeed (under the capture's lease)."""
-    ms.layout.task(changefeed_id, capture_id)  # validates both ids
-    return f"{ms.layout.prefix}agent/{changefeed_id}/{capture_id}"
-
-
 def encode_agent_state(state: AgentState) -> bytes:
     """JSON of an AgentState (messages through the wire codec)."""
     obj = {
@@ -410,3 +388,45 @@ def decode_agent_state(data: bytes, capture_id: str) -> AgentState | None:
 def held_states(report: TaskStatus) -> dict[int, TableState]:
     """Table id -> state of a report (tests, logs)."""
     return {s.table_id: s.state for s in report.tables}
+
+
+# ------------------------------------------------------------------------------ a capture run
+class CaptureTick:
+    """One tick of a capture over every changefeed the owner sent it messages for: what a
+    capture run (or one of its follow ticks) does, both halves, per changefeed."""
+
+    def __init__(
+        self,
+        ms: Metastore,
+        capture_id: str,
+        work: Mapping[str, list[dict[str, Any]]],
+        *,
+        staging_root: Path,
+        executor_factory: ExecutorFactory,
+        lease_ttl_s: int,
+    ) -> None:
+        self.work = {cf: wire.decode(msgs) for cf, msgs in work.items()}
+        self.contexts = {
+            cf: CaptureContext(
+                ms, capture_id, cf, staging_root, executor_factory, lease_ttl_s=lease_ttl_s
+            )
+            for cf in self.work
+        }
+
+    def prepare(self) -> list[str]:
+        """Phase 1 per changefeed; the run-log lines."""
+        lines: list[str] = []
+        for cf, ctx in self.contexts.items():
+            outcome = capture_prepare(ctx, self.work[cf])
+            lines += [f"{cf}: {line}" for line in outcome.lines()]
+        return lines
+
+    def commit(self) -> tuple[list[str], list[TableProgress]]:
+        """Phase 2 per changefeed; the run-log lines and each held table's progress."""
+        lines: list[str] = []
+        progress: list[TableProgress] = []
+        for cf, ctx in self.contexts.items():
+            outcome = capture_commit(ctx)
+            lines += [f"{cf}: {line}" for line in outcome.lines()]
+            progress += outcome.tables
+        return lines, progress

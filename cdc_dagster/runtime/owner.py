@@ -13,7 +13,7 @@ DDLs and syncpoints leave the tick as work items: whoever carries one out (a gat
 Dagster run, or the driver) calls :func:`apply_ready_ddl` / :func:`apply_syncpoint`,
 which act on the sink and then leave a marker in etcd; the owner's next tick sees the
 marker and calls ``ddl_done`` / ``syncpoint_done``. Admin requests (move table, drain
-capture, rebalance) are keys the owner reads each tick: :mod:`cdc_dagster.runtime.admin`.
+capture, rebalance) are keys the owner reads each tick: :mod:`cdc_dagster.admin`.
 """
 
 from __future__ import annotations
@@ -22,12 +22,14 @@ import dataclasses
 import hashlib
 import logging
 import random
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from cdc_dagster import admin
 from cdc_dagster.metastore import (
     Changefeed,
     ChangefeedProgress,
@@ -40,13 +42,14 @@ from cdc_dagster.metastore import (
 )
 from cdc_dagster.metastore.changefeeds import wall_ms
 from cdc_dagster.metastore.errors import LeaseExpiredError, NotOwnerError
-from cdc_dagster.runtime import admin
-from cdc_dagster.runtime.sinks import open_sink
-from cdc_dagster.runtime.spec import capture_epoch, changelog_path
+from cdc_dagster.runtime.progress import MISSING, TableProgress
+from cdc_dagster.runtime.spec import capture_epoch
 from cdc_dagster.runtime.wire import encode
 from cdc_dagster.schema import DdlRecord, TableSchema
 from cdc_dagster.sinks.base import Sink
+from cdc_dagster.sinks.uri import open_sink
 from cdc_dagster.upstream.changelog import ChangeLog
+from cdc_dagster.upstream.uri import changelog_path
 from scheduler_core.checkpoint import barrier_cap
 from scheduler_core.coordinator import Coordinator, CoordinatorConfig, TickResult
 from scheduler_core.ddl import DDLEvent, DDLManager
@@ -59,20 +62,6 @@ log = logging.getLogger(__name__)
 
 
 # ------------------------------------------------------------------------------ results
-@dataclass(frozen=True, slots=True)
-class TableProgress:
-    """One table's progress (asset materialization metadata)."""
-
-    table_id: int
-    name: str  # database.table
-    state: str  # the replication set's state, or MISSING
-    capture_id: str | None  # the primary
-    checkpoint_ts: int
-    resolved_ts: int
-    barrier_ts: int
-    lag_s: float
-
-
 @dataclass(frozen=True, slots=True)
 class ChangefeedTick:
     """One changefeed's tick: its progress, barrier and what the scheduler did."""
@@ -145,21 +134,6 @@ class OwnerTick:
     syncpoints: tuple[ReadySyncpoint, ...] = ()
     admin_errors: tuple[str, ...] = ()
     captures: tuple[str, ...] = ()  # alive captures (dynamic partitions)
-
-    @property
-    def owner(self) -> str | None:
-        """Alias of ``owner_id``."""
-        return self.owner_id
-
-    @property
-    def ddls(self) -> tuple[ReadyDdl, ...]:
-        """Alias of ``ready_ddls``."""
-        return self.ready_ddls
-
-    @property
-    def progress(self) -> Mapping[str, ChangefeedTick]:
-        """Alias of ``changefeeds`` (each has ``checkpoint_ts`` and ``resolved_ts``)."""
-        return self.changefeeds
 
     def run_config(self, capture_id: str) -> dict[str, list[dict[str, Any]]]:
         """The capture run's messages per changefeed, JSON-able (decode with wire.decode)."""
@@ -503,13 +477,14 @@ class OwnerLoop:
                 name = f"{s.database}.{s.table}" if s else str(t)
                 if t in rm:
                     v = rm.view(t)
-                    state, primary = v.state.name, v.primary
+                    state, primary = v.state.name.lower(), v.primary or ""
                     ck, rs = v.checkpoint.checkpoint_ts, v.checkpoint.resolved_ts
                 else:
-                    state, primary, ck, rs = "MISSING", None, 0, 0
-                lag = max(0.0, (now - physical_ms(ck)) / 1000) if ck else float("inf")
+                    state, primary, ck, rs = MISSING, "", 0, 0
                 barrier = result.barrier.barrier_ts(t)
-                tables.append(TableProgress(t, name, state, primary, ck, rs, barrier, lag))
+                tables.append(
+                    TableProgress(feed.changefeed_id, t, state, primary, ck, rs, barrier, name=name)
+                )
         return ChangefeedTick(
             feed.changefeed_id,
             cp.checkpoint_ts,
@@ -575,20 +550,15 @@ def _held_anywhere(snapshot: OwnerSnapshot, changefeed_id: str) -> bool:
 
 
 # ------------------------------------------------------------------------------ DDL, syncpoint
-def _marker_prefix(ms: Metastore, changefeed_id: str) -> str:
-    ms.layout.changefeed_info(changefeed_id)  # validates the id
-    return f"{ms.layout.prefix}applied/{changefeed_id}/"
-
-
 def ddl_marker(ms: Metastore, changefeed_id: str, event: DDLEvent) -> str:
     """The key that says a DDL ran downstream."""
     digest = hashlib.sha256(event.query.encode()).hexdigest()[:12]
-    return f"{_marker_prefix(ms, changefeed_id)}ddl-{event.commit_ts:020d}-{digest}"
+    return ms.layout.ddl_applied(changefeed_id, event.commit_ts, digest)
 
 
 def syncpoint_marker(ms: Metastore, changefeed_id: str, ts: int) -> str:
     """The key that says a syncpoint was recorded."""
-    return f"{_marker_prefix(ms, changefeed_id)}syncpoint-{ts:020d}"
+    return ms.layout.syncpoint_recorded(changefeed_id, ts)
 
 
 def apply_ready_ddl(ms: Metastore, ready: ReadyDdl, *, sink: Sink | None = None) -> None:
@@ -629,14 +599,76 @@ def apply_syncpoint(ms: Metastore, ready: ReadySyncpoint, *, sink: Sink | None =
     ms.client.put(syncpoint_marker(ms, ready.changefeed_id, ready.ts), b"1")
 
 
-def clear_markers(ms: Metastore, changefeed_id: str) -> None:
-    """Delete a changefeed's DDL and syncpoint markers (when it is removed)."""
-    ms.client.delete(_marker_prefix(ms, changefeed_id), prefix=True)
+# ------------------------------------------------------------------------------ the step
+@dataclass(frozen=True, slots=True)
+class OwnerStep:
+    """One owner tick and what the owner carried out itself: what the control plane renders."""
+
+    tick: OwnerTick
+    # capture id -> its run config (changefeed -> wire messages), captures with messages only
+    work: Mapping[str, Mapping[str, list[dict[str, Any]]]] = field(default_factory=dict)
+    gated: tuple[ReadyDdl, ...] = ()  # DDLs on existing tables: each waits for a gated run
+    notes: tuple[str, ...] = ()  # why nothing happened, refused admin requests, what was done
+    duration_s: float = 0.0
+
+    @property
+    def tables(self) -> tuple[TableProgress, ...]:
+        """Every changefeed's tables as the owner sees them."""
+        return tuple(t for cf in self.tick.changefeeds.values() for t in cf.tables)
+
+
+def owner_step(
+    loop: OwnerLoop, *, apply_gated: bool = False, sink: Sink | None = None
+) -> OwnerStep:
+    """One :meth:`OwnerLoop.tick`, then what needs no gate: syncpoints are recorded, and DDLs
+    that touch no existing table (CREATE TABLE / SCHEMA: no table checkpoint to gate on, and
+    nothing writes a new table before it ran) are applied, instead of a run each. With
+    ``apply_gated`` (the in-process driver, which has no gate) every ready DDL is applied."""
+    started = time.perf_counter()
+    tick = loop.tick()
+    if not tick.is_owner:
+        who = f"{tick.owner_id} (owner_rev {tick.owner_rev})" if tick.owner_id else "nobody"
+        note = f"not the owner: {who} holds the election" + (
+            f"; {tick.reason}" if tick.reason else ""
+        )
+        return OwnerStep(tick, notes=(note,), duration_s=time.perf_counter() - started)
+    ms = loop.metastore
+    notes = [f"admin request refused: {e}" for e in tick.admin_errors]
+    for ready in tick.syncpoints:
+        apply_syncpoint(ms, ready, sink=sink)
+        notes.append(
+            f"syncpoint {ready.ts} of {ready.changefeed_id} recorded ({len(ready.table_ids)} tables)"
+        )
+    gated = []
+    for ddl in tick.ready_ddls:
+        if ddl.table_ids and not apply_gated:
+            gated.append(ddl)
+            continue
+        apply_ready_ddl(ms, ddl, sink=sink)
+        notes.append(f"DDL at {ddl.commit_ts} of {ddl.changefeed_id} applied: {ddl.query}")
+    work = {c: w for c in tick.messages if (w := tick.run_config(c))}
+    return OwnerStep(tick, work, tuple(gated), tuple(notes), time.perf_counter() - started)
+
+
+def reported_checkpoints(statuses: Mapping[str, TaskStatus]) -> dict[int, int]:
+    """Each table's checkpoint as the capture replicating it reports it (one changefeed's task
+    statuses by capture, as ``Metastore.task_statuses.read`` returns them; the min should
+    two report it: never more than one would admit)."""
+    out: dict[int, int] = {}
+    for status in statuses.values():
+        batch = status.tables
+        mask = batch.states == TableState.REPLICATING
+        for t, c in zip(
+            batch.table_ids[mask].tolist(), batch.checkpoint_ts[mask].tolist(), strict=True
+        ):
+            out[t] = min(c, out.get(t, c))
+    return out
 
 
 __all__ = [
     "ChangefeedTick",
     "OwnerLoop",
+    "OwnerStep",
     "OwnerTick",
     "ReadyDdl",
     "ReadySyncpoint",
@@ -644,7 +676,8 @@ __all__ = [
     "apply_ddl_at",
     "apply_ready_ddl",
     "apply_syncpoint",
-    "clear_markers",
     "ddl_marker",
+    "owner_step",
+    "reported_checkpoints",
     "syncpoint_marker",
 ]

@@ -4,15 +4,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from cdc_dagster.runtime.spec import ExecutorFactory, ExecutorSpec, RuntimeExecutor, changelog_path
+from cdc_dagster.pipeline.executor import SparkTableExecutor
+from cdc_dagster.runtime.spec import ExecutorFactory, ExecutorSpec, RuntimeExecutor
 from cdc_dagster.upstream.changelog import ChangeLog
+from cdc_dagster.upstream.uri import changelog_path
 
 
 def spark_executor_factory(spark: Any) -> ExecutorFactory:
     """A factory of SparkTableExecutors on ``spark`` (a local session or Spark Connect)."""
 
     def make(spec: ExecutorSpec) -> RuntimeExecutor:
-        from cdc_dagster.pipeline.executor import SparkTableExecutor
 
         return SparkTableExecutor.load(  # type: ignore[return-value]
             spec.capture_id,

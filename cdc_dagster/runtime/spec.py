@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import urllib.parse
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -12,14 +11,7 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from scheduler_core.executor import TableExecutor
-
-
-class RuntimeError_(Exception):
-    """Base of the runtime's errors."""
-
-
-class UpstreamUriError(RuntimeError_, ValueError):
-    """A changefeed's ``upstream_uri`` is not one the runtime can read."""
+from scheduler_core.messages import Barrier
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +35,8 @@ class RuntimeExecutor(TableExecutor, Protocol):
     the sink (a crash between a sink write and the save).
     """
 
+    barrier: Barrier  # what the owner last said the sinks may not pass
+
     def pull_phase(self) -> object:
         """Phase 1: pull, sort and mount into staging up to each table's resolved ts."""
         ...
@@ -65,25 +59,6 @@ class RuntimeExecutor(TableExecutor, Protocol):
 
 
 ExecutorFactory = Callable[[ExecutorSpec], RuntimeExecutor]
-
-
-def changelog_path(upstream_uri: str) -> str:
-    """``changelog:///abs/path`` -> ``/abs/path``; ``mysql://...&changelog=/abs/path`` -> its
-    puller's change log (docs/mysql-postgres.md)."""
-    parts = urllib.parse.urlsplit(upstream_uri)
-    if parts.scheme in ("mysql", "mariadb"):
-        from cdc_dagster.mysql.upstream import UpstreamError, changelog_root
-
-        try:
-            return changelog_root(upstream_uri)
-        except UpstreamError as exc:
-            raise UpstreamUriError(str(exc)) from None
-    if parts.scheme != "changelog" or parts.netloc or not parts.path.startswith("/"):
-        raise UpstreamUriError(
-            f"upstream URI {upstream_uri!r}: expected changelog:///absolute/path "
-            "(set the changefeed's upstream_uri)"
-        )
-    return urllib.parse.unquote(parts.path)
 
 
 def atomic_write_json(path: Path, obj: Any) -> None:

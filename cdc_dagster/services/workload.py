@@ -114,6 +114,7 @@ def ensure_demo_changefeed(
     from cdc_dagster import admin
     from cdc_dagster.metastore import connect
     from cdc_dagster.metastore.errors import ChangefeedNotFoundError
+    from cdc_dagster.upstream.uri import changelog_uri
 
     lake.mkdir(parents=True, exist_ok=True)
     with connect(etcd.split(","), state_dir) as ms:
@@ -128,7 +129,7 @@ def ensure_demo_changefeed(
                 table_filter=("*.*",),
                 start_ts=start_ts,
                 sync_point_interval_s=sync_point_interval_s,
-                upstream_uri=f"changelog://{changelog}",
+                upstream_uri=changelog_uri(changelog),
             )
             what = f"created changefeed {changefeed_id} into delta://{lake}"
         added = [c for c in captures if ms.captures.get(c) is None]

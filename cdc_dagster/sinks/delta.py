@@ -101,7 +101,7 @@ def _where(changefeed_id: str, table: TableSchema) -> str:
     return f"changefeed {changefeed_id}, table {table.qualified_name} (id {table.table_id})"
 
 
-def _local_path(uri: str) -> str:
+def local_path(uri: str) -> str:
     """A local path from a ``file_uris()`` entry (delta-rs percent-encodes some)."""
     if uri.startswith("file://"):
         return urllib.parse.unquote(urllib.parse.urlparse(uri).path)
@@ -636,7 +636,7 @@ def _table_id_at(path: str) -> int | None:
 def _read_snapshot(dt: DeltaTable) -> pa.Table:
     """The rows of ``dt``'s loaded version (``file_uris()`` + pyarrow, never to_pyarrow_*)."""
     schema = pa.schema([f.with_type(plain_type(f.type)) for f in _schema_of(dt)])
-    parts = [pq.read_table(_local_path(u)) for u in dt.file_uris()]
+    parts = [pq.read_table(local_path(u)) for u in dt.file_uris()]
     parts = [p.select(schema.names).cast(schema) for p in parts if p.num_rows]
     return pa.concat_tables(parts) if parts else schema.empty_table()
 

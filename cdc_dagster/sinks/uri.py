@@ -1,29 +1,165 @@
-"""``sink_for_uri``: a sink from its URI, so a Spark task or a fresh process can rebuild it."""
+"""Sink URIs, the one place that knows them: which schemes exist, what a valid one looks
+like, where a Delta root is, and the sink a URI opens (so a Spark task or a fresh process
+can rebuild its sink from the URI alone).
+
+Schemes: ``delta:///abs/path`` (Delta Lake tables under a local root) and
+``postgresql://user:${PW}@host:port/db`` (``postgres://`` too). Test doubles register their
+own scheme with :func:`register_sink_scheme` (``cdc_dagster.testing.fake_runtime``'s
+``file:///abs/path``); production code never does.
+"""
 
 from __future__ import annotations
 
 import urllib.parse
+from collections.abc import Callable
+from dataclasses import dataclass
 
+from cdc_dagster.secrets import SecretReferenceError, redact_uri, references
 from cdc_dagster.sinks.base import Sink, SinkError
 
+MAX_SINK_URI_CHARS = 2048
 
-def sink_for_uri(uri: str) -> Sink:
-    """``delta:///abs/path`` -> DeltaSink; ``postgresql://...`` -> PostgresSink."""
-    scheme = uri.split(":", 1)[0].lower() if ":" in uri else ""
-    if scheme == "delta":
-        parts = urllib.parse.urlparse(uri)
-        if parts.netloc or not parts.path.startswith("/"):
-            raise SinkError(
-                f"Delta sink URI {uri!r}: expected delta:///absolute/path (three slashes)"
-            )
-        from cdc_dagster.sinks.delta import DeltaSink
 
-        return DeltaSink(urllib.parse.unquote(parts.path))
-    if scheme in ("postgresql", "postgres"):
-        from cdc_dagster.sinks.postgres import PostgresSink  # type: ignore[import-not-found]
+class InvalidSinkUriError(SinkError, ValueError):
+    """A sink URI that names no usable downstream (the message says what is wrong)."""
 
-        return PostgresSink(uri)
-    raise SinkError(
-        f"unknown sink URI scheme {scheme!r} in {uri.split('@')[-1]!r}: "
-        "use delta:///abs/path or postgresql://..."
+
+class UnknownSinkSchemeError(InvalidSinkUriError):
+    """A sink URI whose scheme no sink implements."""
+
+
+@dataclass(frozen=True, slots=True)
+class SinkScheme:
+    """One kind of downstream: how its URI is checked and how it is opened."""
+
+    names: tuple[str, ...]  # URI schemes (lower case)
+    example: str
+    check: Callable[[str, urllib.parse.SplitResult], None]  # raises InvalidSinkUriError
+    open: Callable[[str], Sink]
+
+
+def _check_path(uri: str, parts: urllib.parse.SplitResult) -> None:
+    scheme = parts.scheme.lower()
+    if parts.netloc or not parts.path.startswith("/") or not parts.path.strip("/"):
+        raise InvalidSinkUriError(
+            f"sink URI {redact_uri(uri)!r}: no directory given as an absolute path; expected "
+            f"{scheme}:///absolute/path (three slashes), e.g. {scheme}:///data/lake"
+        )
+
+
+def _check_postgres(uri: str, parts: urllib.parse.SplitResult) -> None:
+    shown = redact_uri(uri)
+    try:
+        port = parts.port
+    except ValueError as exc:
+        raise InvalidSinkUriError(f"sink URI {shown!r} has a bad port: {exc}") from exc
+    if not parts.hostname:
+        raise InvalidSinkUriError(
+            f"sink URI {shown!r} names no host; e.g. postgres://user@db-host:5432/warehouse"
+        )
+    if not parts.path.strip("/"):
+        raise InvalidSinkUriError(
+            f"sink URI {shown!r} names no database; add it as the path, e.g. "
+            f"postgres://{parts.hostname}:{port or 5432}/warehouse"
+        )
+
+
+def _open_delta(uri: str) -> Sink:
+    from cdc_dagster.sinks.delta import DeltaSink  # deltalake: only where a sink is opened
+
+    return DeltaSink(delta_root(uri))
+
+
+def _open_postgres(uri: str) -> Sink:
+    from cdc_dagster.sinks.postgres import PostgresSink  # psycopg: likewise
+
+    return PostgresSink(uri)
+
+
+_SCHEMES: dict[str, SinkScheme] = {}
+
+
+def register_sink_scheme(scheme: SinkScheme) -> None:
+    """Make ``scheme`` known (test doubles; the production schemes are registered below)."""
+    for name in scheme.names:
+        _SCHEMES[name] = scheme
+
+
+register_sink_scheme(SinkScheme(("delta",), "delta:///data/lake", _check_path, _open_delta))
+register_sink_scheme(
+    SinkScheme(
+        ("postgresql", "postgres"),
+        "postgresql://writer:${PG_PW}@db:5432/analytics",
+        _check_postgres,
+        _open_postgres,
     )
+)
+
+
+def scheme_of(uri: str) -> str:
+    """The URI's scheme, lower case ("" for none)."""
+    return urllib.parse.urlsplit(uri).scheme.lower() if ":" in uri else ""
+
+
+def validate_sink_uri(uri: str) -> str:
+    """Return ``uri`` if a sink implements its scheme and it names a target.
+
+    A password may be a ``${ENV_VAR}`` reference (stored as written, resolved by the process
+    that connects); messages show the URI redacted.
+    """
+    if not isinstance(uri, str) or not uri.strip():
+        raise InvalidSinkUriError(f"sink URI {redact_uri(uri)!r} is empty; e.g. delta:///data/lake")
+    shown = redact_uri(uri)
+    if len(uri) > MAX_SINK_URI_CHARS:
+        raise InvalidSinkUriError(
+            f"sink URI {shown[:60]!r}... has {len(uri)} characters; at most "
+            f"{MAX_SINK_URI_CHARS} are allowed"
+        )
+    if any(c in uri for c in "\r\n\0"):
+        raise InvalidSinkUriError(f"sink URI {shown!r} contains a line break or NUL")
+    try:
+        references(uri)
+    except SecretReferenceError as exc:
+        raise InvalidSinkUriError(str(exc)) from exc
+    scheme = scheme_of(uri)
+    kind = _SCHEMES.get(scheme)
+    if kind is None:
+        what = f"scheme {scheme!r}" if scheme else "no scheme"
+        supported = ", ".join(s.example for s in dict.fromkeys(_SCHEMES.values()))
+        raise UnknownSinkSchemeError(f"sink URI {shown!r} has {what}; supported: {supported}")
+    kind.check(uri, urllib.parse.urlsplit(uri))
+    return uri
+
+
+def open_sink(uri: str) -> Sink:
+    """The sink ``uri`` names (``InvalidSinkUriError`` if it names none)."""
+    validate_sink_uri(uri)
+    return _SCHEMES[scheme_of(uri)].open(uri)
+
+
+def is_delta(uri: str) -> bool:
+    """Whether the URI names a Delta Lake root."""
+    return scheme_of(uri) == "delta"
+
+
+def is_postgres(uri: str) -> bool:
+    """Whether the URI names a PostgreSQL database."""
+    return scheme_of(uri) in ("postgresql", "postgres")
+
+
+def delta_root(uri_or_path: str) -> str:
+    """``delta:///abs/root`` (percent-encoded or not), or ``/abs/root`` -> ``/abs/root``."""
+    if not is_delta(uri_or_path):
+        if uri_or_path.startswith("/"):
+            return uri_or_path
+        raise InvalidSinkUriError(
+            f"{redact_uri(uri_or_path)!r} is not a Delta root: expected delta:///absolute/path"
+        )
+    parts = urllib.parse.urlsplit(uri_or_path)
+    _check_path(uri_or_path, parts)
+    return urllib.parse.unquote(parts.path)
+
+
+def delta_uri(root: str) -> str:
+    """The sink URI of a Delta root (inverse of :func:`delta_root`)."""
+    return "delta://" + urllib.parse.quote(root)

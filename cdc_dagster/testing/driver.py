@@ -15,9 +15,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from cdc_dagster.metastore import CaptureSession, Metastore, connect
+from cdc_dagster import admin
+from cdc_dagster.metastore import Metastore, connect
 from cdc_dagster.metastore.errors import ChangefeedNotFoundError
-from cdc_dagster.runtime import admin
 from cdc_dagster.runtime.capture import (
     CaptureContext,
     CommitOutcome,
@@ -25,28 +25,18 @@ from cdc_dagster.runtime.capture import (
     capture_commit,
     capture_prepare,
 )
-from cdc_dagster.runtime.owner import OwnerLoop, OwnerTick, apply_ready_ddl, apply_syncpoint
-from cdc_dagster.runtime.sinks import open_sink
+from cdc_dagster.runtime.owner import OwnerLoop, OwnerTick, owner_step
 from cdc_dagster.runtime.spec import ExecutorFactory
 from cdc_dagster.runtime.wire import decode
+from cdc_dagster.sinks.uri import open_sink
 from cdc_dagster.testing.fake_runtime import fake_executor_factory
 from cdc_dagster.upstream.changelog import ChangeLog
+from cdc_dagster.upstream.uri import changelog_uri
 from scheduler_core.coordinator import CoordinatorConfig
 
 log = logging.getLogger(__name__)
 
 CaptureRunner = Callable[[CaptureContext, dict], None]
-
-
-def add_capture(ms: Metastore, capture_id: str, lease_ttl_s: int = 60) -> CaptureSession:
-    """Register a capture (scale out); its runs then keep the lease alive."""
-    return ms.captures.register(capture_id, lease_ttl_s, keepalive=False)
-
-
-def remove_capture(ms: Metastore, capture_id: str) -> None:
-    """Deregister a capture now (after a drain): its lease, task and agent keys go."""
-    session = ms.captures.attach(capture_id)
-    ms.client.revoke_lease(session.lease_id)
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,7 +103,7 @@ class Driver:
                 start_ts=start_ts,
                 target_ts=target_ts,
                 sync_point_interval_s=interval_s,
-                upstream_uri=f"changelog://{self.changelog_root}",
+                upstream_uri=changelog_uri(self.changelog_root),
             )
 
     def context(self, capture_id: str, changefeed_id: str | None = None) -> CaptureContext:
@@ -136,11 +126,7 @@ class Driver:
         ``runner`` may run some captures elsewhere (a test runs one in a subprocess it
         kills); it gets the capture's context and its run config, as a Dagster run would.
         """
-        owner = self.owner.tick()
-        for ddl in owner.ready_ddls:
-            apply_ready_ddl(self.ms, ddl, sink=self.sink)
-        for sp in owner.syncpoints:
-            apply_syncpoint(self.ms, sp, sink=self.sink)
+        owner = owner_step(self.owner, apply_gated=True, sink=self.sink).tick
         step = DriverTick(owner)
         for cid in list(self.capture_ids):
             if cid in skip:
@@ -168,27 +154,28 @@ class Driver:
         if cf is None or not cf.tables:
             return False
         return cf.checkpoint_ts >= upto_ts and all(
-            t.state == "REPLICATING" and t.checkpoint_ts >= upto_ts for t in cf.tables
+            t.replicating and t.checkpoint_ts >= upto_ts for t in cf.tables
         )
 
     # -------------------------------------------------------------- admin hooks
     def add_capture(self, capture_id: str) -> None:
         """Scale out: register a capture (unless registered: a second driver carries on)."""
         if self.ms.captures.get(capture_id) is None:
-            add_capture(self.ms, capture_id, self.lease_ttl_s)
+            # Directly: tests use leases shorter than admin.add_capture allows.
+            self.ms.captures.register(capture_id, self.lease_ttl_s, keepalive=False)
         self.capture_ids.append(capture_id)
 
     def move_table(self, table_id: int, capture_id: str) -> str:
         """Ask the owner to move a table (the admin job's call)."""
-        return admin.request_move_table(self.ms, self.changefeed_id, table_id, capture_id)
+        return admin.move_table(self.ms, self.changefeed_id, table_id, capture_id)
 
     def drain_capture(self, capture_id: str) -> str:
         """Ask the owner to move every table off a capture (the admin job's call)."""
-        return admin.request_drain_capture(self.ms, self.changefeed_id, capture_id)
+        return admin.drain_capture(self.ms, capture_id, self.changefeed_id)[0]
 
     def remove_capture(self, capture_id: str) -> None:
         """Scale in: deregister a (drained) capture and stop running it."""
-        remove_capture(self.ms, capture_id)
+        admin.remove_capture(self.ms, capture_id)
         self.capture_ids.remove(capture_id)
 
     def close(self) -> None:

@@ -16,17 +16,20 @@ import fcntl
 import json
 import logging
 import os
+import urllib.parse
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from cdc_dagster.runtime.spec import ExecutorSpec, atomic_write_json, changelog_path
+from cdc_dagster.runtime.spec import ExecutorSpec, atomic_write_json
 from cdc_dagster.runtime.wire import decode_barrier, encode_barrier
 from cdc_dagster.schema import DdlRecord, TableSchema
 from cdc_dagster.sinks.base import Committed, SyncpointRecord
+from cdc_dagster.sinks.uri import InvalidSinkUriError, SinkScheme, register_sink_scheme
 from cdc_dagster.upstream.changelog import ChangeLog, ChangeLogError
+from cdc_dagster.upstream.uri import changelog_path
 from scheduler_core.errors import ExecutorContractError
 from scheduler_core.messages import Barrier, TableStatusBatch
 from scheduler_core.model import Checkpoint, TableState, TableStatus
@@ -378,3 +381,16 @@ def fake_executor_factory(spec: ExecutorSpec) -> DurableFakeExecutor:
     ex = DurableFakeExecutor(spec)
     ex.load()
     return ex
+
+
+def _check_file_uri(uri: str, parts: urllib.parse.SplitResult) -> None:
+    if parts.netloc or not parts.path.startswith("/") or not parts.path.strip("/"):
+        raise InvalidSinkUriError(f"the fake downstream needs file:///abs/path, got {uri!r}")
+
+
+# The fake downstream's scheme, for changefeeds of tests that import this module.
+register_sink_scheme(
+    SinkScheme(
+        ("file",), "file:///tmp/fake-downstream", _check_file_uri, lambda u: FakeSink(_file_path(u))
+    )
+)

@@ -15,8 +15,8 @@ import dagster as dg
 import pytest
 
 from cdc_dagster.defs.catalog import demo_catalog
-from cdc_dagster.defs.runtime_glue import TableReport
 from cdc_dagster.defs.tables.assets import materializations
+from cdc_dagster.runtime import TableProgress
 from cdc_dagster.services.dagster_home import dagster_home
 from scheduler_core.ts import compose
 from tests.unit.defs.conftest import TABLES, write_changelog
@@ -45,12 +45,19 @@ def _report_progress(state_dir: Path, points: int = 8) -> None:
         for i in range(points):
             ckpt = compose(now_ms - (points - i) * 5000 - (i % 3) * 1500)
             reports = [
-                TableReport("demo", tid, "replicating", ckpt, ckpt + 10, ckpt + 20, 10 * i + tid)
+                TableProgress(
+                    "demo",
+                    tid,
+                    "replicating",
+                    "capture-1",
+                    ckpt,
+                    ckpt + 10,
+                    ckpt + 20,
+                    10 * i + tid,
+                )
                 for tid, _, _ in TABLES
             ]
-            for event in materializations(
-                catalog, reports, "capture-1", now_ms - (points - i) * 5000
-            ):
+            for event in materializations(catalog, reports, now_ms - (points - i) * 5000):
                 instance.report_runless_asset_event(event)
 
 

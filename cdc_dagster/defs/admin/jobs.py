@@ -60,11 +60,9 @@ class AddCaptureConfig(dg.Config):
 
 
 def _guarded(context: dg.OpExecutionContext, what: Callable[[], str]) -> None:
-    from cdc_dagster.metastore.errors import MetastoreError
-
     try:
         message = what()
-    except (admin.AdminError, MetastoreError, ValueError) as exc:
+    except (*admin.ADMIN_ERRORS, ValueError) as exc:
         raise dg.Failure(redact_text(" ".join(str(exc).split())), allow_retries=False) from exc
     context.log.info(message)
 
@@ -115,26 +113,22 @@ def _update(ms: Any, c: UpdateChangefeedConfig) -> str:
         changes["target_ts"] = c.target_ts
     if c.sync_point_interval_s >= 0:
         changes["sync_point_interval_s"] = c.sync_point_interval_s
-    if not changes:
-        raise admin.AdminError(
-            "nothing to update: set sink_uri, table_filter, target_ts or sync_point_interval_s"
-        )
-    ms.changefeeds.update(c.changefeed_id, **changes)
+    admin.update_changefeed(ms, c.changefeed_id, **changes)
     return f"updated changefeed {c.changefeed_id}: {', '.join(sorted(changes))}"
 
 
 def _pause(ms: Any, c: ChangefeedConfig) -> str:
-    ms.changefeeds.pause(c.changefeed_id)
+    admin.pause_changefeed(ms, c.changefeed_id)
     return f"paused changefeed {c.changefeed_id}"
 
 
 def _resume(ms: Any, c: ChangefeedConfig) -> str:
-    ms.changefeeds.resume(c.changefeed_id)
+    admin.resume_changefeed(ms, c.changefeed_id)
     return f"resumed changefeed {c.changefeed_id}"
 
 
 def _remove(ms: Any, c: ChangefeedConfig) -> str:
-    ms.changefeeds.remove(c.changefeed_id)
+    admin.remove_changefeed(ms, c.changefeed_id)
     return f"removed changefeed {c.changefeed_id}"
 
 

@@ -26,10 +26,15 @@ from cdc_dagster.defs.capture.fencing import Received, StaleRunError, check_owne
 from cdc_dagster.defs.catalog import Catalog
 from cdc_dagster.defs.owner.plan import CAPTURE_JOB
 from cdc_dagster.defs.partitions import CAPTURES
-from cdc_dagster.defs.resources import CdcResource, SparkConnectResource
-from cdc_dagster.defs.runtime_glue import CaptureTick
+from cdc_dagster.defs.resources import CdcResource, SparkResource
 from cdc_dagster.defs.tables.assets import MaterializationThrottle, materializations
+from cdc_dagster.metastore.errors import (
+    CaptureNotRegisteredError,
+    LeaseExpiredError,
+    MetastoreError,
+)
 from cdc_dagster.metastore.mailbox import merge
+from cdc_dagster.runtime import CaptureTick, TableProgress, spark_executor_factory
 
 POLL_S = 0.25  # how often an idle follow op looks at the mailbox
 RENEW_S = 10.0  # an idle follow op renews the capture's lease this often (ttl 60 s)
@@ -55,8 +60,6 @@ class ReceiveConfig(dg.Config):
 @dg.op(out=dg.Out(Received, io_manager_key="mem_io"))
 def receive(context: dg.OpExecutionContext, config: ReceiveConfig, cdc: CdcResource) -> Received:
     """Fencing: the run's owner is still the owner; the capture is registered; renew its lease."""
-    from cdc_dagster.metastore.errors import CaptureNotRegisteredError, MetastoreError
-
     partition = context.partition_key if context.has_partition_key else config.capture_id
     if partition != config.capture_id:
         raise dg.Failure(f"run for partition {partition} carries capture {config.capture_id}")
@@ -89,46 +92,60 @@ def receive(context: dg.OpExecutionContext, config: ReceiveConfig, cdc: CdcResou
     return Received(config.capture_id, config.owner_rev, config.tick, ttl, merge(work, later))
 
 
-@dg.op(out=dg.Out(Any, io_manager_key="mem_io"))
+def capture_tick(
+    cdc: CdcResource, spark: SparkResource, capture_id: str, work: dict[str, Any]
+) -> CaptureTick:
+    """One tick of ``capture_id`` on this run's metastore connection and Spark session."""
+    settings = cdc.settings()
+    return CaptureTick(
+        cdc.metastore(),
+        capture_id,
+        work,
+        staging_root=settings.staging_dir(),
+        executor_factory=spark_executor_factory(spark.spark_session),
+        lease_ttl_s=settings.capture_ttl_s,
+    )
+
+
+@dg.op(out=dg.Out(CaptureTick, io_manager_key="mem_io"))
 def prepare(
     context: dg.OpExecutionContext,
     received: Received,
     cdc: CdcResource,
-    spark: SparkConnectResource,
-) -> Any:
+    spark: SparkResource,
+) -> CaptureTick:
     """Phase 1: pull, sort and mount into the capture's staging, up to resolved ts."""
     started = time.perf_counter()
-    capture = CaptureTick(
-        cdc.metastore(), cdc.settings(), received.capture_id, spark.spark_session, received.messages
-    )
+    capture = capture_tick(cdc, spark, received.capture_id, received.messages)
     for line in capture.prepare():
         context.log.info("prepare %s", line)
     context.log.info("prepare took %.2f s", time.perf_counter() - started)
     return capture
 
 
-@dg.op(out=dg.Out(Any, io_manager_key="mem_io"))
-def commit(context: dg.OpExecutionContext, capture: Any) -> Any:
+@dg.op(out=dg.Out(list[TableProgress], io_manager_key="mem_io"))
+def commit(context: dg.OpExecutionContext, capture: CaptureTick) -> list[TableProgress]:
     """Phase 2: sink staged changes up to min(resolved, barrier), advance checkpoints, report."""
     started = time.perf_counter()
-    lines, reports = capture.commit()
+    lines, progress = capture.commit()
     for line in lines:
         context.log.info("commit %s", line)
     context.log.info("commit took %.2f s", time.perf_counter() - started)
-    return reports
+    return progress
 
 
 def build_report_op(catalog: Catalog) -> dg.OpDefinition:
     """The report op: one asset materialization per replicated table (or schema group)."""
 
     @dg.op(name="report")
-    def report(context: dg.OpExecutionContext, received: Received, reports: Any) -> None:
+    def report(
+        context: dg.OpExecutionContext, received: Received, progress: list[TableProgress]
+    ) -> None:
         """Progress into the replicated tables' metadata (the DDL gate reads it)."""
-        now_ms = time.time_ns() // 1_000_000
-        events = materializations(catalog, reports, received.capture_id, now_ms)
+        events = materializations(catalog, progress, time.time_ns() // 1_000_000)
         for event in events:
             context.log_event(event)
-        context.log.info("reported %d table(s) as %d asset event(s)", len(reports), len(events))
+        context.log.info("reported %d table(s) as %d asset event(s)", len(progress), len(events))
 
     return report
 
@@ -148,15 +165,13 @@ def build_follow_op(catalog: Catalog) -> dg.OpDefinition:
         config: FollowConfig,
         received: Received,
         cdc: CdcResource,
-        spark: SparkConnectResource,
+        spark: SparkResource,
     ) -> None:
         """Tick again each time the owner sends this capture messages, for ``seconds``."""
-        from cdc_dagster.metastore.errors import CaptureNotRegisteredError, LeaseExpiredError
-
         if config.seconds <= 0:
             context.log.info("one tick per run (follow seconds = 0)")
             return
-        ms, settings, cid = cdc.metastore(), cdc.settings(), received.capture_id
+        ms, cid = cdc.metastore(), received.capture_id
         started = time.monotonic()
         deadline, renewed, ticks, why = started + config.seconds, started, 0, "time is up"
         throttle = MaterializationThrottle()
@@ -181,10 +196,10 @@ def build_follow_op(catalog: Catalog) -> dg.OpDefinition:
                 continue
             ticks += 1
             tick_started = time.perf_counter()
-            capture = CaptureTick(ms, settings, cid, spark.spark_session, work)
+            capture = capture_tick(cdc, spark, cid, work)
             lines = capture.prepare()
-            committed, reports = capture.commit()
-            events = materializations(catalog, reports, cid, time.time_ns() // 1_000_000)
+            committed, progress = capture.commit()
+            events = materializations(catalog, progress, time.time_ns() // 1_000_000)
             logged = throttle.select(events, time.monotonic())
             for event in logged:
                 context.log_event(event)

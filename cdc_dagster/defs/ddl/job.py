@@ -11,10 +11,9 @@ import dagster as dg
 from cdc_dagster.defs.catalog import Catalog
 from cdc_dagster.defs.owner.plan import DDL_JOB
 from cdc_dagster.defs.resources import CdcResource
-from cdc_dagster.defs.runtime_glue import DdlToRun, reported_checkpoints
-from cdc_dagster.defs.runtime_glue import apply_ddl as apply_ddl_at_sink
 from cdc_dagster.defs.tables.assets import latest_checkpoint
-from cdc_dagster.defs.tables.gate import checkpoint_lookup, gate_status
+from cdc_dagster.defs.tables.gate import DdlRequest, checkpoint_lookup, gate_status
+from cdc_dagster.runtime import apply_ddl_at, reported_checkpoints
 
 
 class DdlConfig(dg.Config):
@@ -31,7 +30,7 @@ def build_ddl_job(catalog: Catalog) -> dg.JobDefinition:
     @dg.op(name="ddl_gate")
     def ddl_gate(context: dg.OpExecutionContext, config: DdlConfig, cdc: CdcResource) -> int:
         """Fail unless every blocked table's checkpoint metadata reached the commit ts."""
-        ddl = DdlToRun(config.changefeed_id, config.commit_ts, tuple(config.table_ids))
+        ddl = DdlRequest(config.changefeed_id, config.commit_ts, tuple(config.table_ids))
 
         @functools.cache
         def tasks() -> dict:  # etcd is read once, and only when the gate needs it
@@ -59,7 +58,7 @@ def build_ddl_job(catalog: Catalog) -> dg.JobDefinition:
         context: dg.OpExecutionContext, gate: int, config: DdlConfig, cdc: CdcResource
     ) -> None:
         """Apply the DDL at the sink (idempotent: a replay skips it)."""
-        queries = apply_ddl_at_sink(cdc.metastore(), config.changefeed_id, gate)
+        queries = apply_ddl_at(cdc.metastore(), config.changefeed_id, gate)
         for query in queries:
             context.log.info("applied DDL at %d of %s: %s", gate, config.changefeed_id, query)
 

@@ -66,7 +66,7 @@ def _fail_changefeed(ms: Any, changefeed_id: str, message: str) -> None:
 
 def _pull(context: dg.OpExecutionContext, config: PullConfig, ms: Any, cf: Any) -> Any:
     from cdc_dagster.mysql.puller import PullerConfig, PullerError, run_puller
-    from cdc_dagster.mysql.upstream import UpstreamError, changelog_root
+    from cdc_dagster.upstream.uri import UpstreamError, changelog_path
 
     started = time.monotonic()
 
@@ -75,7 +75,7 @@ def _pull(context: dg.OpExecutionContext, config: PullConfig, ms: Any, cf: Any) 
 
     try:
         uri = cf.info.upstream_uri
-        pcfg = PullerConfig(uri, changelog_root(uri), tuple(cf.info.table_filter))
+        pcfg = PullerConfig(uri, changelog_path(uri), tuple(cf.info.table_filter))
         return run_puller(pcfg, stop_after=stop)
     except PullerError as exc:
         message = redact_text(" ".join(str(exc).split()))

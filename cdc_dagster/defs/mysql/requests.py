@@ -9,12 +9,18 @@ disconnect each other), and ``cdc/changefeed`` for the UI and for the in-flight 
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import dagster as dg
+
+from cdc_dagster.metastore import Metastore
+from cdc_dagster.metastore.changefeeds import ChangefeedState
+from cdc_dagster.metastore.errors import MetastoreError
+from cdc_dagster.upstream.uri import UpstreamError, is_mysql_uri, parse_uri
 
 PULLER_JOB = "mysql_puller"
 UPSTREAM_TAG = "cdc/upstream"
@@ -56,8 +62,6 @@ class PullerTarget:
 
 def pullers_to_run(changefeeds: Iterable[Any], busy: set[str]) -> list[PullerTarget]:
     """The normal ``mysql://`` changefeeds without a queued or running puller, by id."""
-    from cdc_dagster.metastore.changefeeds import ChangefeedState
-    from cdc_dagster.mysql.upstream import UpstreamError, is_mysql_uri, parse_uri
 
     out = []
     for cf in changefeeds:
@@ -104,7 +108,7 @@ def in_flight_pullers(instance: dg.DagsterInstance) -> set[str]:
 
 
 def puller_requests(
-    instance: dg.DagsterInstance, metastore: Any, owner_rev: int, tick: int
+    instance: dg.DagsterInstance, metastore: Metastore, owner_rev: int, tick: int
 ) -> list[dg.RunRequest]:
     """The owner tick's puller runs: one per normal mysql:// changefeed not already pulling."""
     targets = pullers_to_run(metastore.changefeeds.list(), in_flight_pullers(instance))
@@ -113,18 +117,15 @@ def puller_requests(
 
 
 def with_puller_runs(
-    result: dg.SensorResult, instance: dg.DagsterInstance, owner_rev: int, tick: int
+    result: dg.SensorResult,
+    instance: dg.DagsterInstance,
+    ms: Metastore,
+    owner_rev: int,
+    tick: int,
 ) -> dg.SensorResult:
     """The owner's ``result`` plus this tick's puller runs (etcd read failing: none this tick)."""
-    import logging
-
-    from cdc_dagster.defs.runtime_glue import open_metastore
-    from cdc_dagster.defs.settings import Settings
-    from cdc_dagster.metastore.errors import MetastoreError
-
     try:
-        with open_metastore(Settings.from_env()) as ms:
-            runs = puller_requests(instance, ms, owner_rev, tick)
+        runs = puller_requests(instance, ms, owner_rev, tick)
     except MetastoreError as exc:
         logging.getLogger(__name__).warning("no puller runs this tick: %s", exc)
         return result

@@ -10,9 +10,10 @@ import dagster as dg
 
 from cdc_dagster.defs.catalog import Catalog
 from cdc_dagster.defs.partitions import CAPTURES
-from cdc_dagster.defs.runtime_glue import DdlToRun, TickView
 from cdc_dagster.defs.tables.gate import gate_status
 from cdc_dagster.metastore.mailbox import merge
+from cdc_dagster.runtime import OwnerStep, ReadyDdl
+from scheduler_core.ts import format_ts
 
 CAPTURE_JOB = "capture_tick"
 DDL_JOB = "apply_ddl"
@@ -20,36 +21,35 @@ DDL_JOB = "apply_ddl"
 
 def capture_run_request(
     capture_id: str,
-    view: TickView,
+    owner_rev: int,
     tick: int,
-    messages: Mapping[str, list[dict[str, Any]]] | None = None,
+    messages: Mapping[str, list[dict[str, Any]]],
     follow_s: float = 0.0,
 ) -> dg.RunRequest:
-    """One capture run: its owner messages (this tick's unless given), ``owner_rev`` and the
-    tick in the run config, and how long it goes on ticking from its mailbox."""
-    work = view.work.get(capture_id, {}) if messages is None else messages
+    """One capture run: its owner messages, ``owner_rev`` and the tick in the run config, and
+    how long it goes on ticking from its mailbox."""
     config = {
         "capture_id": capture_id,
-        "owner_rev": view.owner_rev,
+        "owner_rev": owner_rev,
         "tick": tick,
-        "messages_json": json.dumps(work, separators=(",", ":")),
+        "messages_json": json.dumps(messages, separators=(",", ":")),
     }
     return dg.RunRequest(
         # run keys are deduplicated forever: owner_rev and the tick make each one new.
-        run_key=f"capture:{capture_id}:{view.owner_rev}:{tick}",
+        run_key=f"capture:{capture_id}:{owner_rev}:{tick}",
         partition_key=capture_id,
         job_name=CAPTURE_JOB,
         run_config={
             "ops": {"receive": {"config": config}, "follow": {"config": {"seconds": follow_s}}}
         },
-        tags={"cdc/owner_rev": str(view.owner_rev), "cdc/tick": str(tick)},
+        tags={"cdc/owner_rev": str(owner_rev), "cdc/tick": str(tick)},
     )
 
 
 DDL_RETRY_TICKS = 6  # a DDL still ready this many ticks later gets a new run (~30 s)
 
 
-def ddl_run_request(ddl: DdlToRun, view: TickView, tick: int) -> dg.RunRequest:
+def ddl_run_request(ddl: ReadyDdl, owner_rev: int, tick: int) -> dg.RunRequest:
     """The run applying one DDL whose gate is open (again after a failed run, every ~30 s)."""
     config = {
         "changefeed_id": ddl.changefeed_id,
@@ -57,7 +57,7 @@ def ddl_run_request(ddl: DdlToRun, view: TickView, tick: int) -> dg.RunRequest:
         "table_ids": list(ddl.table_ids),
     }
     return dg.RunRequest(
-        run_key=f"ddl:{ddl.changefeed_id}:{ddl.commit_ts}:{view.owner_rev}:{tick // DDL_RETRY_TICKS}",
+        run_key=f"ddl:{ddl.changefeed_id}:{ddl.commit_ts}:{owner_rev}:{tick // DDL_RETRY_TICKS}",
         job_name=DDL_JOB,
         run_config={"ops": {"ddl_gate": {"config": config}, "ddl_apply": {"config": config}}},
         tags={"cdc/changefeed": ddl.changefeed_id, "cdc/ddl_commit_ts": str(ddl.commit_ts)},
@@ -112,7 +112,7 @@ class Outbox:
 
 
 def plan(
-    view: TickView,
+    step: OwnerStep,
     tick: int,
     known_captures: Collection[str],
     catalog: Catalog,
@@ -122,20 +122,18 @@ def plan(
     outbox: Outbox | None = None,
     follow_s: float = 0.0,
 ) -> dg.SensorResult:
-    """The sensor's answer for one tick.
+    """The sensor's answer for one owner step.
 
     A run per capture with work (a heartbeat is work: it renews the lease) unless the
     capture has a run still queued (or, with ``follow_s``, in progress: a run that follows
     its mailbox takes them itself): then its messages wait in ``outbox`` for that run or
-    the next;
-    partitions follow the alive captures; a DDL run only when the tables' checkpoint
-    metadata has reached its commit ts (the gate op re-checks inside the run).
+    the next; partitions follow the alive captures; a DDL run only when the tables'
+    checkpoint metadata has reached its commit ts (the gate op re-checks inside the run).
     """
-    if not view.is_owner:
-        return dg.SensorResult(
-            skip_reason=f"not the owner: {view.owner} holds the election", cursor=str(tick)
-        )
-    alive = set(view.captures)
+    owner = step.tick
+    if not owner.is_owner:
+        return dg.SensorResult(skip_reason="; ".join(step.notes), cursor=str(tick))
+    alive = set(owner.captures)
     partition_requests: list[
         dg.AddDynamicPartitionsRequest | dg.DeleteDynamicPartitionsRequest
     ] = []
@@ -146,21 +144,22 @@ def plan(
     if gone:
         partition_requests.append(CAPTURES.build_delete_request(gone))
     box = outbox if outbox is not None else Outbox()
-    box.new_owner(view.owner_rev)
+    box.new_owner(owner.owner_rev)
     box.forget(alive)
     runs = []
-    for c, m in sorted(view.work.items()):
-        if not m or c not in alive:
+    for c, m in sorted(step.work.items()):
+        if c not in alive:
             continue
         if c in queued:
             box.hold(c, m)
             continue
-        runs.append(capture_run_request(c, view, tick, box.take(c, m), follow_s))
-    for ddl in view.ddls:
-        current = {t.table_id for t in view.tables if t.changefeed_id == ddl.changefeed_id}
+        runs.append(capture_run_request(c, owner.owner_rev, tick, box.take(c, m), follow_s))
+    for ddl in step.gated:
+        tables = owner.changefeeds.get(ddl.changefeed_id)
+        current = {t.table_id for t in tables.tables} if tables else set()
         is_open, _ = gate_status(ddl, catalog, checkpoint_of, current or None)
         if is_open:
-            runs.append(ddl_run_request(ddl, view, tick))
+            runs.append(ddl_run_request(ddl, owner.owner_rev, tick))
     return dg.SensorResult(
         run_requests=runs,
         dynamic_partitions_requests=partition_requests,
@@ -168,11 +167,10 @@ def plan(
     )
 
 
-def progress_lines(view: TickView) -> Mapping[str, str]:
+def progress_lines(step: OwnerStep) -> Mapping[str, str]:
     """Per changefeed, one log line of its progress."""
-    from scheduler_core.ts import format_ts
-
     return {
-        cf: f"checkpoint {format_ts(ckpt)} resolved {format_ts(res)}"
-        for cf, (ckpt, res) in view.progress.items()
+        cf: f"checkpoint {format_ts(t.checkpoint_ts)} resolved {format_ts(t.resolved_ts)} "
+        f"lag {t.lag_s:.1f} s"
+        for cf, t in step.tick.changefeeds.items()
     }

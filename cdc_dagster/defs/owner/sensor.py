@@ -1,4 +1,4 @@
-"""The owner sensor: each evaluation is one owner tick (docs: DESIGN.md "Mapping onto Dagster")."""
+"""The owner sensor: each evaluation is one owner step (docs: DESIGN.md "Mapping onto Dagster")."""
 
 import time
 
@@ -9,14 +9,14 @@ from cdc_dagster.defs.mysql.requests import with_puller_runs
 from cdc_dagster.defs.owner.mailbox import MailboxOutbox
 from cdc_dagster.defs.owner.plan import CAPTURE_JOB, plan, progress_lines
 from cdc_dagster.defs.partitions import CAPTURES
-from cdc_dagster.defs.runtime_glue import owner_metastore, owner_tick
-from cdc_dagster.defs.settings import Settings
+from cdc_dagster.defs.resources import CdcResource
 from cdc_dagster.defs.tables.assets import (
     ObservationBudget,
     latest_checkpoint,
     progress_observations,
 )
 from cdc_dagster.defs.tables.gate import checkpoint_lookup
+from cdc_dagster.runtime import OwnerStep, owner_step
 
 SENSOR_NAME = "cdc_owner"
 MIN_INTERVAL_S = 5  # the daemon's loop wakes every 5 s: the real floor
@@ -36,6 +36,20 @@ def queued_captures(instance: dg.DagsterInstance, in_progress: bool = False) -> 
         dg.RunsFilter(job_name=CAPTURE_JOB, statuses=statuses), limit=1000
     )
     return {p for r in records if (p := r.dagster_run.tags.get("dagster/partition"))}
+
+
+def _log_step(context: dg.SensorEvaluationContext, step: OwnerStep, tick: int, runs: int) -> None:
+    for cf, line in progress_lines(step).items():
+        context.log.info("changefeed %s: %s", cf, line)
+    for note in step.notes:
+        context.log.info(note)
+    context.log.info(
+        "tick %d owner_rev %d: %d run(s) requested, owner tick %.3f s",
+        tick,
+        step.tick.owner_rev,
+        runs,
+        step.duration_s,
+    )
 
 
 def build_owner_sensor(
@@ -59,64 +73,51 @@ def build_owner_sensor(
             "run when a DDL's gate opens."
         ),
     )
-    def cdc_owner(context: dg.SensorEvaluationContext) -> dg.SensorResult:
+    def cdc_owner(context: dg.SensorEvaluationContext, cdc: CdcResource) -> dg.SensorResult:
         tick = int(context.cursor or 0) + 1
-        settings = Settings.from_env()
-        view = owner_tick(settings)
-        # Messages for captures with a queued run wait in etcd, where that run takes them
-        # when it starts (its newest barriers), or the capture's next run does.
-        outbox = MailboxOutbox(owner_metastore(settings).mailbox)
-
-        # Tables without an asset (created after the catalog was loaded): the owner's view,
-        # built only when a DDL gate asks for such a table (it is O(tables)).
+        settings = cdc.settings()
+        loop = cdc.owner_loop()
+        step = owner_step(loop)
+        owner = step.tick
+        # Tables without an asset (created after the catalog was loaded): the owner's view.
         checkpoint_of = checkpoint_lookup(
             catalog,
             lambda key: latest_checkpoint(context.instance, key),
             lambda cf: {
                 t.table_id: t.checkpoint_ts
-                for t in view.tables
-                if t.changefeed_id == cf and t.state == "replicating"
+                for t in (owner.changefeeds[cf].tables if cf in owner.changefeeds else ())
+                if t.replicating
             },
         )
-
-        known = context.instance.get_dynamic_partitions(CAPTURES.name)
         # A run that follows its mailbox (capture_loop_s > 0) takes the messages sent while
-        # it runs: no second run for its capture meanwhile.
+        # it runs: no second run for its capture meanwhile; they wait in its etcd mailbox.
         follow_s = settings.capture_loop_s
         queued = (
-            queued_captures(context.instance, in_progress=follow_s > 0) if view.is_owner else set()
+            queued_captures(context.instance, in_progress=follow_s > 0) if owner.is_owner else set()
         )
         result = plan(
-            view,
+            step,
             tick,
-            known,
+            context.instance.get_dynamic_partitions(CAPTURES.name),
             catalog,
             checkpoint_of,
             queued=queued,
-            outbox=outbox,
+            outbox=MailboxOutbox(loop.metastore.mailbox),
             follow_s=follow_s,
         )
-        if view.is_owner:  # binlog pullers of mysql:// changefeeds
-            result = with_puller_runs(result, context.instance, view.owner_rev, tick)
-        for cf, line in progress_lines(view).items():
-            context.log.info("changefeed %s: %s", cf, line)
-        for note in view.notes:
-            context.log.info(note)
-        context.log.info(
-            "tick %d owner_rev %d: %d run(s) requested, owner tick %.3f s",
-            tick,
-            view.owner_rev,
-            len(result.run_requests or []),
-            view.duration_s,
-        )
+        if owner.is_owner:  # binlog pullers of mysql:// changefeeds
+            result = with_puller_runs(
+                result, context.instance, loop.metastore, owner.owner_rev, tick
+            )
+        _log_step(context, step, tick, len(result.run_requests or []))
         if queued:  # one line, no etcd read per capture
             context.log.info(
                 "run queued or following its mailbox (their messages wait there): %s",
                 ", ".join(sorted(queued)),
             )
-        if view.is_owner and view.tables:
+        if owner.is_owner and step.tables:
             observations = progress_observations(
-                catalog, view.tables, time.time_ns() // 1_000_000, budget
+                catalog, step.tables, time.time_ns() // 1_000_000, budget
             )
             return dg.SensorResult(
                 run_requests=result.run_requests,

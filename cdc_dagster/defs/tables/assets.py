@@ -7,7 +7,7 @@ from collections.abc import Iterable, Sequence
 import dagster as dg
 
 from cdc_dagster.defs.catalog import Catalog, TableRef
-from cdc_dagster.defs.runtime_glue import TableReport
+from cdc_dagster.runtime import TableProgress
 from scheduler_core.ts import physical_ms
 
 UPSTREAM_GROUP = "upstream"
@@ -57,9 +57,10 @@ def _ts_meta(name: str, ts: int) -> dict[str, dg.MetadataValue]:
 
 
 def table_materialization(
-    key: dg.AssetKey, reports: Sequence[TableReport], capture_id: str, now_ms: int
+    key: dg.AssetKey, reports: Sequence[TableProgress], now_ms: int
 ) -> dg.AssetMaterialization:
     """One materialization for ``reports`` (one table, or every table of a grouped schema)."""
+    capture_id = ",".join(sorted({r.capture_id for r in reports}))
     checkpoint = min(r.checkpoint_ts for r in reports)
     resolved = min(r.resolved_ts for r in reports)
     barrier = min(r.barrier_ts for r in reports)
@@ -82,10 +83,10 @@ def table_materialization(
 
 
 def materializations(
-    catalog: Catalog, reports: Iterable[TableReport], capture_id: str, now_ms: int
+    catalog: Catalog, reports: Iterable[TableProgress], now_ms: int
 ) -> list[dg.AssetMaterialization]:
     """The report's materializations: one per asset key (tables of a group merged)."""
-    grouped: dict[dg.AssetKey, list[TableReport]] = {}
+    grouped: dict[dg.AssetKey, list[TableProgress]] = {}
     for report in reports:
         key = catalog.replica_key_for(report.changefeed_id, report.table_id)
         if key is None:  # created after the catalog was loaded
@@ -93,7 +94,7 @@ def materializations(
                 TableRef(report.table_id, "unknown", f"table_{report.table_id}")
             )
         grouped.setdefault(key, []).append(report)
-    return [table_materialization(k, rs, capture_id, now_ms) for k, rs in grouped.items()]
+    return [table_materialization(k, rs, now_ms) for k, rs in grouped.items()]
 
 
 class MaterializationThrottle:
@@ -173,14 +174,14 @@ class ObservationBudget:
 
 def progress_observations(
     catalog: Catalog,
-    tables: Iterable[TableReport],
+    tables: Iterable[TableProgress],
     now_ms: int,
     budget: ObservationBudget | None = None,
 ) -> list[dg.AssetObservation]:
     """The owner's view of each table (state, primary capture, barrier, lag) as observations,
     one per asset key (tables of a group merged), for the keys ``budget`` picks (all of
     them without one)."""
-    grouped: dict[dg.AssetKey, list[TableReport]] = {}
+    grouped: dict[dg.AssetKey, list[TableProgress]] = {}
     for t in tables:
         key = catalog.replica_key_for(t.changefeed_id, t.table_id)
         if key is not None:
@@ -198,9 +199,7 @@ def progress_observations(
     out = []
     for key in keys:
         reports = grouped[key]
-        m = table_materialization(
-            key, reports, ",".join(sorted({r.capture_id for r in reports})), now_ms
-        )
+        m = table_materialization(key, reports, now_ms)
         metadata = {k: v for k, v in m.metadata.items() if k != "rows_applied"}
         metadata["source"] = dg.MetadataValue.text("owner")
         out.append(dg.AssetObservation(asset_key=key, metadata=metadata))

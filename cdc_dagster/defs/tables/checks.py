@@ -15,6 +15,11 @@ import dagster as dg
 
 from cdc_dagster.defs.catalog import Catalog, TableRef
 from cdc_dagster.defs.resources import CdcResource
+from cdc_dagster.sinks.delta import list_syncpoints, read_syncpoint, read_table_at
+from cdc_dagster.sinks.uri import delta_root, is_delta
+from cdc_dagster.upstream.generator import WorkloadConfig
+from cdc_dagster.upstream.oracle import Oracle, fingerprint
+from cdc_dagster.upstream.uri import UpstreamError, changelog_path
 
 LAG_CHECK = "lag_within_bound"
 SYNCPOINT_CHECK = "equals_upstream_at_syncpoint"
@@ -48,21 +53,15 @@ def _latest_float(instance: dg.DagsterInstance, key: dg.AssetKey, name: str) -> 
 
 def _last_syncpoint(sink_uri: str, changefeed_id: str) -> Any:
     """The changefeed's last syncpoint record at a Delta sink (None if none)."""
-    from cdc_dagster.sinks.delta import list_syncpoints, read_syncpoint
-
-    if not sink_uri.startswith("delta://"):
+    if not is_delta(sink_uri):
         return None
-    root = sink_uri.removeprefix("delta://")
+    root = delta_root(sink_uri)
     points = list_syncpoints(root, changefeed_id)
     return read_syncpoint(root, changefeed_id, points[-1]) if points else None
 
 
 def _table_at_syncpoint(sink_uri: str, sp: Any, table_id: int) -> Any:
-    from cdc_dagster.sinks.delta import read_table_at
-
-    return read_table_at(
-        sink_uri.removeprefix("delta://"), sp.locations[table_id], sp.versions[table_id]
-    )
+    return read_table_at(delta_root(sink_uri), sp.locations[table_id], sp.versions[table_id])
 
 
 def build_checks(catalog: Catalog) -> list[dg.AssetChecksDefinition]:
@@ -113,8 +112,6 @@ def _syncpoint_checks(catalog: Catalog) -> dg.AssetChecksDefinition:
     def syncpoint_checks(
         context: dg.AssetCheckExecutionContext, cdc: CdcResource
     ) -> Iterator[dg.AssetCheckResult]:
-        from cdc_dagster.upstream.oracle import Oracle, fingerprint
-
         s = cdc.settings()
         feeds = cdc.metastore().changefeeds.list()
         for key, ref in refs.items():
@@ -134,11 +131,9 @@ def _feeds_of(ref: TableRef, feeds: list[Any], changelog: Path | None) -> list[A
 
 
 def _changelog_of(cf: Any) -> Path | None:
-    from cdc_dagster.runtime.spec import UpstreamUriError, changelog_path
-
     try:
         return Path(changelog_path(getattr(cf.info, "upstream_uri", "") or "")).resolve()
-    except UpstreamUriError:
+    except UpstreamError:
         return None
 
 
@@ -215,8 +210,6 @@ def _bank_check(
         description="sum of balances over every bank table at the last syncpoint equals the workload's constant",
     )
     def bank_total(context: dg.AssetCheckExecutionContext, cdc: CdcResource) -> dg.AssetCheckResult:
-        from cdc_dagster.upstream.generator import WorkloadConfig
-
         feeds = _feeds_of(bank[0], cdc.metastore().changefeeds.list(), cdc.settings().changelog)
         found = _bank_total(feeds, table_ids)
         if found is None:

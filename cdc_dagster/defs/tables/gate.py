@@ -10,11 +10,21 @@ from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 
 from cdc_dagster.defs.catalog import Catalog
-from cdc_dagster.defs.runtime_glue import DdlToRun
+from cdc_dagster.runtime import ReadyDdl
+
+
+@dataclass(frozen=True, slots=True)
+class DdlRequest:
+    """A DDL as a DDL run's config names it: the changefeed, its commit ts, the tables it
+    blocks (empty: every table of the changefeed)."""
+
+    changefeed_id: str
+    commit_ts: int
+    table_ids: tuple[int, ...]
 
 
 def gate_status(
-    ddl: DdlToRun,
+    ddl: ReadyDdl | DdlRequest,
     catalog: Catalog,
     checkpoint_of: Callable[[str, int], int | None],
     current_tables: Collection[int] | None = None,

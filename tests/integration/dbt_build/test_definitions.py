@@ -14,8 +14,9 @@ import duckdb
 import pytest
 
 from cdc_dagster.dbt import PROJECT_DIR
-from cdc_dagster.dbt.assets import DbtDownstreamResource, dbt_assets_for
-from cdc_dagster.dbt.sensor import syncpoint_requests, syncpoint_sensor
+from cdc_dagster.defs.dbt.assets import DbtDownstreamResource, dbt_assets_for
+from cdc_dagster.defs.dbt.sensor import syncpoint_requests, syncpoint_sensor
+from cdc_dagster.testing.dagster import evaluate_sensor
 from tests.integration.dbt_build.expected import built_models, expected_models
 from tests.integration.dbt_build.replica import CF, TABLES, Replica
 
@@ -92,7 +93,7 @@ def test_sensor_run_builds_the_syncpoint_with_its_metadata_and_checks(
     defs = build_defs(replica.root, duckdb_path, monkeypatch)
     sensor = defs.resolve_sensor_def("dbt_syncpoint_sensor")
     with dg.instance_for_test() as instance:
-        result = sensor(dg.build_sensor_context(instance=instance, definitions=defs))
+        result = evaluate_sensor(sensor, instance, definitions=defs)
         assert [r.tags["cdc/syncpoint_ts"] for r in result.run_requests] == [str(ts)]
         replica.transfer_half(True)  # lands after the syncpoint: the run must not see it
         assert result.run_requests[0].tags["cdc/dbt_build"] == "1"
@@ -109,9 +110,7 @@ def test_sensor_run_builds_the_syncpoint_with_its_metadata_and_checks(
             assert meta["delta_version/bank.accounts_0"].value == replica_version(replica, ts, 1)
         checks = run.get_asset_check_evaluations()
         assert checks and all(c.passed for c in checks)
-        again = sensor(
-            dg.build_sensor_context(instance=instance, definitions=defs, cursor=result.cursor)
-        )
+        again = evaluate_sensor(sensor, instance, definitions=defs, cursor=result.cursor)
         assert not again.run_requests
     assert built_models(duckdb_path, ts) == expected_models(replica.snapshots[ts])
     with duckdb.connect(duckdb_path, read_only=True) as con:
@@ -136,13 +135,13 @@ def test_sensor_reads_the_changefeed_from_the_environment_at_tick_time(
     monkeypatch.delenv("CDC_DAGSTER_ETCD", raising=False)  # etcd: the state dir's, not running
     monkeypatch.setenv("CDC_DAGSTER_STATE_DIR", os.path.dirname(replica.root))
     with dg.instance_for_test() as instance:
-        skipped = sensor(dg.build_sensor_context(instance=instance))
+        skipped = evaluate_sensor(sensor, instance)
         assert isinstance(skipped, dg.SkipReason) and "CDC_DAGSTER_DBT_DELTA_ROOT" in str(
             skipped.skip_message
         )
         monkeypatch.setenv("CDC_DAGSTER_DBT_DELTA_ROOT", f"delta://{replica.root}")
         monkeypatch.setenv("CDC_DAGSTER_DBT_CHANGEFEED", CF)
-        result = sensor(dg.build_sensor_context(instance=instance))
+        result = evaluate_sensor(sensor, instance)
     assert [r.tags["cdc/syncpoint_ts"] for r in result.run_requests] == [str(ts)]
     settings = DbtDownstreamResource().settings()
     assert (settings.delta_root, settings.changefeed_id) == (replica.root, CF)
@@ -152,7 +151,7 @@ def test_every_source_key_is_the_control_planes_replica_key() -> None:
     catalog_mod = pytest.importorskip("cdc_dagster.defs.catalog")  # lands with the defs module
     import json
 
-    from cdc_dagster.dbt.assets import CdcDbtTranslator, project_for
+    from cdc_dagster.defs.dbt.assets import CdcDbtTranslator, project_for
 
     manifest = json.loads(project_for(PROJECT_DIR).manifest_path.read_text(encoding="utf-8"))
     translator = CdcDbtTranslator()

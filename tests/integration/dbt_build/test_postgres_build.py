@@ -18,7 +18,9 @@ import psycopg
 import pytest
 
 from cdc_dagster.dbt import pg
+from cdc_dagster.metastore import Metastore
 from cdc_dagster.sinks.postgres import PostgresSink
+from cdc_dagster.testing.dagster import evaluate_sensor
 from cdc_dagster.testing.servers import EmbeddedServerError, PrivatePostgres
 from tests.integration.dbt_build.expected import built_pg_models, expected_models
 from tests.integration.dbt_build.replica import BALANCE, CF, TABLES, Replica
@@ -173,7 +175,11 @@ def test_syncpoint_record_cost_with_and_without_copies(pg_uri: str) -> None:
 
 
 def test_production_sensor_and_run_build_a_postgres_changefeed(
-    pg_uri: str, monkeypatch: pytest.MonkeyPatch
+    pg_uri: str,
+    monkeypatch: pytest.MonkeyPatch,
+    metastore: Metastore,
+    etcd_endpoints: list[str],
+    cluster_id: str,
 ) -> None:
     import dagster as dg
 
@@ -181,19 +187,19 @@ def test_production_sensor_and_run_build_a_postgres_changefeed(
     from tests.integration.dbt_build.test_definitions import catalog
 
     replica = _replica(pg_uri, register=False)
-    monkeypatch.setattr("cdc_dagster.dbt.settings.changefeeds_in_etcd", lambda: {CF: (pg_uri, 10)})
+    metastore.changefeeds.create(CF, pg_uri, sync_point_interval_s=10)  # what the sensor finds
+    monkeypatch.setenv("CDC_DAGSTER_ETCD", ",".join(etcd_endpoints))
+    monkeypatch.setenv("CDC_DAGSTER_CLUSTER_ID", cluster_id)
     for k in ("CDC_DAGSTER_DBT_DELTA_ROOT", "CDC_DAGSTER_DBT_CHANGEFEED"):
         monkeypatch.delenv(k, raising=False)
     defs = build_definitions(catalog())
     sensor = defs.resolve_sensor_def("dbt_syncpoint_sensor")
     with dg.instance_for_test() as instance:
-        first = sensor(dg.build_sensor_context(instance=instance, definitions=defs))
+        first = evaluate_sensor(sensor, instance, definitions=defs)
         assert not first.run_requests  # registered now; copies start at the next syncpoint
         replica.transfer()
         ts = replica.syncpoint()
-        result = sensor(
-            dg.build_sensor_context(instance=instance, definitions=defs, cursor=first.cursor)
-        )
+        result = evaluate_sensor(sensor, instance, definitions=defs, cursor=first.cursor)
         assert [r.tags["cdc/syncpoint_ts"] for r in result.run_requests] == [str(ts)]
         run = defs.resolve_job_def("dbt_build").execute_in_process(
             run_config=result.run_requests[0].run_config, instance=instance

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from cdc_dagster.dbt.sensor import parse_cursor
 from cdc_dagster.dbt.settings import NoTargetError, resolve_settings
+from cdc_dagster.defs.dbt.sensor import parse_cursor
 
 DEMO = {"demo": ("delta:///state/lake", 30), "other": ("delta:///x", 0)}
 

@@ -15,6 +15,8 @@ from pathlib import Path
 import dagster as dg
 import pytest
 
+from cdc_dagster.testing.dagster import evaluate_sensor
+
 pytest.importorskip("cdc_dagster.pipeline.executor")
 
 from test_capture_job import _first_create, _workload, spark  # noqa: F401 - a fixture
@@ -22,7 +24,7 @@ from test_capture_job import _first_create, _workload, spark  # noqa: F401 - a f
 from cdc_dagster import admin
 from cdc_dagster.defs import build_definitions
 from cdc_dagster.defs.catalog import catalog_from_changelog
-from cdc_dagster.defs.runtime_glue import forget_owner_loops
+from cdc_dagster.defs.resources import CdcResource
 from cdc_dagster.metastore import Metastore
 
 FOLLOW_S = 25.0
@@ -47,7 +49,7 @@ def test_one_run_per_capture_follows_the_owner_until_every_table_replicates(
         "CAPTURE_LOOP_S": str(FOLLOW_S),
     }.items():
         monkeypatch.setenv(f"CDC_DAGSTER_{name}", value)
-    forget_owner_loops()
+    CdcResource.forget_owner_loops()
     workload = _workload(changelog)
     admin.create_changefeed(
         metastore,
@@ -77,9 +79,7 @@ def test_one_run_per_capture_follows_the_owner_until_every_table_replicates(
         cursor = None
         deadline = time.monotonic() + 150
         while not replicating(instance) and time.monotonic() < deadline:
-            result = sensor(
-                dg.build_sensor_context(instance=instance, cursor=cursor, definitions=defs)
-            )
+            result = evaluate_sensor(sensor, instance, cursor=cursor, definitions=defs)
             cursor = result.cursor
             assert result.skip_reason is None, result.skip_reason
             for req in result.dynamic_partitions_requests or []:

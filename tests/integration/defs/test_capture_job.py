@@ -14,13 +14,15 @@ from pathlib import Path
 import dagster as dg
 import pytest
 
+from cdc_dagster.testing.dagster import evaluate_sensor
+
 pytest.importorskip("cdc_dagster.runtime")
 pytest.importorskip("cdc_dagster.pipeline.executor")
 
 from cdc_dagster import admin
 from cdc_dagster.defs import build_definitions
 from cdc_dagster.defs.catalog import catalog_from_changelog
-from cdc_dagster.defs.runtime_glue import forget_owner_loops
+from cdc_dagster.defs.resources import CdcResource
 from cdc_dagster.metastore import Metastore
 
 
@@ -79,7 +81,7 @@ def test_sensor_and_capture_runs_replicate_the_tables(
     monkeypatch.setenv("CDC_DAGSTER_STATE_DIR", str(tmp_path / "state"))
     monkeypatch.setenv("CDC_DAGSTER_CHANGELOG", str(changelog))
     monkeypatch.setenv("CDC_DAGSTER_OWNER_ID", "owner-1")
-    forget_owner_loops()
+    CdcResource.forget_owner_loops()
     workload = _workload(changelog)
     # Start at the first CREATE: that table exists from the start, every later one (the
     # wide table too) is added as its CREATE passes.
@@ -102,9 +104,7 @@ def test_sensor_and_capture_runs_replicate_the_tables(
     with dg.instance_for_test() as instance:
         cursor = None
         for _ in range(30):
-            result = sensor(
-                dg.build_sensor_context(instance=instance, cursor=cursor, definitions=defs)
-            )
+            result = evaluate_sensor(sensor, instance, cursor=cursor, definitions=defs)
             cursor = result.cursor
             assert result.skip_reason is None, result.skip_reason
             for req in result.dynamic_partitions_requests or []:

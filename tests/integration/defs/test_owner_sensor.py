@@ -11,8 +11,10 @@ from cdc_dagster import admin
 from cdc_dagster.defs import build_definitions
 from cdc_dagster.defs.catalog import demo_catalog
 from cdc_dagster.defs.owner import sensor as sensor_module
-from cdc_dagster.defs.runtime_glue import TickView, forget_owner_loops
+from cdc_dagster.defs.resources import CdcResource
 from cdc_dagster.metastore import Metastore
+from cdc_dagster.runtime import OwnerStep, OwnerTick
+from cdc_dagster.testing.dagster import evaluate_sensor
 
 CATALOG = demo_catalog([(1, "bank", "a"), (2, "bank", "b")])
 
@@ -22,7 +24,7 @@ def env(monkeypatch: pytest.MonkeyPatch, etcd_endpoints: list[str], cluster_id: 
     monkeypatch.setenv("CDC_DAGSTER_ETCD", ",".join(etcd_endpoints))
     monkeypatch.setenv("CDC_DAGSTER_CLUSTER_ID", cluster_id)
     monkeypatch.setenv("CDC_DAGSTER_OWNER_ID", "dagster-test")
-    forget_owner_loops()
+    CdcResource.forget_owner_loops()
 
 
 @pytest.fixture
@@ -34,23 +36,21 @@ def instance() -> Iterator[dg.DagsterInstance]:
 def _evaluate(instance: dg.DagsterInstance, cursor: str | None = None) -> dg.SensorResult:
     defs = build_definitions(CATALOG)
     sensor = defs.get_repository_def().get_sensor_def("cdc_owner")
-    ctx = dg.build_sensor_context(instance=instance, cursor=cursor, definitions=defs)
-    return sensor(ctx)
+    return evaluate_sensor(sensor, instance, cursor=cursor, definitions=defs)
 
 
-def _tick_from_etcd(ms: Metastore) -> TickView:
-    """What the owner tick reports, read from etcd (stands in for OwnerLoop.tick)."""
+def _tick_from_etcd(ms: Metastore) -> OwnerStep:
+    """What the owner step reports, read from etcd (stands in for owner_step)."""
     owner = ms.election.current_owner()
     if owner is None or owner.owner_id != "dagster-test":
-        return TickView(
-            False, f"{owner.owner_id} (owner_rev {owner.owner_rev})" if owner else "nobody"
+        who = f"{owner.owner_id} (owner_rev {owner.owner_rev})" if owner else "nobody"
+        return OwnerStep(
+            OwnerTick(False, owner.owner_id if owner else None, 0),
+            notes=(f"not the owner: {who} holds the election",),
         )
     captures = tuple(sorted(c.capture_id for c in ms.captures.list_alive()))
-    return TickView(
-        True,
-        "dagster-test",
-        owner.owner_rev,
-        captures,
+    return OwnerStep(
+        OwnerTick(True, "dagster-test", owner.owner_rev, captures=captures),
         {captures[0]: {"cf": [{"type": "heartbeat"}]}},
     )
 
@@ -59,7 +59,7 @@ def test_sensor_skips_naming_the_owner_when_another_holds_the_election(
     env: None, instance: dg.DagsterInstance, metastore: Metastore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     metastore.election.try_campaign("someone-else", ttl_s=10)
-    monkeypatch.setattr(sensor_module, "owner_tick", lambda s: _tick_from_etcd(metastore))
+    monkeypatch.setattr(sensor_module, "owner_step", lambda loop: _tick_from_etcd(metastore))
     result = _evaluate(instance)
     assert "someone-else" in result.skip_reason.skip_message
 
@@ -70,7 +70,7 @@ def test_sensor_as_owner_requests_capture_runs_and_adds_partitions(
     session = metastore.election.try_campaign("dagster-test", ttl_s=10)
     admin.add_capture(metastore, "c1")
     admin.add_capture(metastore, "c2")
-    monkeypatch.setattr(sensor_module, "owner_tick", lambda s: _tick_from_etcd(metastore))
+    monkeypatch.setattr(sensor_module, "owner_step", lambda loop: _tick_from_etcd(metastore))
     result = _evaluate(instance, cursor="4")
     assert result.cursor == "5"
     (run,) = [r for r in result.run_requests]
@@ -84,10 +84,11 @@ def test_admin_requests_are_written_where_the_owner_loop_reads_them(metastore: M
     metastore.changefeeds.create("cf", "delta:///tmp/x")
     admin.rebalance(metastore, "cf")
     admin.move_table(metastore, "cf", 3, "c1")
-    bodies = [body for _, body in admin.pending_requests(metastore)]
+    requests = [r for rs in admin.pending_requests(metastore).values() for r in rs]
+    bodies = [body for _, body in requests]
     assert {"op": "rebalance"} in bodies
     assert {"op": "move_table", "table_id": 3, "to": "c1"} in bodies
-    keys = [key for key, _ in admin.pending_requests(metastore)]
+    keys = [key for key, _ in requests]
     assert all(k.startswith(f"{metastore.layout.prefix}admin/cf/") for k in keys)
 
 
@@ -113,8 +114,10 @@ def test_messages_for_a_capture_with_a_queued_run_wait_in_its_mailbox_for_that_r
     )
     monkeypatch.setattr(
         sensor_module,
-        "owner_tick",
-        lambda s: TickView(True, "dagster-test", rev, ("c1",), {"c1": {"cf": next(sends)}}),
+        "owner_step",
+        lambda loop: OwnerStep(
+            OwnerTick(True, "dagster-test", rev, captures=("c1",)), {"c1": {"cf": next(sends)}}
+        ),
     )
     first = _evaluate(instance, cursor="0")
     (run,) = first.run_requests

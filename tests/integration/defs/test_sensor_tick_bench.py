@@ -15,7 +15,7 @@ import dagster as dg
 import pytest
 
 from cdc_dagster.defs.owner.sensor import OBSERVATIONS_PER_TICK
-from cdc_dagster.defs.runtime_glue import forget_owner_loops
+from cdc_dagster.defs.resources import CdcResource
 
 BENCH = Path(__file__).resolve().parents[3] / "bench" / "sensor_tick_bench.py"
 TABLES, CAPTURES, DATABASES = 2_500, 3, 5  # past max_table_assets (2000): grouped per schema
@@ -44,7 +44,7 @@ def bench(bench_module: Any, tmp_path: Path, etcd_endpoints: list[str]) -> Itera
         upstream.writer.close()
         for key in b.env:
             os.environ.pop(key, None)
-        forget_owner_loops()
+        CdcResource.forget_owner_loops()
 
 
 def test_every_table_replicates_with_grouped_observations_and_dispatches_in_run_configs(

@@ -44,7 +44,7 @@ def test_clients_reconnect_and_election_and_registrations_survive_an_etcd_outage
             own_etcd.start()
             during.join(timeout=15)
             assert own_etcd.client_port == old_port
-            assert ms.changefeeds.get("during-outage").info.sink_uri == "blackhole://", (
+            assert ms.changefeeds.get("during-outage").info.sink_uri == "delta:///tmp/blackhole", (
                 "a call made while etcd was down must complete once it is back"
             )
             # Keep-alives must resume: the leases would lapse within a TTL without them.
@@ -59,7 +59,7 @@ def test_clients_reconnect_and_election_and_registrations_survive_an_etcd_outage
 
 def _create_in_background(ms: Metastore, changefeed_id: str) -> threading.Thread:
     thread = threading.Thread(
-        target=ms.changefeeds.create, args=(changefeed_id, "blackhole://"), daemon=True
+        target=ms.changefeeds.create, args=(changefeed_id, "delta:///tmp/blackhole"), daemon=True
     )
     thread.start()
     return thread
@@ -78,6 +78,8 @@ def _assert_recovered(ms: Metastore, owner, capture, watch) -> None:
         assert watch.wait_for(lambda alive: set(alive) == {"cap", "late"}, 5), (
             "the capture watch must resume after the restart"
         )
-        assert ms.changefeeds.create("after", "blackhole://").status.state.value == "normal"
+        assert (
+            ms.changefeeds.create("after", "delta:///tmp/blackhole").status.state.value == "normal"
+        )
     finally:
         late.deregister()

@@ -72,10 +72,10 @@ def dagster_env(
     monkeypatch: pytest.MonkeyPatch, etcd_endpoints: list[str], cluster_id: str, tmp_path
 ) -> None:
     """The control plane's settings point at this test's cluster (a fresh owner loop)."""
-    from cdc_dagster.defs.runtime_glue import forget_owner_loops
+    from cdc_dagster.defs.resources import CdcResource
 
     monkeypatch.setenv("CDC_DAGSTER_ETCD", ",".join(etcd_endpoints))
     monkeypatch.setenv("CDC_DAGSTER_CLUSTER_ID", cluster_id)
     monkeypatch.setenv("CDC_DAGSTER_STATE_DIR", str(tmp_path / "state"))
     monkeypatch.setenv("CDC_DAGSTER_OWNER_ID", "owner-1")
-    forget_owner_loops()
+    CdcResource.forget_owner_loops()

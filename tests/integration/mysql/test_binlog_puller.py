@@ -12,9 +12,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from cdc_dagster.mysql.puller import PullerConfig, PullerError, run_puller
-from cdc_dagster.mysql.upstream import UpstreamError, check_upstream, parse_uri
+from cdc_dagster.mysql.upstream import check_upstream
 from cdc_dagster.schema import DdlRecord
 from cdc_dagster.upstream.changelog import ChangeLog
+from cdc_dagster.upstream.uri import UpstreamError, parse_uri
 
 TIMEOUT = 60.0
 

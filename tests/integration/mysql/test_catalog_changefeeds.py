@@ -15,11 +15,11 @@ from test_binlog_puller import execute, table_id
 from cdc_dagster import admin
 from cdc_dagster.defs import defs
 from cdc_dagster.defs.catalog import load_catalog
-from cdc_dagster.defs.runtime_glue import DdlToRun, TableReport
 from cdc_dagster.defs.settings import Settings
 from cdc_dagster.defs.tables.assets import materializations
 from cdc_dagster.defs.tables.checks import _feeds_of
-from cdc_dagster.defs.tables.gate import checkpoint_lookup, gate_status
+from cdc_dagster.defs.tables.gate import DdlRequest, checkpoint_lookup, gate_status
+from cdc_dagster.runtime import TableProgress
 from cdc_dagster.schema import ColumnSchema, DdlRecord, TableSchema
 from cdc_dagster.upstream.changelog import ChangeLogWriter
 from scheduler_core.ddl import DDLKind
@@ -49,8 +49,8 @@ def _keys(repo: dg.RepositoryDefinition) -> set[str]:
     return {k.to_user_string() for k in repo.asset_graph.get_all_asset_keys()}
 
 
-def _report(cf: str, tid: int) -> TableReport:
-    return TableReport(cf, tid, "replicating", 5, 5, 5, 0)
+def _report(cf: str, tid: int) -> TableProgress:
+    return TableProgress(cf, tid, "replicating", "c1", 5, 5, 5, 0)
 
 
 def test_defs_list_every_changefeeds_tables_and_keep_colliding_ids_apart(
@@ -84,7 +84,7 @@ def test_defs_list_every_changefeeds_tables_and_keep_colliding_ids_apart(
     orders = table_id(root, "orders")
     assert orders == 1 and catalog.ref("demo", 1).table == "accounts_0"  # one id, two tables
     assert catalog.ref("shop", 1).table == "orders"
-    events = materializations(catalog, [_report("shop", 1), _report("demo", 1)], "c1", 0)
+    events = materializations(catalog, [_report("shop", 1), _report("demo", 1)], 0)
     assert [e.asset_key.to_user_string() for e in events] == [
         f"replica/{mydb}/orders",
         "replica/bank/accounts_0",
@@ -92,8 +92,8 @@ def test_defs_list_every_changefeeds_tables_and_keep_colliding_ids_apart(
     # the gate looks at the DDL's own changefeed's tables (a global DDL: all of them)
     metadata = {dg.AssetKey(["replica", mydb, "orders"]): 100}
     lookup = checkpoint_lookup(catalog, metadata.get, lambda cf: {})
-    assert gate_status(DdlToRun("shop", 100, ()), catalog, lookup)[0]
-    is_open, reason = gate_status(DdlToRun("demo", 100, ()), catalog, lookup)
+    assert gate_status(DdlRequest("shop", 100, ()), catalog, lookup)[0]
+    is_open, reason = gate_status(DdlRequest("demo", 100, ()), catalog, lookup)
     assert not is_open and "1@none, 2@none" in reason
     # the checks compare a table only with its own changefeed's syncpoints and log
     feeds = metastore.changefeeds.list()

@@ -29,7 +29,8 @@ from cdc_dagster import admin
 from cdc_dagster.defs import build_definitions
 from cdc_dagster.defs.catalog import catalog_from_changelog
 from cdc_dagster.defs.partitions import CAPTURES
-from cdc_dagster.defs.runtime_glue import forget_owner_loops
+from cdc_dagster.defs.resources import CdcResource
+from cdc_dagster.testing.dagster import evaluate_sensor
 
 REPO = Path(__file__).resolve().parents[3]
 PASSWORD = "Lit3ral-s3cret"
@@ -144,7 +145,7 @@ def _round(defs, instance, cursor: str | None, crash_capture: bool = False) -> t
     capture run dies after its prepare (phase 1), before it commits. Returns the cursor and
     how many puller runs there were."""
     sensor = defs.get_repository_def().get_sensor_def("cdc_owner")
-    result = sensor(dg.build_sensor_context(instance=instance, cursor=cursor, definitions=defs))
+    result = evaluate_sensor(sensor, instance, cursor=cursor, definitions=defs)
     assert result.skip_reason is None, result.skip_reason
     for req in result.dynamic_partitions_requests or []:
         if isinstance(req, dg.AddDynamicPartitionsRequest):
@@ -209,7 +210,7 @@ def test_create_snapshots_then_the_dagster_plane_replicates_into_postgres(
         while time.monotonic() < deadline:
             rounds += 1
             if rounds == 4:
-                forget_owner_loops()  # the owner restarts mid-stream: rebuilt from etcd
+                CdcResource.forget_owner_loops()  # the owner restarts mid-stream: rebuilt from etcd
             cursor, n = _round(defs, instance, cursor, crash_capture=rounds in (3, 5))
             pullers += n
             got = {t: (_pg_rows(pg_server, mydb, t) or []) for t in want}

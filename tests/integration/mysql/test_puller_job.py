@@ -17,6 +17,7 @@ from cdc_dagster.defs.catalog import Catalog
 from cdc_dagster.defs.mysql.job import binlog_asset_key
 from cdc_dagster.defs.mysql.requests import CHANGEFEED_TAG, PULLER_JOB, UPSTREAM_TAG
 from cdc_dagster.metastore.changefeeds import ChangefeedState
+from cdc_dagster.testing.dagster import evaluate_sensor
 
 SINK = "postgresql://writer:${PG_PW}@127.0.0.1:1/analytics"
 
@@ -30,7 +31,7 @@ def _tick(
     defs: dg.Definitions, instance: dg.DagsterInstance, cursor: str | None
 ) -> dg.SensorResult:
     sensor = defs.get_repository_def().get_sensor_def("cdc_owner")
-    result = sensor(dg.build_sensor_context(instance=instance, cursor=cursor, definitions=defs))
+    result = evaluate_sensor(sensor, instance, cursor=cursor, definitions=defs)
     assert result.skip_reason is None, result.skip_reason
     return result
 

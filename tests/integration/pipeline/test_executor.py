@@ -214,7 +214,7 @@ def test_a_batch_never_spans_a_ddl_of_its_table_and_rows_after_it_carry_the_new_
 
     from cdc_dagster.schema import ColumnSchema
     from cdc_dagster.sinks.delta import read_table_at
-    from cdc_dagster.sinks.uri import sink_for_uri
+    from cdc_dagster.sinks.uri import open_sink
 
     w = Workload(writer, [1])
     before_ddl = w.write(steps=2)
@@ -240,7 +240,7 @@ def test_a_batch_never_spans_a_ddl_of_its_table_and_rows_after_it_carry_the_new_
     ex.sink_phase()
     assert ex.status(1).checkpoint.checkpoint_ts == ddl_ts
     assert delta_content(tmp_path / "delta", old) == w.expected(1, ddl_ts)
-    sink_for_uri(f"delta://{tmp_path / 'delta'}").apply_ddl("cf", record, {1: old})
+    open_sink(f"delta://{tmp_path / 'delta'}").apply_ddl("cf", record, {1: old})
     ex.sink_phase()
     assert ex.status(1).checkpoint.checkpoint_ts == ddl_ts + 2
     notes = {r["id"]: r["note"] for r in read_table_at(str(tmp_path / "delta"), new).to_pylist()}

@@ -389,10 +389,10 @@ def test_killed_connection_is_reopened_for_the_next_write(pg_server, pg_db, pg_u
     assert sink.committed(CF, t).committed_ts == 100
 
 
-def test_sink_for_uri_builds_a_working_postgres_sink(pg_uri):
-    from cdc_dagster.sinks.uri import sink_for_uri
+def test_open_sink_builds_a_working_postgres_sink(pg_uri):
+    from cdc_dagster.sinks.uri import open_sink
 
-    sink = sink_for_uri(pg_uri)
+    sink = open_sink(pg_uri)
     assert isinstance(sink, PostgresSink)
     t = accounts()
     assert sink.write(CF, t, batch(t, []), 0, 10, sink.acquire(CF, t)) == 10

@@ -47,8 +47,8 @@ def factory(spec: ExecutorSpec) -> KillingExecutor:
 def spark_factory() -> object:
     from cdc_dagster.pipeline.engine import spark_session
     from cdc_dagster.pipeline.executor import SparkTableExecutor
-    from cdc_dagster.runtime.spec import changelog_path
     from cdc_dagster.upstream.changelog import ChangeLog
+    from cdc_dagster.upstream.uri import changelog_path
 
     class KillingSpark(SparkTableExecutor):
         def save(self) -> None:

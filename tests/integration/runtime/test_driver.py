@@ -71,7 +71,7 @@ def test_commit_reports_rows_applied_per_table(
     assert set(lines) == set(upstream.table_ids)
     # The fake counts one per sink write; cumulative across ticks, in the run log line too.
     assert all(t.rows_applied >= 1 for t in lines.values())
-    assert all(f"rows_applied {t.rows_applied}" in str(t) for t in lines.values())
+    assert all(f"rows_applied {t.rows_applied}" in t.line() for t in lines.values())
 
 
 def test_owner_process_restarts_under_the_same_owner_rev_do_not_stall_the_changefeed(

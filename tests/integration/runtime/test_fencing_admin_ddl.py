@@ -8,7 +8,7 @@ from collections.abc import Callable
 import pytest
 from upstream_helpers import Upstream, check_downstream
 
-from cdc_dagster.runtime.admin import AdminError
+from cdc_dagster.admin import AdminError
 from cdc_dagster.runtime.capture import capture_commit, capture_prepare
 from cdc_dagster.runtime.wire import decode, encode
 from cdc_dagster.testing.driver import Driver
@@ -39,7 +39,7 @@ def test_dispatch_for_another_epoch_is_rejected_by_the_capture(
         out = capture_prepare(ctx, decode(encode([remove])))
         assert out.rejected == {"rejected_capture_epoch": 1}
         done = capture_commit(ctx)
-        assert {t.table_id: t.state for t in done.tables}[held[0]] == "REPLICATING"
+        assert {t.table_id: t.state for t in done.tables}[held[0]] == "replicating"
 
 
 def test_move_drain_add_and_remove_capture_complete(
@@ -56,7 +56,7 @@ def test_move_drain_add_and_remove_capture_complete(
         lambda t: driver.caught_up(t, upstream.resolved) and _holders(driver)[tid] == "capture-1",
         max_ticks=30,
     )
-    with pytest.raises(AdminError, match="not an alive capture"):
+    with pytest.raises(AdminError, match="is not alive"):
         driver.move_table(tid, "capture-9")
     driver.add_capture("capture-2")
     driver.drain_capture("capture-0")

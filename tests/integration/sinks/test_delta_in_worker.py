@@ -11,13 +11,13 @@ sys.path.insert(0, os.path.dirname(__file__))
 from delta_race_worker import CF, TABLE, _batch
 
 from cdc_dagster.sinks.delta import DeltaSink, read_table_at
-from cdc_dagster.sinks.uri import sink_for_uri
+from cdc_dagster.sinks.uri import open_sink
 
 
 def _task(payload: bytes, uri: str, token: int) -> None:
     pickled = pickle.loads(payload)
     pickled.write(CF, TABLE, _batch(1, "pickled"), 0, 10, token)
-    sink_for_uri(uri).write(CF, TABLE, _batch(2, "uri"), 10, 20, token)
+    open_sink(uri).write(CF, TABLE, _batch(2, "uri"), 10, 20, token)
 
 
 def test_sink_pickled_or_built_from_its_uri_writes_in_a_fresh_process(tmp_path):

@@ -8,8 +8,8 @@ import pytest
 from cdc_dagster.defs import build_definitions
 from cdc_dagster.defs.catalog import demo_catalog
 from cdc_dagster.defs.ddl import job as ddl_job
-from cdc_dagster.defs.runtime_glue import TableReport
 from cdc_dagster.defs.tables.assets import materializations
+from cdc_dagster.runtime import TableProgress
 
 CATALOG = demo_catalog([(1, "bank", "a")])
 
@@ -26,7 +26,7 @@ def _run(instance: dg.DagsterInstance, commit_ts: int) -> dg.ExecuteInProcessRes
 
 def test_gate_closed_fails_the_run_and_applies_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
     applied: list[int] = []
-    monkeypatch.setattr(ddl_job, "apply_ddl_at_sink", lambda ms, cf, ts: applied.append(ts) or [])
+    monkeypatch.setattr(ddl_job, "apply_ddl_at", lambda ms, cf, ts: applied.append(ts) or [])
     with dg.instance_for_test() as instance:
         result = _run(instance, 1000)
         assert not result.success and applied == []
@@ -36,13 +36,11 @@ def test_gate_closed_fails_the_run_and_applies_nothing(monkeypatch: pytest.Monke
 
 def test_gate_open_applies_the_ddl(monkeypatch: pytest.MonkeyPatch) -> None:
     applied: list[int] = []
-    monkeypatch.setattr(
-        ddl_job, "apply_ddl_at_sink", lambda ms, cf, ts: applied.append(ts) or ["Q"]
-    )
+    monkeypatch.setattr(ddl_job, "apply_ddl_at", lambda ms, cf, ts: applied.append(ts) or ["Q"])
     monkeypatch.setattr(ddl_job.CdcResource, "metastore", lambda self: None)
     with dg.instance_for_test() as instance:
-        report = TableReport("cf", 1, "replicating", 1000, 1000, 1000, 0, "c1")
-        for event in materializations(CATALOG, [report], "c1", 0):
+        report = TableProgress("cf", 1, "replicating", "c1", 1000, 1000, 1000, 0)
+        for event in materializations(CATALOG, [report], 0):
             instance.report_runless_asset_event(event)
         assert _run(instance, 1000).success
     assert applied == [1000]

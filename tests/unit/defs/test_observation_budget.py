@@ -5,17 +5,17 @@ from __future__ import annotations
 import dagster as dg
 
 from cdc_dagster.defs.catalog import Catalog, TableRef
-from cdc_dagster.defs.runtime_glue import TableReport
 from cdc_dagster.defs.tables.assets import ObservationBudget, progress_observations
+from cdc_dagster.runtime import TableProgress
 from scheduler_core.ts import compose
 
 NOW_MS = 1_700_000_000_000
 CATALOG = Catalog.of(TableRef(t, f"db{t % 4}", f"t{t}") for t in range(1, 101))  # 100 assets
 
 
-def reports(state: str = "replicating", capture: str = "c1") -> list[TableReport]:
+def reports(state: str = "replicating", capture: str = "c1") -> list[TableProgress]:
     ts = compose(NOW_MS - 1000)
-    return [TableReport("cf", t.table_id, state, ts, ts, ts, 0, capture) for t in CATALOG.tables]
+    return [TableProgress("cf", t.table_id, state, capture, ts, ts, ts, 0) for t in CATALOG.tables]
 
 
 def test_without_a_budget_every_asset_is_observed_every_tick() -> None:
@@ -40,7 +40,9 @@ def test_an_asset_whose_state_changed_goes_before_stale_ones() -> None:
         progress_observations(CATALOG, reports(), NOW_MS + tick * 1000, budget)
     moved = reports()
     r = moved[0]
-    moved[0] = TableReport("cf", 1, "commit", r.checkpoint_ts, r.resolved_ts, r.barrier_ts, 0, "c2")
+    moved[0] = TableProgress(
+        "cf", 1, "commit", "c2", r.checkpoint_ts, r.resolved_ts, r.barrier_ts, 0
+    )
     later = NOW_MS + 120_000  # every asset is stale by now
     (first, *rest) = progress_observations(CATALOG, moved, later, budget)
     assert first.asset_key == CATALOG.replica_key(CATALOG.tables[0])

@@ -8,30 +8,41 @@ import dagster as dg
 
 from cdc_dagster.defs.catalog import demo_catalog
 from cdc_dagster.defs.owner.plan import plan
-from cdc_dagster.defs.runtime_glue import DdlToRun, TableReport, TickView
 from cdc_dagster.defs.tables.assets import materializations
-from cdc_dagster.defs.tables.gate import gate_status
+from cdc_dagster.defs.tables.gate import DdlRequest, gate_status
+from cdc_dagster.runtime import OwnerStep, OwnerTick, ReadyDdl, TableProgress
+from cdc_dagster.schema import DdlRecord
+from scheduler_core.ddl import DDLKind
 from scheduler_core.ts import compose
 
 CATALOG = demo_catalog([(1, "bank", "a"), (2, "bank", "b")])
 WORK = {"c1": {"cf": [{"type": "heartbeat"}]}, "c2": {"cf": [{"type": "dispatch"}]}}
 
 
-def owner_view(**kw: object) -> TickView:
-    base: dict[str, object] = {
-        "is_owner": True,
-        "owner": "o",
-        "owner_rev": 42,
-        "captures": ("c1", "c2"),
-        "work": WORK,
-    }
-    base.update(kw)
-    return TickView(**base)  # type: ignore[arg-type]
+def owner_view(
+    captures: tuple[str, ...] = ("c1", "c2"),
+    work: dict = WORK,
+    ddls: tuple[ReadyDdl, ...] = (),
+    owner_rev: int = 42,
+) -> OwnerStep:
+    return OwnerStep(OwnerTick(True, "o", owner_rev, captures=captures), work, gated=ddls)
+
+
+def ready_ddl(commit_ts: int, table_ids: tuple[int, ...]) -> ReadyDdl:
+    record = DdlRecord(commit_ts, DDLKind.TRUNCATE_TABLE, "truncate_table", "TRUNCATE a", table_ids)
+    return ReadyDdl("cf", record)
 
 
 def test_not_owner_skips_naming_the_owner() -> None:
     result = plan(
-        TickView(False, "dagster-other (owner_rev 9)"), 3, [], CATALOG, lambda cf, t: None
+        OwnerStep(
+            OwnerTick(False, "dagster-other", 9),
+            notes=("not the owner: dagster-other (owner_rev 9) holds the election",),
+        ),
+        3,
+        [],
+        CATALOG,
+        lambda cf, t: None,
     )
     assert result.skip_reason is not None
     assert "dagster-other" in result.skip_reason.skip_message
@@ -69,7 +80,7 @@ def test_capture_without_work_gets_no_run() -> None:
 
 
 def test_ddl_run_only_when_checkpoint_metadata_reached_its_commit_ts() -> None:
-    ddl = DdlToRun("cf", 1000, (1,))
+    ddl = ready_ddl(1000, (1,))
     closed = plan(owner_view(ddls=(ddl,)), 1, ["c1", "c2"], CATALOG, lambda cf, t: {1: 999}.get(t))
     assert all(r.job_name != "apply_ddl" for r in closed.run_requests)
     opened = plan(owner_view(ddls=(ddl,)), 1, ["c1", "c2"], CATALOG, lambda cf, t: {1: 1000}.get(t))
@@ -81,7 +92,7 @@ def test_ddl_run_only_when_checkpoint_metadata_reached_its_commit_ts() -> None:
 
 
 def test_global_ddl_waits_for_every_table() -> None:
-    ddl = DdlToRun("cf", 1000, ())
+    ddl = DdlRequest("cf", 1000, ())
     assert gate_status(ddl, CATALOG, lambda cf, t: {1: 1000, 2: 5}.get(t))[0] is False
     is_open, reason = gate_status(ddl, CATALOG, lambda cf, t: {1: 1000, 2: 1000}.get(t))
     assert is_open and "2 table(s)" in reason
@@ -89,8 +100,8 @@ def test_global_ddl_waits_for_every_table() -> None:
 
 def test_materialization_metadata_has_timestamps_raw_ts_and_float_lag() -> None:
     ckpt = compose(1_700_000_000_000)
-    reports = [TableReport("cf", 1, "replicating", ckpt, ckpt + 5, ckpt + 9, 12)]
-    (event,) = materializations(CATALOG, reports, "c1", now_ms=1_700_000_002_500)
+    reports = [TableProgress("cf", 1, "replicating", "c1", ckpt, ckpt + 5, ckpt + 9, 12)]
+    (event,) = materializations(CATALOG, reports, now_ms=1_700_000_002_500)
     md = event.metadata
     assert event.asset_key == dg.AssetKey(["replica", "bank", "a"])
     assert md["checkpoint_ts_raw"].value == ckpt
@@ -168,11 +179,11 @@ def test_gate_reads_tables_without_an_asset_from_the_owner_view_and_global_ddls_
     # Table 9 was created after the catalog was loaded: no asset, the owner's view decides.
     lookup = checkpoint_lookup(CATALOG, lambda key: 500, lambda cf: {9: 400})
     assert lookup("cf", 1) == 500 and lookup("cf", 9) == 400 and lookup("cf", 10) is None
-    assert gate_status(DdlToRun("cf", 400, (9,)), CATALOG, lookup)[0]
-    assert not gate_status(DdlToRun("cf", 450, (9,)), CATALOG, lookup)[0]
+    assert gate_status(DdlRequest("cf", 400, (9,)), CATALOG, lookup)[0]
+    assert not gate_status(DdlRequest("cf", 450, (9,)), CATALOG, lookup)[0]
     # A global DDL: every current table (2 was dropped earlier, it blocks nothing).
     lookup = checkpoint_lookup(
         CATALOG, lambda key: 500 if key.path[-1] == "a" else 100, lambda cf: {9: 600}
     )
-    assert not gate_status(DdlToRun("cf", 450, ()), CATALOG, lookup)[0]
-    assert gate_status(DdlToRun("cf", 450, ()), CATALOG, lookup, {1, 9})[0]
+    assert not gate_status(DdlRequest("cf", 450, ()), CATALOG, lookup)[0]
+    assert gate_status(DdlRequest("cf", 450, ()), CATALOG, lookup, {1, 9})[0]

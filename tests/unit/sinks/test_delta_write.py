@@ -17,7 +17,7 @@ from cdc_dagster.sinks.base import (
     SinkSchemaError,
 )
 from cdc_dagster.sinks.delta import DeltaSink, app_id, read_table_at
-from cdc_dagster.sinks.uri import sink_for_uri
+from cdc_dagster.sinks.uri import open_sink
 
 
 def rows_of(sink: DeltaSink, table, version=None) -> dict:
@@ -179,5 +179,5 @@ def test_uncollapsed_batch_and_null_key_are_refused(sink):
 
 def test_sink_pickles_and_comes_from_its_uri(sink):
     assert pickle.loads(pickle.dumps(sink)) == sink
-    assert sink_for_uri(sink.uri) == sink
-    assert sink_for_uri("delta:///tmp/x%20y") == DeltaSink("/tmp/x y")
+    assert open_sink(sink.uri) == sink
+    assert open_sink("delta:///tmp/x%20y") == DeltaSink("/tmp/x y")

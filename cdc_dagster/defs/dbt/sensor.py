@@ -3,9 +3,20 @@
 from __future__ import annotations
 
 import dagster as dg
+from dagster_dbt.asset_utils import get_manifest_and_translator_from_dbt_assets
 
-from cdc_dagster.dbt.assets import BUILD_TAG
-from cdc_dagster.dbt.settings import DELTA_ROOT_ENV, DbtSettings, NoTargetError, resolve_settings
+from cdc_dagster.dbt.build import source_tables
+from cdc_dagster.dbt.pg import register_and_list
+from cdc_dagster.dbt.settings import (
+    DELTA_ROOT_ENV,
+    DbtSettings,
+    NoTargetError,
+    changefeeds_of,
+    resolve_settings,
+)
+from cdc_dagster.defs.dbt.assets import BUILD_TAG
+from cdc_dagster.defs.resources import CdcResource
+from cdc_dagster.sinks.delta import list_syncpoints
 
 BUILD_JOB = "dbt_build"
 
@@ -52,10 +63,7 @@ def list_syncpoints_of(settings: DbtSettings, sources: set[tuple[str, str]]) -> 
     copied (``cdc_dagster.dbt.pg``).
     """
     if settings.is_postgres:
-        from cdc_dagster.dbt.pg import register_and_list
-
         return register_and_list(settings.sink_uri, settings.changefeed_id, sources)
-    from cdc_dagster.sinks.delta import list_syncpoints
 
     return list_syncpoints(settings.delta_root, settings.changefeed_id)
 
@@ -95,9 +103,15 @@ def syncpoint_sensor(
         default_status=default_status,
         description="dbt build at each new syncpoint of the changefeed (never between)",
     )
-    def _sensor(context: dg.SensorEvaluationContext) -> dg.SensorResult | dg.SkipReason:
+    def _sensor(
+        context: dg.SensorEvaluationContext, cdc: CdcResource
+    ) -> dg.SensorResult | dg.SkipReason:
         try:
-            settings = resolve_settings(delta_root or "", changefeed_id or "")
+            settings = resolve_settings(
+                delta_root or "",
+                changefeed_id or "",
+                lookup=lambda: changefeeds_of(cdc.metastore()),
+            )
         except NoTargetError as exc:
             return dg.SkipReason(
                 f"no changefeed to build on: {exc} (or set {DELTA_ROOT_ENV} to a Delta sink)"
@@ -119,9 +133,6 @@ def syncpoint_sensor(
 
 
 def _sources_of(assets: dg.AssetsDefinition) -> set[tuple[str, str]]:
-    from dagster_dbt.asset_utils import get_manifest_and_translator_from_dbt_assets
-
-    from cdc_dagster.dbt.build import source_tables
 
     manifest = get_manifest_and_translator_from_dbt_assets([assets])[0]
     return source_tables(manifest)

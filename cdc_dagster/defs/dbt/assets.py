@@ -16,6 +16,7 @@ from typing import Any
 import dagster as dg
 from dagster_dbt import DagsterDbtTranslator, DbtCliResource, DbtProject, dbt_assets
 
+from cdc_dagster.dbt import pg
 from cdc_dagster.dbt.build import (
     PROJECT_DIR,
     build_lock,
@@ -29,7 +30,9 @@ from cdc_dagster.dbt.build import (
 )
 from cdc_dagster.dbt.errors import BuildError
 from cdc_dagster.dbt.pin import PinnedSyncpoint, latest_syncpoint, pin_syncpoint
-from cdc_dagster.dbt.settings import DbtSettings, delta_root_of, resolve_settings
+from cdc_dagster.dbt.settings import ChangefeedLookup, DbtSettings, changefeeds_of, resolve_settings
+from cdc_dagster.defs.resources import CdcResource
+from cdc_dagster.sinks.uri import delta_root
 from scheduler_core.ts import physical_ms
 
 MODEL_KEY_PREFIX = "dbt"
@@ -56,10 +59,16 @@ class DbtDownstreamResource(dg.ConfigurableResource):
     changefeed_id: str = ""
     duckdb_path: str = ""
 
-    def settings(self, changefeed_id: str = "") -> DbtSettings:
-        """These fields over the environment / etcd; raises ``NoTargetError`` when unknown."""
+    def settings(
+        self, changefeed_id: str = "", lookup: ChangefeedLookup | None = None
+    ) -> DbtSettings:
+        """These fields over the environment, else the changefeeds ``lookup`` lists (etcd's);
+        raises ``NoTargetError`` when unknown."""
         return resolve_settings(
-            delta_root_of(self.delta_root), changefeed_id or self.changefeed_id, self.duckdb_path
+            delta_root(self.delta_root) if self.delta_root else "",
+            changefeed_id or self.changefeed_id,
+            self.duckdb_path,
+            lookup=lookup,
         )
 
 
@@ -161,9 +170,10 @@ def dbt_assets_for(
         context: dg.AssetExecutionContext,
         dbt: DbtCliResource,
         cdc_dbt: DbtDownstreamResource,
+        cdc: CdcResource,
         config: SyncpointBuildConfig,
     ) -> Iterator[Any]:
-        res = cdc_dbt.settings(config.changefeed_id)
+        res = cdc_dbt.settings(config.changefeed_id, lambda: changefeeds_of(cdc.metastore()))
         if res.is_postgres:
             yield from _build_postgres(context, dbt, res, config.syncpoint_ts, manifest)
         else:
@@ -229,7 +239,6 @@ def _build_postgres(
     ts: int,
     manifest: Mapping[str, Any],
 ) -> Iterator[Any]:
-    from cdc_dagster.dbt import pg
 
     tables = source_tables(manifest)
     with pg.build_lock(res.sink_uri) as conn:
@@ -251,3 +260,9 @@ def _build_postgres(
         pg.record_build(conn, pinned, ok, time.monotonic() - started)
     if not ok:
         raise _failed(res, pinned)
+
+
+def dbt_resources() -> dict[str, Any]:
+    """The dbt downstream's resources: the dbt CLI of ``dbt_downstream/`` and where builds go
+    (resolved at run time: ``cdc_dagster.dbt.settings``)."""
+    return {"dbt": dbt_resource(), "cdc_dbt": DbtDownstreamResource()}
