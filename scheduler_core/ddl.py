@@ -204,6 +204,13 @@ def _first_syncpoint(checkpoint_ts: int, interval_ms: int) -> int:
     return compose((physical_ms(checkpoint_ts) // interval_ms + 1) * interval_ms)
 
 
+def is_syncpoint(ts: int, interval_ms: int | None) -> bool:
+    """``ts`` is a syncpoint TS (an aligned multiple of the interval, logical part 0)."""
+    return (
+        bool(interval_ms) and ts == compose(physical_ms(ts)) and physical_ms(ts) % interval_ms == 0
+    )
+
+
 def syncpoints_between(lo: int, hi: int, interval_ms: int | None) -> list[int]:
     """The syncpoint TSs in ``(lo, hi)``, ascending: where a sink batch ``(lo, hi]`` is cut.
 

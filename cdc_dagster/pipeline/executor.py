@@ -52,7 +52,7 @@ from cdc_dagster.schema import SchemaError, TableSchema
 from cdc_dagster.sinks.base import Sink
 from cdc_dagster.sinks.uri import open_sink
 from cdc_dagster.upstream.changelog import ChangeLog, ChangeLogError
-from scheduler_core.ddl import syncpoints_between
+from scheduler_core.ddl import is_syncpoint, syncpoints_between
 from scheduler_core.errors import ExecutorContractError
 from scheduler_core.messages import Barrier, TableStatusBatch
 from scheduler_core.model import Checkpoint, TableState, TableStatus
@@ -372,20 +372,27 @@ class SparkTableExecutor:
         if end <= start:
             return None
         # A batch never spans a DDL of its table (the barrier cuts there too; this is a guard).
-        for r in self.changelog.ddl_records(start, end - 1):
+        ddl_at_end = False
+        for r in self.changelog.ddl_records(start, end):
             if table_id in r.tables or table_id in r.table_ids:
-                end = r.commit_ts
+                end, ddl_at_end = r.commit_ts, True
                 break
         # The rows' schema: the one valid above ``start`` (at ``end`` itself a DDL may apply).
         schema = self._schema(table_id, start) or self._schema(table_id, end)
         if schema is None:
             return None
         files = [self.staging.path(table_id, f) for f in rec.files if f.hi > start and f.lo < end]
+        interval = self.sync_point_interval_ms
+        cuts = syncpoints_between(start, end, interval)
         return {
             "table_id": table_id,
             "start": start,
             "end": end,
-            "syncpoints": syncpoints_between(start, end, self.sync_point_interval_ms),
+            "syncpoints": cuts,
+            # Writes that keep what a read of the syncpoint needs (a PostgreSQL copy): each
+            # cut, and the end if it is a syncpoint, unless a DDL of the table is there (the
+            # syncpoint includes it: what it needs is made when it is recorded, after it).
+            "copy_at": [*cuts, *([end] if is_syncpoint(end, interval) and not ddl_at_end else [])],
             "token": rec.token,
             "changefeed": self.changefeed_id,
             "sink_uri": self.sink_uri,

@@ -273,6 +273,7 @@ def sink_table(spec: dict[str, Any]) -> dict[str, Any]:
             "prepares it again",
         )
     cuts = list(spec.get("syncpoints", ()))
+    copy_at = set(spec.get("copy_at", cuts))
     committed, rows, start = spec["start"], 0, spec["start"]
     try:
         sink = open_sink(spec["sink_uri"])
@@ -280,7 +281,7 @@ def sink_table(spec: dict[str, Any]) -> dict[str, Any]:
             batch = collapse(schema, staged, start, end)
             committed = sink.write(
                 spec["changefeed"], schema, batch, start, end, spec["token"],
-                at_syncpoint=end in cuts,
+                at_syncpoint=end in copy_at,
             )  # fmt: skip
             rows, start = rows + batch.num_rows, end
     except FencedError as exc:

@@ -152,16 +152,16 @@ def copy_missing(
     if off:
         _log.warning(
             "syncpoint %d of %s: tables without a copy and no longer at the syncpoint %s; "
-            "this syncpoint will not be built",
+            "no copies made: this syncpoint will not be built",
             ts,
             changefeed_id,
             off,
         )
-    copied = [t for t in todo if at.get(t.table_id) == ts]
-    for t in copied:
+        todo = []
+    for t in todo:
         _copy(conn, changefeed_id, ts, t)
     _prune(conn, changefeed_id)
-    return len(copied)
+    return len(todo)
 
 
 def _prune(conn: psycopg.Connection, changefeed_id: str) -> None:

@@ -206,7 +206,8 @@ class _Follow:
 
 def _still_ours(f: _Follow, state: dict[str, float]) -> str:
     """Why the loop must stop ("" while its owner is the owner and the capture registered):
-    checked every OWNER_CHECK_S / RENEW_S while idle (a tick renews the lease itself)."""
+    the owner checked every OWNER_CHECK_S, the lease renewed every RENEW_S (a tick renews
+    it too)."""
     now = time.monotonic()
     if now - state["owner_checked"] >= OWNER_CHECK_S:
         owner = f.ms.election.current_owner()
@@ -244,12 +245,11 @@ def build_follow_op(catalog: Catalog) -> dg.OpDefinition:
         throttle = MaterializationThrottle()
         rows: dict[tuple[str, int], int] = {}
         while time.monotonic() < started + config.seconds:
+            why_stopped = _still_ours(f, state) or "time is up"
+            if why_stopped != "time is up":
+                break
             work, why = f.next_work()
             if not work:
-                why_stopped = _still_ours(f, state)
-                if why_stopped:
-                    break
-                why_stopped = "time is up"
                 time.sleep(POLL_S)
                 continue
             ticks[why] += 1

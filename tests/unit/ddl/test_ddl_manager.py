@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from scheduler_core.ddl import DDLEvent, DDLKind, DDLManager, TableSetChange, syncpoints_between
+from scheduler_core.ddl import (
+    DDLEvent,
+    DDLKind,
+    DDLManager,
+    TableSetChange,
+    is_syncpoint,
+    syncpoints_between,
+)
 from scheduler_core.errors import ConfigError, InvalidMessageError, ProtocolError
 from scheduler_core.messages import Barrier
 from scheduler_core.ts import MAX_TS, compose
@@ -384,6 +391,13 @@ def test_syncpoints_between_cuts_a_batch_at_each_aligned_ts() -> None:
     assert syncpoints_between(compose(2_000), compose(2_999, 9), 1_000) == []
     assert syncpoints_between(compose(1_999, 3), compose(2_000, 1), 1_000) == [compose(2_000)]
     assert syncpoints_between(compose(1_500), compose(4_000), None) == []
+
+
+def test_is_syncpoint_is_an_aligned_ts_with_no_logical_part() -> None:
+    assert is_syncpoint(compose(2_000), 1_000)
+    assert not is_syncpoint(compose(2_000, 1), 1_000)
+    assert not is_syncpoint(compose(2_500), 1_000)
+    assert not is_syncpoint(compose(2_000), None)
 
 
 # ----------------------------------------------------------------------------- target ts
