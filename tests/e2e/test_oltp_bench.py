@@ -76,6 +76,7 @@ def test_quick_bench_replicates_every_marker_and_its_figures_agree(tmp_path: Pat
 
     for f in sinks:
         name = f["sink"]
+        assert "error" not in f, f["error"]
         assert f["replica_equal"], name
         assert f["markers_written"] >= 30, name  # one a second over the measured minute
         assert f["markers_readable"] == f["markers_written"], name
