@@ -1,6 +1,6 @@
 """End-to-end latency under Dagster: upstream commit -> its rows readable downstream.
 
-Starts the demo stack in a temporary state dir (private etcd, Spark Connect, `dagster dev`
+Starts the demo stack in a temporary state dir (private etcd, Spark Connect, the Dagster processes
 with the owner sensor, the embedded generator at a fixed rate, a changefeed into Delta),
 lets it reach steady state, then for each generator step (one second of transactions)
 records two moments:
@@ -127,122 +127,118 @@ def last_create(changelog: Path) -> int:
 def measure(args: argparse.Namespace, follow_s: float) -> dict[str, float] | None:
     """One stack, one changefeed, capture runs following their mailbox for ``follow_s``
     (0: one tick per run); the figures, or None when the checkpoint never moved."""
-    os.environ["CDC_DAGSTER_CAPTURE_LOOP_S"] = str(follow_s)  # dagster dev inherits it
+    os.environ["CDC_DAGSTER_CAPTURE_LOOP_S"] = str(follow_s)  # the Dagster processes inherit it
     stack.say(f"--- capture runs following their mailbox for {follow_s:.0f} s")
     state = Path(tempfile.mkdtemp(prefix="e2e-bench-"))  # under $TMPDIR
     changelog, lake = state / "changelog", state / "lake"
-    started: list = []
-    # Rows only: every DDL is a barrier plus a Dagster run, which would dominate.
-    gen = workload.GeneratorThread(
-        changelog, args.tables, interval_s=1.0, txns_per_step=args.txns_per_s, ddl_every=0
-    )
     steps: list[tuple[int, float, int]] = []  # (last commit ts, wall time, rows)
-    try:
-        with stack._running(state) as started:
-            etcd = stack._start_etcd(state, None)
-            gen.start()
-            _, _children = stack._bring_up(state, started, etcd, 0, True, changelog)
-            # From the last bootstrap CREATE: every table is in the initial set. From the
-            # first one each later table is added as its CREATE passes, one after another,
-            # each a few owner-tick/run round trips: minutes of start-up that are not latency.
-            stack.say(
-                workload.ensure_demo_changefeed(
-                    etcd,
-                    state,
-                    "bench",
-                    lake,
-                    stack.DEMO_CAPTURES,
-                    changelog,
-                    last_create(changelog),
-                    sync_point_interval_s=args.syncpoint_s,
+
+    def generator() -> workload.GeneratorThread:
+        # Rows only: every DDL is a barrier plus a Dagster run, which would dominate.
+        return workload.GeneratorThread(
+            changelog, args.tables, interval_s=1.0, txns_per_step=args.txns_per_s, ddl_every=0
+        )
+
+    with stack.Stack(state, kind="demo", changelog=changelog, generator=generator) as st:
+        etcd, gen = st.etcd_endpoints, st.generator
+        # From the last bootstrap CREATE: every table is in the initial set. From the
+        # first one each later table is added as its CREATE passes, one after another,
+        # each a few owner-tick/run round trips: minutes of start-up that are not latency.
+        stack.say(
+            workload.ensure_demo_changefeed(
+                etcd,
+                state,
+                "bench",
+                lake,
+                stack.DEMO_CAPTURES,
+                changelog,
+                last_create(changelog),
+                sync_point_interval_s=args.syncpoint_s,
+            )
+        )
+        from cdc_dagster.metastore import connect
+
+        ms = connect(etcd.split(","), state)
+        stop = threading.Event()
+
+        def record() -> None:  # note each step's last commit ts when it is written
+            w = gen.workload
+            last = 0
+            while not stop.wait(0.2):
+                ts = w.last_commit_ts  # type: ignore[attr-defined]
+                if ts != last:
+                    steps.append((ts, time.time(), 0))
+                    last = ts
+
+        threading.Thread(target=record, daemon=True).start()
+        t0 = time.time()
+        first_move = None
+        start_ckpt = ms.changefeeds.get("bench").status.checkpoint_ts
+        from cdc_dagster.upstream.changelog import ChangeLog
+
+        n_tables = len(ChangeLog(changelog).tables_at(1 << 62))  # no DDL: fixed
+        seen: dict[int, float] = {}  # step ts -> checkpointed after
+        readable: dict[int, float] = {}  # step ts -> readable after
+        deadline = None
+        while True:
+            ckpt = ms.changefeeds.get("bench").status.checkpoint_ts
+            in_delta = readable_ts(ms, "bench", n_tables)
+            now = time.time()
+            if first_move is None and ckpt > start_ckpt:
+                first_move = now
+                deadline = now + args.warmup + args.duration
+                stack.say(
+                    f"checkpoint moving after {now - t0:.0f} s; warming up {args.warmup:.0f} s"
                 )
-            )
-            from cdc_dagster.metastore import connect
-
-            ms = connect(etcd.split(","), state)
-            stop = threading.Event()
-
-            def record() -> None:  # note each step's last commit ts when it is written
-                w = gen.workload
-                last = 0
-                while not stop.wait(0.2):
-                    ts = w.last_commit_ts  # type: ignore[attr-defined]
-                    if ts != last:
-                        steps.append((ts, time.time(), 0))
-                        last = ts
-
-            threading.Thread(target=record, daemon=True).start()
-            t0 = time.time()
-            first_move = None
-            start_ckpt = ms.changefeeds.get("bench").status.checkpoint_ts
-            from cdc_dagster.upstream.changelog import ChangeLog
-
-            n_tables = len(ChangeLog(changelog).tables_at(1 << 62))  # no DDL: fixed
-            seen: dict[int, float] = {}  # step ts -> checkpointed after
-            readable: dict[int, float] = {}  # step ts -> readable after
-            deadline = None
-            while True:
-                ckpt = ms.changefeeds.get("bench").status.checkpoint_ts
-                in_delta = readable_ts(ms, "bench", n_tables)
-                now = time.time()
-                if first_move is None and ckpt > start_ckpt:
-                    first_move = now
-                    deadline = now + args.warmup + args.duration
-                    stack.say(
-                        f"checkpoint moving after {now - t0:.0f} s; warming up {args.warmup:.0f} s"
-                    )
-                for ts, wall, _ in steps:
-                    if ts <= ckpt and ts not in seen:
-                        seen[ts] = now - wall
-                    if ts <= max(ckpt, in_delta) and ts not in readable:
-                        readable[ts] = now - wall
-                if deadline and now > deadline:
-                    break
-                if first_move is None and now - t0 > 600:
-                    stack.say("the checkpoint never moved in 10 minutes")
-                    return None
-                time.sleep(0.5)
-            stop.set()
-            window_start = first_move + args.warmup  # type: ignore[operator]
-            lat = [seen[ts] for ts, wall, _ in steps if ts in seen and wall >= window_start]
-            if not lat:  # not keeping up: report every step checkpointed since the start
-                stack.say("no step of the window was checkpointed: the replica is falling behind")
-                lat = list(seen.values())
-            rlat = [readable[t] for t, wall, _ in steps if t in readable and wall >= window_start]
-            rlat = rlat or list(readable.values())
-            measured_rows = gen.workload.rows_written  # type: ignore[attr-defined]
-            elapsed = time.time() - (first_move or t0)
-            ticks = sensor_tick_durations(state / "dagster")
-            phases = capture_run_phases(state / "dagster", window_start)
-            for phase, values in phases.items():
-                if values:
-                    stack.say(
-                        f"capture runs in the window, {phase}: p50 {statistics.median(values):.2f} s "
-                        f"p90 {percentile(values, 0.9):.2f} s ({len(values)} runs)"
-                    )
-            caught = [ts for ts, wall, _ in steps if wall >= window_start]
-            behind = (
-                physical_ms(max(caught))
-                - physical_ms(ms.changefeeds.get("bench").status.checkpoint_ts)
-                if caught
-                else 0
-            )
-            stack.say(
-                f"{len(lat)} of {len(caught)} steps checkpointed in the window; final lag {behind / 1000:.1f} s"
-            )
-            ms.close()
-            launch = phases["launch"]
-            return {
-                "latency_p50_s": percentile(rlat, 0.5),
-                "latency_p99_s": percentile(rlat, 0.99),
-                "checkpoint_p50_s": percentile(lat, 0.5),
-                "checkpoint_p99_s": percentile(lat, 0.99),
-                "sensor_tick_p50_s": statistics.median(ticks) if ticks else float("nan"),
-                "run_launch_p50_s": statistics.median(launch) if launch else float("nan"),
-                "rows_per_s": measured_rows / max(elapsed, 1e-9),
-            }
-    finally:
-        gen.stop()
+            for ts, wall, _ in steps:
+                if ts <= ckpt and ts not in seen:
+                    seen[ts] = now - wall
+                if ts <= max(ckpt, in_delta) and ts not in readable:
+                    readable[ts] = now - wall
+            if deadline and now > deadline:
+                break
+            if first_move is None and now - t0 > 600:
+                stack.say("the checkpoint never moved in 10 minutes")
+                return None
+            time.sleep(0.5)
+        stop.set()
+        window_start = first_move + args.warmup  # type: ignore[operator]
+        lat = [seen[ts] for ts, wall, _ in steps if ts in seen and wall >= window_start]
+        if not lat:  # not keeping up: report every step checkpointed since the start
+            stack.say("no step of the window was checkpointed: the replica is falling behind")
+            lat = list(seen.values())
+        rlat = [readable[t] for t, wall, _ in steps if t in readable and wall >= window_start]
+        rlat = rlat or list(readable.values())
+        measured_rows = gen.workload.rows_written  # type: ignore[attr-defined]
+        elapsed = time.time() - (first_move or t0)
+        ticks = sensor_tick_durations(state / "dagster")
+        phases = capture_run_phases(state / "dagster", window_start)
+        for phase, values in phases.items():
+            if values:
+                stack.say(
+                    f"capture runs in the window, {phase}: p50 {statistics.median(values):.2f} s "
+                    f"p90 {percentile(values, 0.9):.2f} s ({len(values)} runs)"
+                )
+        caught = [ts for ts, wall, _ in steps if wall >= window_start]
+        behind = (
+            physical_ms(max(caught)) - physical_ms(ms.changefeeds.get("bench").status.checkpoint_ts)
+            if caught
+            else 0
+        )
+        stack.say(
+            f"{len(lat)} of {len(caught)} steps checkpointed in the window; final lag {behind / 1000:.1f} s"
+        )
+        ms.close()
+        launch = phases["launch"]
+        return {
+            "latency_p50_s": percentile(rlat, 0.5),
+            "latency_p99_s": percentile(rlat, 0.99),
+            "checkpoint_p50_s": percentile(lat, 0.5),
+            "checkpoint_p99_s": percentile(lat, 0.99),
+            "sensor_tick_p50_s": statistics.median(ticks) if ticks else float("nan"),
+            "run_launch_p50_s": statistics.median(launch) if launch else float("nan"),
+            "rows_per_s": measured_rows / max(elapsed, 1e-9),
+        }
 
 
 def line(figures: dict[str, float]) -> str:

@@ -204,19 +204,45 @@ def resign_owner(ms: Metastore) -> str:
 
 # ------------------------------------------------------------------------------ captures
 def add_capture(ms: Metastore, capture_id: str, ttl_s: int = DEFAULT_CAPTURE_TTL_S) -> str:
-    """Register a capture (its runs renew the lease); returns its epoch."""
-    if ms.captures.get(capture_id) is not None:
-        raise AdminError(f"capture {capture_id!r} is already registered")
+    """Ask for a capture (desired state: the owner registers it again whenever its lease
+    expired, until it is removed) and register it now; returns its epoch."""
     if ttl_s < 5:
         raise AdminError(f"capture lease ttl {ttl_s}s is too short: use at least 5 s")
-    session = ms.captures.register(capture_id, ttl_s, keepalive=False)
-    return session.epoch
+    current = ms.captures.get(capture_id)
+    if current is not None and capture_id in ms.captures.desired():
+        raise AdminError(f"capture {capture_id!r} is already registered")
+    ms.captures.desire(capture_id, ttl_s)
+    if current is not None:  # registered before captures were desired state: keep it
+        return current.epoch
+    return ms.captures.register(capture_id, ttl_s, keepalive=False).epoch
+
+
+def ensure_captures(
+    ms: Metastore, capture_ids: Sequence[str], ttl_s: int = DEFAULT_CAPTURE_TTL_S
+) -> list[str]:
+    """The captures a server or demo starts with: each desired (and registered) unless it
+    already is; returns the ones this call added."""
+    desired = ms.captures.desired()
+    added = [c for c in capture_ids if c not in desired]
+    for capture_id in added:
+        add_capture(ms, capture_id, ttl_s)
+    return added
+
+
+def capture_names(count: int) -> list[str]:
+    """``capture-1`` .. ``capture-<count>``: the captures ``--captures N`` asks for."""
+    if count < 0:
+        raise AdminError(f"--captures {count}: give 0 or more")
+    return [f"capture-{i}" for i in range(1, count + 1)]
 
 
 def remove_capture(ms: Metastore, capture_id: str) -> None:
-    """Deregister a capture that holds no tables (drain it first)."""
+    """Deregister a capture that holds no tables (drain it first); it is no longer desired."""
     info = ms.captures.get(capture_id)
     if info is None:
+        if capture_id in ms.captures.desired():  # its lease lapsed: just stop wanting it
+            ms.captures.undesire(capture_id)
+            return
         raise AdminError(f"capture {capture_id!r} is not registered")
     for cf in ms.changefeeds.list():
         tables = _tables_held(ms, cf.changefeed_id).get(capture_id, set())
@@ -225,6 +251,7 @@ def remove_capture(ms: Metastore, capture_id: str) -> None:
                 f"capture {capture_id!r} still holds {len(tables)} table(s) of changefeed "
                 f"{cf.changefeed_id!r}; drain it first (`cdc-dagster capture drain {capture_id}`)"
             )
+    ms.captures.undesire(capture_id)
     ms.client.revoke_lease(int(info.epoch, 16))
 
 

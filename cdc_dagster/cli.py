@@ -19,11 +19,12 @@ from typing import Any
 
 from cdc_dagster import admin
 from cdc_dagster.metastore import connect
+from cdc_dagster.metastore.changefeeds import wall_ms
 from cdc_dagster.metastore.errors import MetastoreError
 from cdc_dagster.secrets import SecretReferenceError, redact_text, redact_uri
 from cdc_dagster.services import stack
 from cdc_dagster.upstream.uri import is_mysql_uri
-from scheduler_core.ts import format_ts
+from scheduler_core.ts import compose, physical_ms, wall_time
 
 DEFAULT_STATE_DIR = ".state"
 _DURATION = re.compile(r"(?:(\d+)h)?(?:(\d+)m(?!s))?(?:(\d+)s)?")
@@ -109,15 +110,30 @@ def build_parser() -> argparse.ArgumentParser:
 
     server = sub.add_parser("server", help="start, stop or show etcd, Spark Connect and Dagster")
     servers = server.add_subparsers(dest="action", required=True)
-    start = servers.add_parser("start", help="start etcd, Spark Connect and `dagster dev`")
+    start = servers.add_parser(
+        "start",
+        help="start etcd, Spark Connect and Dagster, supervised (in the foreground; "
+        "--detach: in the background)",
+    )
     start.add_argument("--no-dagster", action="store_true", help="only etcd and Spark Connect")
     start.add_argument("--port", type=int, default=0, help="UI port (0: a free one)")
+    start.add_argument(
+        "--detach", action="store_true", help="run in the background (`server stop` stops it)"
+    )
+    start.add_argument(
+        "--captures",
+        type=int,
+        default=2,
+        metavar="N",
+        help="captures to register (capture-1..N; kept registered until removed; default 2)",
+    )
     servers.add_parser("stop", help="stop what `server start` started")
-    servers.add_parser("status", help="what is running")
+    servers.add_parser("status", help="what is running (exit 1 if a part is down, 3 if none runs)")
 
     demo = sub.add_parser("demo", help="the whole thing with a generated workload")
     demo.add_argument("--tables", type=int, default=6, help="bank tables of the workload")
     demo.add_argument("--port", type=int, default=0, help="UI port (0: a free one)")
+    demo.add_argument("--captures", type=int, default=2, metavar="N", help="captures (default 2)")
     demo.add_argument("--no-dagster", action="store_true", help=argparse.SUPPRESS)
     return p
 
@@ -183,24 +199,28 @@ def open_metastore(args: argparse.Namespace) -> Any:
     return connect(endpoints or None, state_dir_of(args), cluster_id=args.cluster_id)
 
 
-def _ts(ts: int) -> str:
-    return f"{ts} ({format_ts(ts)})" if ts else "0"
+def _time(ts: int) -> str:
+    return wall_time(ts) if ts else ""
 
 
-def _changefeed_row(cf: Any) -> dict[str, Any]:
+def _changefeed_row(cf: Any, now_ms: int) -> dict[str, Any]:
     info, status = cf.info, cf.status
     return {
         "id": info.changefeed_id,
         "state": str(status.state),
-        "checkpoint": _ts(status.checkpoint_ts),
-        "resolved": _ts(status.resolved_ts),
+        "error": redact_text(status.last_error),
+        "warning_since": _time(compose(status.warning_since_ms)) if status.warning_since_ms else "",
+        "checkpoint_ts": status.checkpoint_ts,
+        "checkpoint_time": _time(status.checkpoint_ts),
+        "resolved_ts": status.resolved_ts,
+        "resolved_time": _time(status.resolved_ts),
+        "lag_s": round(max(0.0, (now_ms - physical_ms(status.checkpoint_ts)) / 1000), 1),
         "sink_uri": redact_uri(info.sink_uri),
         "upstream_uri": redact_uri(info.upstream_uri),
         "filter": list(info.table_filter),
         "start_ts": info.start_ts,
         "target_ts": info.target_ts,
         "sync_point_interval_s": info.sync_point_interval_s,
-        "error": redact_text(status.last_error),
     }
 
 
@@ -247,16 +267,17 @@ def cmd_changefeed(args: argparse.Namespace) -> None:
                 **options,
             )
             print(f"created changefeed {cf.changefeed_id} into {redact_uri(cf.info.sink_uri)}")
-            print(f"start ts {_ts(cf.info.start_ts)}")
+            print(f"start ts {cf.info.start_ts} ({_time(cf.info.start_ts)})")
         elif args.action == "list":
+            now = wall_ms()
             _print(
                 [
-                    {k: r[k] for k in ("id", "state", "checkpoint")}
-                    for r in map(_changefeed_row, ms.changefeeds.list())
+                    {k: r[k] for k in ("id", "state", "checkpoint_time", "lag_s", "error")}
+                    for r in (_changefeed_row(cf, now) for cf in ms.changefeeds.list())
                 ]
             )
         elif args.action == "query":
-            _print(_changefeed_row(ms.changefeeds.get(args.changefeed_id)))
+            _print(_changefeed_row(ms.changefeeds.get(args.changefeed_id), wall_ms()))
         elif args.action == "pause":
             admin.pause_changefeed(ms, args.changefeed_id)
             print(f"paused changefeed {args.changefeed_id}")
@@ -278,22 +299,33 @@ def cmd_changefeed(args: argparse.Namespace) -> None:
             print(f"removed changefeed {args.changefeed_id}")
 
 
+def _capture_rows(ms: Any) -> list[dict[str, Any]]:
+    """Every capture the user asked for or that is registered: alive or not, desired or not."""
+    owner = ms.election.current_owner()
+    alive = {c.capture_id: c for c in ms.captures.list_alive()}
+    desired = ms.captures.desired()
+    rows = []
+    for cid in sorted(set(alive) | set(desired)):
+        info = alive.get(cid)
+        row = {
+            "id": cid,
+            "alive": info is not None,
+            "desired": cid in desired,
+            "epoch": info.epoch if info else "",
+            "is_owner": owner is not None and owner.owner_id == cid,
+            "address": info.address if info else "",
+        }
+        if info is None:
+            row["note"] = "its lease expired; the owner registers it again at its next tick"
+        rows.append(row)
+    return rows
+
+
 def cmd_capture(args: argparse.Namespace) -> None:
     """capture list|add|drain|remove."""
     with open_metastore(args) as ms:
         if args.action == "list":
-            owner = ms.election.current_owner()
-            _print(
-                [
-                    {
-                        "id": c.capture_id,
-                        "epoch": c.epoch,
-                        "is_owner": owner is not None and owner.owner_id == c.capture_id,
-                        "address": c.address,
-                    }
-                    for c in ms.captures.list_alive()
-                ]
-            )
+            _print(_capture_rows(ms))
         elif args.action == "add":
             epoch = admin.add_capture(ms, args.capture_id, args.ttl)
             print(f"added capture {args.capture_id} (epoch {epoch})")
@@ -328,24 +360,48 @@ def cmd_owner(args: argparse.Namespace) -> None:
             )
 
 
-def cmd_server(args: argparse.Namespace) -> None:
-    """server start|stop|status."""
+def cmd_server(args: argparse.Namespace) -> int:
+    """server start|stop|status; the exit status."""
     state = state_dir_of(args)
+    if args.action == "start" and args.detach:
+        return stack.start_detached(state, _foreground_server_argv(args, state))
     if args.action == "start":
-        stack.serve(state, etcd=args.etcd, port=args.port, dagster=not args.no_dagster)
-    elif args.action == "stop":
+        return stack.serve(
+            state,
+            etcd=args.etcd,
+            port=args.port,
+            dagster=not args.no_dagster,
+            captures=admin.capture_names(args.captures),
+        )
+    if args.action == "stop":
         stack.stop(state)
-    else:
-        for line in stack.status_lines(state):
-            print(line)
+        return 0
+    lines, code = stack.status(state)
+    for line in lines:
+        print(line)
+    return code
 
 
-def cmd_demo(args: argparse.Namespace) -> None:
+def _foreground_server_argv(args: argparse.Namespace, state: Path) -> list[str]:
+    """The ``server start`` a detached one runs (the same options, without --detach)."""
+    argv = ["--state-dir", str(state), "--cluster-id", args.cluster_id]
+    argv += ["--etcd", args.etcd] if args.etcd else []
+    argv += ["server", "start", "--port", str(args.port), "--captures", str(args.captures)]
+    return argv + (["--no-dagster"] if args.no_dagster else [])
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
     """demo: etcd, Spark Connect, generator, changefeed, Dagster; Ctrl-C stops them."""
-    stack.demo(state_dir_of(args), tables=args.tables, port=args.port, dagster=not args.no_dagster)
+    return stack.demo(
+        state_dir_of(args),
+        tables=args.tables,
+        port=args.port,
+        dagster=not args.no_dagster,
+        captures=admin.capture_names(args.captures),
+    )
 
 
-COMMANDS: dict[str, Callable[[argparse.Namespace], None]] = {
+COMMANDS: dict[str, Callable[[argparse.Namespace], int | None]] = {
     "changefeed": cmd_changefeed,
     "capture": cmd_capture,
     "table": cmd_table,
@@ -360,7 +416,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
 
     try:
-        COMMANDS[args.group](args)
+        code = COMMANDS[args.group](args)
     except KeyboardInterrupt:
         return 130
     except (
@@ -374,7 +430,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         message = " ".join(str(exc).split())
         print(f"cdc-dagster: error: {redact_text(message)}", file=sys.stderr)
         return 1
-    return 0
+    return code or 0
 
 
 if __name__ == "__main__":

@@ -46,8 +46,11 @@ def to_datetime(ts: int) -> _dt.datetime:
     return _dt.datetime.fromtimestamp(physical_ms(ts) / 1000, tz=_dt.UTC)
 
 
+def wall_time(ts: int) -> str:
+    """The TS's physical part as UTC: ``2026-11-22T02:04:56.123Z``."""
+    return to_datetime(ts).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
 def format_ts(ts: int) -> str:
-    """Printable form: ``2026-11-22T02:04:56.123Z(ts, logical)``."""
-    _, logical = split(ts)
-    wall = to_datetime(ts).isoformat(timespec="milliseconds").replace("+00:00", "Z")
-    return f"{wall}+{logical} ({ts})"
+    """Printable form: ``2026-11-22T02:04:56.123Z+logical (ts)``."""
+    return f"{wall_time(ts)}+{split(ts)[1]} ({ts})"

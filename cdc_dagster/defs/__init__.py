@@ -14,6 +14,7 @@ import dagster as dg
 from cdc_dagster.defs.admin.jobs import ADMIN_JOBS
 from cdc_dagster.defs.capture.job import build_capture_job
 from cdc_dagster.defs.catalog import Catalog, load_catalog
+from cdc_dagster.defs.changefeeds.health import build_health_checks, changefeed_specs
 from cdc_dagster.defs.dbt.assets import dbt_assets_for, dbt_resources, with_replica_lineage
 from cdc_dagster.defs.dbt.sensor import syncpoint_sensor
 from cdc_dagster.defs.ddl.job import build_ddl_job
@@ -22,7 +23,7 @@ from cdc_dagster.defs.owner.sensor import build_owner_sensor
 from cdc_dagster.defs.resources import table_resources
 from cdc_dagster.defs.settings import Settings
 from cdc_dagster.defs.tables.assets import replica_specs, upstream_specs
-from cdc_dagster.defs.tables.checks import build_checks
+from cdc_dagster.defs.tables.checks import lag_checks, syncpoint_checks, syncpoint_checks_job
 
 
 def build_definitions(catalog: Catalog) -> dg.Definitions:
@@ -30,14 +31,19 @@ def build_definitions(catalog: Catalog) -> dg.Definitions:
     capture_job = build_capture_job(catalog)
     ddl_job = build_ddl_job(catalog)
     models = with_replica_lineage(dbt_assets_for(), catalog.source_replica_keys())
+    checks = syncpoint_checks(catalog)
+    checks_jobs = [syncpoint_checks_job(checks)] if checks else []
+    owner_jobs = [capture_job, ddl_job, mysql_puller, *checks_jobs]
     return dg.Definitions(
-        assets=[*upstream_specs(catalog), *replica_specs(catalog), models],
-        asset_checks=build_checks(catalog),
-        jobs=[capture_job, ddl_job, *ADMIN_JOBS, mysql_puller],
-        sensors=[
-            build_owner_sensor(catalog, [capture_job, ddl_job, mysql_puller]),
-            syncpoint_sensor(models),
+        assets=[
+            *upstream_specs(catalog),
+            *replica_specs(catalog),
+            *changefeed_specs(catalog),
+            models,
         ],
+        asset_checks=[*lag_checks(catalog), *checks, *build_health_checks(catalog)],
+        jobs=[*owner_jobs, *ADMIN_JOBS],
+        sensors=[build_owner_sensor(catalog, owner_jobs), syncpoint_sensor(models)],
         resources={**table_resources(), **dbt_resources()},
     )
 

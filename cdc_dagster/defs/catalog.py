@@ -34,6 +34,7 @@ _log = logging.getLogger(__name__)
 
 UPSTREAM = "upstream"
 REPLICA = "replica"
+CHANGEFEED = "changefeed"
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +63,7 @@ class Catalog:
 
     tables: tuple[TableRef, ...]
     max_table_assets: int = 2000
+    changefeeds: tuple[str, ...] = ()  # the changefeeds in etcd when the catalog was loaded
     # indexes of ``tables``, built on first use (a cache: rebuildable from ``tables``)
     _cache: dict[str, Any] = field(default_factory=dict, compare=False, hash=False, repr=False)
 
@@ -139,11 +141,19 @@ class Catalog:
             for t in self.tables
         }
 
+    def changefeed_key(self, changefeed_id: str) -> dg.AssetKey:
+        """The asset of a changefeed (its health check says whether it moves)."""
+        return dg.AssetKey([CHANGEFEED, _segment(changefeed_id)])
+
     @staticmethod
-    def of(tables: Iterable[TableRef], max_table_assets: int = 2000) -> Catalog:
-        """A catalog of ``tables`` sorted by id (then changefeed)."""
+    def of(
+        tables: Iterable[TableRef], max_table_assets: int = 2000, changefeeds: Iterable[str] = ()
+    ) -> Catalog:
+        """A catalog of ``tables`` sorted by id (then changefeed), and of ``changefeeds``."""
         return Catalog(
-            tuple(sorted(tables, key=lambda t: (t.table_id, t.changefeed_id))), max_table_assets
+            tuple(sorted(tables, key=lambda t: (t.table_id, t.changefeed_id))),
+            max_table_assets,
+            tuple(sorted(set(changefeeds))),
         )
 
 
@@ -195,7 +205,7 @@ def load_catalog(settings: Settings) -> Catalog:
     env = settings.changelog
     if env is not None and env.resolve() not in roots:
         refs += changelog_tables(env)
-    return Catalog.of(refs, settings.max_table_assets)
+    return Catalog.of(refs, settings.max_table_assets, (cf.changefeed_id for cf in feeds))
 
 
 def _changefeeds(settings: Settings) -> list[Any]:

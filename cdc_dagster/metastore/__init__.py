@@ -44,6 +44,7 @@ from cdc_dagster.metastore.private_etcd import (
     start_private_etcd,
     stop_private_etcd,
 )
+from cdc_dagster.metastore.problems import Problem, ProblemStore
 from cdc_dagster.metastore.status_codec import TaskStatus
 from cdc_dagster.metastore.task_status import TaskStatusStore
 
@@ -71,6 +72,7 @@ __all__ = [
     "OwnerSession",
     "OwnerSnapshot",
     "PrivateEtcdStatus",
+    "Problem",
     "RpcCounts",
     "TaskStatus",
     "TaskStatusStore",
@@ -101,6 +103,7 @@ class Metastore:
         self.changefeeds = ChangefeedStore(client, layout, now_ms=now_ms)
         self.task_statuses = TaskStatusStore(client, layout)
         self.mailbox = MailboxStore(client, layout)
+        self.problems = ProblemStore(client, layout)
 
     def read_owner_snapshot(self, cache: ConfigCache | None = None) -> OwnerSnapshot:
         """The owner's tick input, read at one revision in one round trip.

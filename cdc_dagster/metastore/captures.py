@@ -18,14 +18,17 @@ from typing import Any
 
 from cdc_dagster.metastore.client import (
     Compare,
+    CompareTarget,
     EtcdClient,
     LeaseGrant,
     Op,
     PrefixWatch,
+    Put,
     RangeResult,
     TxnResult,
     WatchEvent,
     WatchEventType,
+    create_revision_is,
     lease_is,
 )
 from cdc_dagster.metastore.errors import (
@@ -128,11 +131,44 @@ class CaptureSession:
 
 
 class CaptureRegistry:
-    """Register captures, list the alive ones, watch them come and go."""
+    """Register captures, list the alive ones, watch them come and go; and the captures the
+    user asked for (desired state: the owner registers one again whose lease expired)."""
 
     def __init__(self, client: EtcdClient, layout: KeyLayout) -> None:
         self._client = client
         self._layout = layout
+
+    def desire(self, capture_id: str, ttl_s: int) -> None:
+        """Remember that the user wants ``capture_id`` (with this lease TTL) until removed."""
+        value = json.dumps({"v": 1, "ttl_s": int(ttl_s)}, separators=(",", ":")).encode()
+        self._client.put(self._layout.desired_capture(capture_id), value)
+
+    def undesire(self, capture_id: str) -> None:
+        """The user removed ``capture_id``: it is no longer registered again."""
+        self._client.delete(self._layout.desired_capture(capture_id))
+
+    def register_desired(self, capture_id: str, ttl_s: int) -> CaptureInfo | None:
+        """Register ``capture_id`` again (a new lease, a new epoch) if it is still desired and
+        has no registration; None when another process or a removal got there first."""
+        grant = self._client.grant_lease(ttl_s)
+        info = CaptureInfo(capture_id, f"{grant.lease_id:016x}")
+        key = self._layout.capture(capture_id)
+        result = self._client.txn(
+            [
+                Compare(self._layout.desired_capture(capture_id), CompareTarget.CREATE, ">", 0),
+                create_revision_is(key, 0),
+            ],
+            [Put(key, info.encode(), grant.lease_id)],
+        )
+        if not result.succeeded:
+            self._client.revoke_lease(grant.lease_id)
+            return None
+        _log.info("capture %s registered again with epoch %s", capture_id, info.epoch)
+        return info
+
+    def desired(self) -> dict[str, int]:
+        """Capture id -> lease TTL of every capture the user asked for."""
+        return desired_of(self._layout, self._client.get_prefix(self._layout.desired_captures).kvs)
 
     def register(
         self, capture_id: str, ttl_s: int, *, address: str = "", keepalive: bool = True
@@ -179,6 +215,19 @@ class CaptureRegistry:
     ) -> CaptureWatch:
         """Follow the alive set; ``on_change`` gets the whole set after every change."""
         return CaptureWatch(self._client, self._layout, on_change).start()
+
+
+def desired_of(layout: KeyLayout, kvs: Sequence[Any]) -> dict[str, int]:
+    """Capture id -> lease TTL, from a read of the desired captures (a bad value: 60 s)."""
+    out = {}
+    for kv in kvs:
+        try:
+            ttl = int(json.loads(kv.value)["ttl_s"])
+        except (ValueError, KeyError, TypeError):
+            _log.warning("desired capture %s: unreadable value; lease TTL 60 s", kv.key)
+            ttl = 60
+        out[layout.last_segment(kv.key)] = ttl
+    return out
 
 
 def _decode_all(snapshot: RangeResult) -> dict[str, CaptureInfo]:

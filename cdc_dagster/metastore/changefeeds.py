@@ -65,9 +65,19 @@ class ChangefeedState(enum.StrEnum):
     """A changefeed's lifecycle state (TiCDC's names)."""
 
     NORMAL = "normal"  # replicating
+    WARNING = "warning"  # replicating, but something keeps it from moving (last_error); retried
+    FAILED = "failed"  # stopped: unrecoverable, or a warning that lasted too long; resume it
     STOPPED = "stopped"  # paused by an admin; its config may be updated
-    ERROR = "error"  # stopped by an error (see last_error); resume to retry
     FINISHED = "finished"  # reached target_ts; nothing more to replicate
+
+    @classmethod
+    def _missing_(cls, value: object) -> ChangefeedState | None:
+        return cls.FAILED if value == "error" else None  # records of earlier versions
+
+    @property
+    def running(self) -> bool:
+        """The owner schedules its tables (normal, or warning: retried)."""
+        return self in (ChangefeedState.NORMAL, ChangefeedState.WARNING)
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,7 +127,8 @@ class ChangefeedStatus:
     resolved_ts: int
     state: ChangefeedState
     epoch: int  # bumps when the changefeed is created or resumed (a TS, like TiCDC's)
-    last_error: str = ""
+    last_error: str = ""  # the whole message of a warning or failure; "" when normal
+    warning_since_ms: int = 0  # when the current warning began (failed after too long)
 
     def __post_init__(self) -> None:
         check_ts("checkpoint_ts", self.checkpoint_ts)
@@ -433,7 +444,7 @@ class ChangefeedStore:
 
     def remove(self, changefeed_id: str) -> None:
         """Delete the changefeed with everything etcd holds for it: status, DDL state, task
-        statuses, Agent states, pending admin requests, DDL and syncpoint markers."""
+        statuses, Agent states, pending admin requests, DDL and syncpoint markers, problems."""
         for _ in range(self._max_attempts):
             current = self.get(changefeed_id)
             info_key = self._layout.changefeed_info(changefeed_id)
@@ -447,6 +458,7 @@ class ChangefeedStore:
                     Delete(self._layout.agent_states(changefeed_id), prefix=True),
                     Delete(self._layout.admin_requests(changefeed_id), prefix=True),
                     Delete(self._layout.applied(changefeed_id), prefix=True),
+                    Delete(self._layout.problems(changefeed_id), prefix=True),
                 ],
             )
             if result.succeeded:
@@ -471,7 +483,7 @@ def _resumed(
     changefeed_id: str, now_ms: Callable[[], int]
 ) -> Callable[[ChangefeedStatus], ChangefeedStatus | None]:
     def change(status: ChangefeedStatus) -> ChangefeedStatus | None:
-        if status.state is ChangefeedState.NORMAL:
+        if status.state.running:
             return None
         if status.state is ChangefeedState.FINISHED:
             raise ChangefeedStateError(
@@ -479,7 +491,9 @@ def _resumed(
                 "or create a new one"
             )
         epoch = max(compose(now_ms()), status.epoch + 1)
-        return dataclasses.replace(status, state=ChangefeedState.NORMAL, epoch=epoch, last_error="")
+        return dataclasses.replace(
+            status, state=ChangefeedState.NORMAL, epoch=epoch, last_error="", warning_since_ms=0
+        )
 
     return change
 

@@ -4,6 +4,9 @@
 
     {root}/{cluster}/owner                          election key (value: owner id; owner's lease)
     {root}/{cluster}/capture/{capture_id}           capture registry (JSON; capture's lease)
+    {root}/{cluster}/desired/capture/{capture_id}   a capture the user asked for (JSON {ttl_s});
+                                                    the owner registers it again if its lease
+                                                    expired, until it is removed
     {root}/{cluster}/changefeed/info/{cf}           changefeed config (JSON)
     {root}/{cluster}/changefeed/status/{cf}         checkpoint, resolved, state, error (JSON)
     {root}/{cluster}/task/{cf}/{capture_id}         one capture's table statuses (binary; its lease)
@@ -15,6 +18,9 @@
     {root}/{cluster}/admin/{cf}/{request_id}        an admin request the owner applies (JSON)
     {root}/{cluster}/applied/{cf}/ddl-{ts}-{digest} a DDL ran downstream (marker)
     {root}/{cluster}/applied/{cf}/syncpoint-{ts}    a syncpoint was recorded (marker)
+    {root}/{cluster}/problem/{cf}/{source}          what keeps a changefeed from moving, as a
+                                                    capture, the puller or a DDL run saw it
+                                                    (JSON; metastore/problems.py)
 
 The owner reads O(captures) keys per tick: one range over ``task/{cf}/`` per changefeed.
 """
@@ -131,6 +137,15 @@ class KeyLayout:
         return self.prefix + "gc/safepoint"
 
     @property
+    def desired_captures(self) -> str:
+        """Prefix of the captures the user asked for (desired state)."""
+        return self.prefix + "desired/capture/"
+
+    def desired_capture(self, capture_id: str) -> str:
+        """One capture the user asked for."""
+        return self.desired_captures + check_segment("capture_id", capture_id)
+
+    @property
     def mailboxes(self) -> str:
         """Prefix of every capture's mailbox."""
         return self.prefix + "mailbox/"
@@ -171,6 +186,17 @@ class KeyLayout:
     def syncpoint_recorded(self, changefeed_id: str, ts: int) -> str:
         """The marker that says a syncpoint was recorded downstream."""
         return f"{self.applied(changefeed_id)}syncpoint-{ts:020d}"
+
+    def problems(self, changefeed_id: str | None = None) -> str:
+        """Prefix of the problems (of one changefeed, or of all)."""
+        base = self.prefix + "problem/"
+        if changefeed_id is None:
+            return base
+        return base + check_segment("changefeed_id", changefeed_id) + "/"
+
+    def problem(self, changefeed_id: str, source: str) -> str:
+        """One source's problem with a changefeed (a capture id, ``puller`` or ``ddl``)."""
+        return self.problems(changefeed_id) + check_segment("source", source)
 
     def last_segment(self, key: str) -> str:
         """The id at the end of ``key`` (capture id, changefeed id)."""

@@ -27,11 +27,12 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from cdc_dagster.metastore.captures import CaptureInfo
+from cdc_dagster.metastore.captures import CaptureInfo, desired_of
 from cdc_dagster.metastore.changefeeds import (
     Changefeed,
     ChangefeedInfo,
     ChangefeedState,
+    ChangefeedStatus,
     decode_info,
     decode_status,
     encode_record,
@@ -50,6 +51,7 @@ from cdc_dagster.metastore.ddl_state import DdlState
 from cdc_dagster.metastore.election import OwnerSession
 from cdc_dagster.metastore.errors import ConflictError, CorruptValueError
 from cdc_dagster.metastore.keys import KeyLayout
+from cdc_dagster.metastore.problems import Problem, problems_of
 from cdc_dagster.metastore.status_codec import TaskStatus, decode
 
 _log = logging.getLogger(__name__)
@@ -78,14 +80,22 @@ class OwnerSnapshot:
     capture_errors: Mapping[str, str] = field(default_factory=dict)
     changefeed_errors: Mapping[str, str] = field(default_factory=dict)
     dropped_reports: int = 0
+    # changefeed id -> source -> what keeps it from moving (metastore/problems.py)
+    problems: Mapping[str, Mapping[str, Problem]] = field(default_factory=dict)
+    desired: Mapping[str, int] = field(default_factory=dict)  # capture id -> lease TTL
 
 
 @dataclass(frozen=True, slots=True)
 class ChangefeedProgress:
-    """The checkpoint and resolved ts the owner computed for one changefeed this tick."""
+    """The checkpoint and resolved ts the owner computed for one changefeed this tick, and
+    its health: a message when something keeps it from moving (its state becomes warning,
+    or failed with ``failed``), None when it is well (normal)."""
 
     checkpoint_ts: int
     resolved_ts: int
+    problem: str | None = None
+    failed: bool = False
+    now_ms: int = 0  # the owner's clock for ``warning_since_ms``
 
 
 @dataclass(frozen=True, slots=True)
@@ -186,10 +196,12 @@ def _read_owner_snapshot(
         Get(layout.ddls, prefix=True),
         Get(layout.gc_safepoint),
     ]
+    gets.append(Get(layout.problems(), prefix=True))
+    gets.append(Get(layout.desired_captures, prefix=True))
     if include_tasks:
         gets.append(Get(layout.all_tasks, prefix=True))
     result = client.txn([], gets)
-    captures, listed, changed, statuses, ddls, gc, *rest = result.reads
+    captures, listed, changed, statuses, ddls, gc, problems, desired, *rest = result.reads
     drops = _Drops()
     configs = _configs(layout, listed, changed if since else listed, cache, result.revision)
     changefeeds = _changefeeds(layout, configs, statuses, drops)
@@ -203,6 +215,8 @@ def _read_owner_snapshot(
         capture_errors=MappingProxyType(drops.captures),
         changefeed_errors=MappingProxyType(drops.changefeeds),
         dropped_reports=drops.count,
+        problems=MappingProxyType(problems_of(layout, list(problems))),
+        desired=MappingProxyType(desired_of(layout, desired)),
     )
 
 
@@ -328,10 +342,26 @@ def _advanced(cf: Changefeed, progress: ChangefeedProgress | None) -> Changefeed
     status = cf.status
     checkpoint = max(status.checkpoint_ts, progress.checkpoint_ts)
     resolved = max(status.resolved_ts, progress.resolved_ts, checkpoint)
-    if (checkpoint, resolved) == (status.checkpoint_ts, status.resolved_ts):
-        return cf
-    new = dataclasses.replace(status, checkpoint_ts=checkpoint, resolved_ts=resolved)
-    return dataclasses.replace(cf, status=new)
+    new = dataclasses.replace(
+        _health(status, progress), checkpoint_ts=checkpoint, resolved_ts=resolved
+    )
+    return cf if new == status else dataclasses.replace(cf, status=new)
+
+
+def _health(status: ChangefeedStatus, progress: ChangefeedProgress) -> ChangefeedStatus:
+    """The state the owner's view of the changefeed's health gives it. Only a running
+    changefeed (normal, warning) changes: an admin's pause and a failure stay as they are."""
+    if not status.state.running:
+        return status
+    if progress.problem is None:
+        return dataclasses.replace(
+            status, state=ChangefeedState.NORMAL, last_error="", warning_since_ms=0
+        )
+    since = status.warning_since_ms or progress.now_ms
+    state = ChangefeedState.FAILED if progress.failed else ChangefeedState.WARNING
+    return dataclasses.replace(
+        status, state=state, last_error=progress.problem, warning_since_ms=since
+    )
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,9 +1,13 @@
-"""The puller's use of the change log: the shared writer, and removing an unfinished flush."""
+"""The puller's use of the change log: the writer, rows in its layout, and removing an
+unfinished flush."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import pyarrow as pa
+
+from cdc_dagster.schema import TableSchema, arrow_type
 from cdc_dagster.upstream.changelog import ChangeLogWriter
 
 
@@ -37,3 +41,23 @@ def truncate_above(root: str | Path, ts: int) -> int:
             f.unlink()
             removed += 1
     return removed
+
+
+def change_rows(t: TableSchema, version: int, rows: list[tuple]) -> pa.Table:
+    """Rows ``(ts, seq, op, after, before)`` in the change-log column layout."""
+    arrays: dict[str, pa.Array] = {
+        "_commit_ts": pa.array([r[0] for r in rows], pa.int64()),
+        "_seq": pa.array([r[1] for r in rows], pa.int32()),
+        "_op": pa.array([r[2] for r in rows], pa.int8()),
+        "_schema_version": pa.array([version] * len(rows), pa.int64()),
+    }
+    for c in t.columns:
+        arrays[f"c{c.id}"] = pa.array(
+            [r[3].get(c.id) if r[3] is not None else None for r in rows], arrow_type(c.type)
+        )
+    for cid in t.primary_key:
+        c = t.column(cid)
+        arrays[f"b{cid}"] = pa.array(
+            [r[4].get(cid) if r[4] is not None else None for r in rows], arrow_type(c.type)
+        )
+    return pa.table(arrays)

@@ -29,7 +29,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pymysql
 
@@ -37,12 +37,14 @@ from cdc_dagster.mysql.catalog import CatalogError, IdRegistry, RawTable, build_
 from cdc_dagster.mysql.catalog import list_tables as _list_tables
 from cdc_dagster.mysql.catalog import quote_ident as _q
 from cdc_dagster.mysql.catalog import read_table as _read_table
+from cdc_dagster.mysql.changelog_io import change_rows
+from cdc_dagster.mysql.context import PullerContext
+from cdc_dagster.mysql.errors import PullerBusyError, PullerError
+from cdc_dagster.mysql.position import mariadb_snapshot_state
+from cdc_dagster.mysql.snapshot import read_chunks
 from cdc_dagster.mysql.upstream import connect
 from cdc_dagster.schema import DdlRecord
 from scheduler_core.ddl import DDLKind
-
-if TYPE_CHECKING:
-    from cdc_dagster.mysql.puller import Puller
 
 log = logging.getLogger(__name__)
 
@@ -85,16 +87,14 @@ class PendingJoin:
                 pass  # the connection is gone: so are its transaction and locks
 
 
-def candidates(puller: Puller, conn: Any) -> list[Name]:
+def candidates(puller: PullerContext, conn: Any) -> list[Name]:
     """Tables the filter selects now that the puller does not track under that name."""
     st = puller.state
     return [n for n in _list_tables(conn, puller.filter) if st.table_id(*n) is None]
 
 
-def open_join(puller: Puller, reason: str) -> PendingJoin | None:
+def open_join(puller: PullerContext, reason: str) -> PendingJoin | None:
     """Open a join for the untracked tables the filter selects (None: there are none)."""
-    from cdc_dagster.mysql.puller import PullerBusyError
-
     for _ in range(OPEN_ATTEMPTS):
         lock = connect(puller.upstream)
         try:
@@ -120,11 +120,8 @@ def open_join(puller: Puller, reason: str) -> PendingJoin | None:
     )
 
 
-def _open(puller: Puller, lock: Any, names: list[Name], reason: str) -> PendingJoin | None:
+def _open(puller: PullerContext, lock: Any, names: list[Name], reason: str) -> PendingJoin | None:
     """Lock and read the candidates, open the snapshot; None if the candidates changed."""
-    from cdc_dagster.mysql.puller import PullerError
-    from cdc_dagster.mysql.snapshot import _mariadb_snapshot
-
     raws: dict[Name, RawTable] = {}
     with lock.cursor() as cur:
         cur.execute("START TRANSACTION")
@@ -141,7 +138,7 @@ def _open(puller: Puller, lock: Any, names: list[Name], reason: str) -> PendingJ
         with snap.cursor() as cur:
             cur.execute("SET SESSION time_zone = '+00:00'")
             cur.execute("SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ")
-            position = _mariadb_snapshot(cur, PullerError).position
+            position = mariadb_snapshot_state(cur).position
         if candidates(puller, lock) != names:
             snap.close()
             return None
@@ -151,10 +148,8 @@ def _open(puller: Puller, lock: Any, names: list[Name], reason: str) -> PendingJ
     return PendingJoin(lock, snap, position, raws, reason)
 
 
-def _check_keys(puller: Puller, raw: RawTable) -> None:
+def _check_keys(puller: PullerContext, raw: RawTable) -> None:
     """A keyless joining table is refused by name now, before anything is written."""
-    from cdc_dagster.mysql.puller import PullerError
-
     try:
         build_schema(raw, 1, IdRegistry(), None, force_replicate=puller.upstream.force_replicate)
     except CatalogError as exc:
@@ -164,10 +159,8 @@ def _check_keys(puller: Puller, raw: RawTable) -> None:
         ) from None
 
 
-def refuse_on_mysql(puller: Puller, names: list[Name]) -> None:
+def refuse_on_mysql(puller: PullerContext, names: list[Name]) -> None:
     """On MySQL a joining table is a clear error (the join is implemented for MariaDB)."""
-    from cdc_dagster.mysql.puller import PullerError
-
     raise PullerError(
         f"table(s) {', '.join(f'{d}.{t}' for d, t in names)} join a running changefeed "
         "(a widened filter or a RENAME into it), and a join snapshot is implemented "
@@ -176,7 +169,7 @@ def refuse_on_mysql(puller: Puller, names: list[Name]) -> None:
     )
 
 
-def refuse_widened_filter(puller: Puller) -> None:
+def refuse_widened_filter(puller: PullerContext) -> None:
     """MySQL: a changed filter that selects untracked tables is refused, naming them."""
     conn = connect(puller.upstream)
     try:
@@ -187,12 +180,9 @@ def refuse_widened_filter(puller: Puller) -> None:
         refuse_on_mysql(puller, names)
 
 
-def complete(puller: Puller, join: PendingJoin) -> int:
+def complete(puller: PullerContext, join: PendingJoin) -> int:
     """At the join point: create records and snapshot rows of the joining tables; returns
     the rows written. The caller flushed everything before and saves the state after."""
-    from cdc_dagster.mysql.puller import change_rows
-    from cdc_dagster.mysql.snapshot import _chunks
-
     st, alloc, writer = puller.state, puller.alloc, puller.writer
     joined = []
     where = ",".join(join.position[d] for d in sorted(join.position))
@@ -209,14 +199,15 @@ def complete(puller: Puller, join: PendingJoin) -> int:
         writer.write_ddl(DdlRecord(ts, DDLKind.CREATE_TABLE, "create_table", query,
                                    creates=(tid,), tables={tid: schema, **gone}))  # fmt: skip
         st.set_table(tid, schema, ts)
-        puller._conv.pop(tid, None)
+        puller.forget_table_plans(tid)
         joined.append(tid)
     rows_written = 0
     if joined:
         snapshot_ts = alloc.issue(0.0)
         for tid in joined:
             schema, version = st.tables[tid], st.versions[tid]
-            for rows in _chunks(join.snap_conn, schema, puller.config.snapshot_chunk_rows, puller):
+            chunk_rows, progress = puller.config.snapshot_chunk_rows, puller.config.progress
+            for rows in read_chunks(join.snap_conn, schema, chunk_rows, progress):
                 batch = [(snapshot_ts, i, 1, r, None) for i, r in enumerate(rows)]
                 writer.write_rows(tid, 0, version, change_rows(schema, version, batch))
                 rows_written += len(rows)
@@ -231,7 +222,7 @@ def complete(puller: Puller, join: PendingJoin) -> int:
     return rows_written
 
 
-def leave_unselected(puller: Puller) -> list[int]:
+def leave_unselected(puller: PullerContext) -> list[int]:
     """Tables tracked but no longer selected by the filter (a narrowed filter) leave the
     changefeed: one ``drop_table`` record each (the owner, whose filter no longer selects
     them either, leaves their downstream table as it is), then they are forgotten, so their
@@ -251,12 +242,12 @@ def leave_unselected(puller: Puller) -> list[int]:
                                           drops=(tid,), tables={tid: None}))  # fmt: skip
         st.set_table(tid, None, ts)
         st.left[(db, t)] = tid
-        puller._conv.pop(tid, None)
+        puller.forget_table_plans(tid)
         log.info("%s.%s (id %d) left the changefeed (filter %s)", db, t, tid, puller.filter)
     return gone
 
 
-def replaced(puller: Puller, db: str, table: str) -> dict[int, None]:
+def replaced(puller: PullerContext, db: str, table: str) -> dict[int, None]:
     """For a table created (or joining) as ``db.table``: the id of a table that left the
     changefeed under that name, as ``DdlRecord.tables`` entries (``{id: None}``), so the sink
     replaces that downstream table (``DdlRecord.replaces``); forgets it in the state."""

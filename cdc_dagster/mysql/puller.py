@@ -12,17 +12,35 @@ import fcntl
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pymysql
+from pymysqlreplication import BinLogStreamReader
+from pymysqlreplication.constants import FIELD_TYPE
+from pymysqlreplication.event import (
+    GtidEvent,
+    HeartbeatLogEvent,
+    MariadbGtidEvent,
+    QueryEvent,
+    RotateEvent,
+    XidEvent,
+)
+from pymysqlreplication.row_event import (
+    DeleteRowsEvent,
+    TableMapEvent,
+    UpdateRowsEvent,
+    WriteRowsEvent,
+)
 
-from cdc_dagster.mysql import catalog, join
+from cdc_dagster import failpoints
+from cdc_dagster.mysql import catalog, join, snapshot
 from cdc_dagster.mysql.catalog import TableFilter, build_schema, read_table
-from cdc_dagster.mysql.changelog_io import truncate_above, writer
+from cdc_dagster.mysql.changelog_io import change_rows, truncate_above, writer
+from cdc_dagster.mysql.context import PullerConfig, PullerStats
 from cdc_dagster.mysql.ddl import ParsedDDL, UnsupportedDDLError, is_ignored, parse_ddl
+from cdc_dagster.mysql.errors import PullerBusyError, PullerError
 from cdc_dagster.mysql.evolve import NeedsCatalog, altered_schema, created_schema, renamed
 from cdc_dagster.mysql.join import PendingJoin
 from cdc_dagster.mysql.state import (
@@ -33,7 +51,7 @@ from cdc_dagster.mysql.state import (
 )
 from cdc_dagster.mysql.types import converter, passthrough
 from cdc_dagster.mysql.upstream import check_upstream, connect
-from cdc_dagster.schema import DdlRecord, TableSchema, arrow_type
+from cdc_dagster.schema import DdlRecord, TableSchema
 from cdc_dagster.upstream.uri import UpstreamError, parse_uri
 from scheduler_core.ddl import DDLKind
 
@@ -42,53 +60,19 @@ log = logging.getLogger(__name__)
 OP_INSERT, OP_UPDATE, OP_DELETE = 1, 2, 3
 
 
-class PullerError(Exception):
-    """The puller cannot go on for this changefeed (the message says why and what to do)."""
-
-    retryable = False  # a later run may succeed as it is (else the changefeed needs a fix)
-
-
-class PullerBusyError(PullerError):
-    """Another puller holds the change log, or the upstream kept dropping the connection."""
-
-    retryable = True
-
-
-@dataclass(frozen=True, slots=True)
-class PullerConfig:
-    """What one puller reads and where it writes."""
-
-    upstream_uri: str
-    changelog_root: str
-    filters: tuple[str, ...] = ()
-    snapshot: bool = True
-    flush_rows: int = 50_000
-    flush_interval_s: float = 1.0
-    heartbeat_s: float = 1.0
-    snapshot_chunk_rows: int = 10_000
-    progress: Callable[[str, int, int], None] | None = None  # (table, rows done, rows total)
-
-
-@dataclass(slots=True)
-class PullerStats:
-    rows: int = 0
-    transactions: int = 0
-    ddls: int = 0
-    snapshot_rows: int = 0
-    flushes: int = 0
-    resolved_ts: int = 0
-    position: str = ""
-    start_ts: int = 0  # after an initial snapshot: the changefeed's start ts (below its rows)
-    started: float = field(default_factory=time.monotonic)
-
-    @property
-    def rows_per_s(self) -> float:
-        """Rows pulled per second of this run (for the run's metadata)."""
-        return self.rows / max(time.monotonic() - self.started, 1e-9)
-
-
 _Change = tuple[int, int, dict[int, Any] | None, dict[int, Any] | None]  # tid, op, after, before
 _Plan = tuple[tuple[int, Callable[[Any], Any], type | None], ...]  # per column: id, fn, as-is type
+
+
+__all__ = [
+    "Puller",
+    "PullerBusyError",
+    "PullerConfig",
+    "PullerError",
+    "PullerStats",
+    "run_puller",
+    "stream_position",
+]
 
 
 class Puller:
@@ -121,9 +105,7 @@ class Puller:
             state = load_state(self.root)
             bootstrapped = state is None
             if state is None:
-                from cdc_dagster.mysql.snapshot import bootstrap
-
-                state = bootstrap(self, conn)
+                state = snapshot.bootstrap(self)
             else:
                 removed = truncate_above(self.root, state.last_ts)
                 if removed:
@@ -190,23 +172,7 @@ class Puller:
 
     # -- streaming --------------------------------------------------------------------
 
-    def _stream(self):
-        from pymysqlreplication import BinLogStreamReader
-        from pymysqlreplication.event import (
-            GtidEvent,
-            HeartbeatLogEvent,
-            MariadbGtidEvent,
-            QueryEvent,
-            RotateEvent,
-            XidEvent,
-        )
-        from pymysqlreplication.row_event import (
-            DeleteRowsEvent,
-            TableMapEvent,
-            UpdateRowsEvent,
-            WriteRowsEvent,
-        )
-
+    def _stream(self) -> BinLogStreamReader:
         if self.info.is_mariadb != (self.state.flavor == "mariadb"):
             raise PullerError(
                 f"the change log at {self.root} was pulled from a {self.state.flavor} upstream, "
@@ -253,15 +219,6 @@ class Puller:
         return f
 
     def _run(self, stop: Callable[[PullerStats], bool]) -> PullerStats:
-        from pymysqlreplication.event import (
-            GtidEvent,
-            HeartbeatLogEvent,
-            MariadbGtidEvent,
-            QueryEvent,
-            XidEvent,
-        )
-        from pymysqlreplication.row_event import DeleteRowsEvent, UpdateRowsEvent, WriteRowsEvent
-
         self.start()
         retries = 0
         while not stop(self.stats):
@@ -349,8 +306,6 @@ class Puller:
         }
 
     def _rows(self, ev: Any) -> None:
-        from pymysqlreplication.row_event import DeleteRowsEvent, UpdateRowsEvent
-
         tid = self.state.table_id(ev.schema, ev.table)
         if tid is None:
             return
@@ -447,7 +402,7 @@ class Puller:
         self.writer.write_ddl(record)
         for tid, schema in record.tables.items():
             self.state.set_table(tid, schema, record.commit_ts)
-            self._conv.pop(tid, None)
+            self.forget_table_plans(tid)
         self.stats.ddls += 1
         self.flush(force=True)
 
@@ -543,6 +498,10 @@ class Puller:
                 ) from None
             return build_schema(raw, before.table_id, st.ids, before, renames, force)
 
+    def forget_table_plans(self, table_id: int) -> None:
+        """Drop the cached row conversions of a table (its schema changed)."""
+        self._conv.pop(table_id, None)
+
     @property
     def _mariadb(self) -> bool:
         return getattr(self, "info", None) is None or self.info.is_mariadb
@@ -560,6 +519,7 @@ class Puller:
         self.buffers = {}
         self.buffered = 0
         self.state.last_ts = self.alloc.last
+        failpoints.hit(failpoints.PULLER_AFTER_CHANGELOG_WRITE)
         save_state(self.root, self.state)
         for tid, t in self.state.tables.items():
             for shard in range(t.shards):
@@ -597,8 +557,6 @@ def stream_position(state: PullerState) -> dict[str, Any]:
 
 def _binary_pads(ev: Any, t: TableSchema) -> dict[str, int]:
     """BINARY(n) columns: the binlog drops their trailing 0x00 padding; n per column name."""
-    from pymysqlreplication.constants import FIELD_TYPE
-
     binary = {c.name for c in t.columns if c.type == "binary"}
     cols = ev.table_map[ev.table_id].columns
     return {c.name: c.max_length for c in cols if c.type == FIELD_TYPE.STRING and c.name in binary}
@@ -611,26 +569,6 @@ def _pad(values: dict[str, Any], pads: dict[str, int]) -> None:
             v = b""
         if isinstance(v, bytes) and len(v) < n:
             values[name] = v.ljust(n, b"\0")
-
-
-def change_rows(t: TableSchema, version: int, rows: list[tuple]) -> pa.Table:
-    """Rows ``(ts, seq, op, after, before)`` in the change-log column layout."""
-    arrays: dict[str, pa.Array] = {
-        "_commit_ts": pa.array([r[0] for r in rows], pa.int64()),
-        "_seq": pa.array([r[1] for r in rows], pa.int32()),
-        "_op": pa.array([r[2] for r in rows], pa.int8()),
-        "_schema_version": pa.array([version] * len(rows), pa.int64()),
-    }
-    for c in t.columns:
-        arrays[f"c{c.id}"] = pa.array(
-            [r[3].get(c.id) if r[3] is not None else None for r in rows], arrow_type(c.type)
-        )
-    for cid in t.primary_key:
-        c = t.column(cid)
-        arrays[f"b{cid}"] = pa.array(
-            [r[4].get(cid) if r[4] is not None else None for r in rows], arrow_type(c.type)
-        )
-    return pa.table(arrays)
 
 
 def run_puller(

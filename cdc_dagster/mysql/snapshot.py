@@ -10,33 +10,34 @@ snapshot TS above those, read in primary-key order in chunks (progress per chunk
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterator
+from typing import Any
 
 from cdc_dagster.mysql.catalog import build_schema, list_tables, read_table
 from cdc_dagster.mysql.catalog import quote_ident as _q
-from cdc_dagster.mysql.state import PullerState, TsAllocator, parse_gtid_pos, save_state
+from cdc_dagster.mysql.changelog_io import change_rows
+from cdc_dagster.mysql.context import PullerContext
+from cdc_dagster.mysql.position import mariadb_snapshot_state, mysql_snapshot_state
+from cdc_dagster.mysql.state import PullerState, TsAllocator, save_state
 from cdc_dagster.mysql.types import converter
 from cdc_dagster.mysql.upstream import connect
 from cdc_dagster.schema import DdlRecord, TableSchema
 from scheduler_core.ddl import DDLKind
 
-if TYPE_CHECKING:
-    from cdc_dagster.mysql.puller import Puller
+Progress = Callable[[str, int, int], None]  # (db.table, rows done, rows total)
 
 
-def bootstrap(puller: Puller, conn: Any) -> PullerState:
+def bootstrap(puller: PullerContext) -> PullerState:
     """First start: create records for every table, the snapshot rows, the start position."""
-    from cdc_dagster.mysql.puller import PullerError, change_rows
-
     snap = connect(puller.upstream)
     try:
         with snap.cursor() as cur:
             cur.execute("SET SESSION time_zone = '+00:00'")
             cur.execute("SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ")
             if puller.info.is_mariadb:
-                state = _mariadb_snapshot(cur, PullerError)
+                state = mariadb_snapshot_state(cur)
             else:
-                state = _mysql_snapshot(cur, PullerError)
+                state = mysql_snapshot_state(cur)
         alloc = TsAllocator(0)
         now = time.time()
         for db, name in list_tables(snap, puller.filter):
@@ -57,7 +58,8 @@ def bootstrap(puller: Puller, conn: Any) -> PullerState:
         snapshot_ts = alloc.issue(now)
         if puller.config.snapshot:
             for tid, schema in state.tables.items():
-                for rows in _chunks(snap, schema, puller.config.snapshot_chunk_rows, puller):
+                chunk_rows, progress = puller.config.snapshot_chunk_rows, puller.config.progress
+                for rows in read_chunks(snap, schema, chunk_rows, progress):
                     batch = [(snapshot_ts, i, 1, r, None) for i, r in enumerate(rows)]
                     puller.writer.write_rows(tid, 0, state.versions[tid],
                                              change_rows(schema, state.versions[tid], batch))  # fmt: skip
@@ -74,68 +76,9 @@ def bootstrap(puller: Puller, conn: Any) -> PullerState:
     return state
 
 
-def _mariadb_snapshot(cur: Any, error: type[Exception]) -> PullerState:
-    """Open the snapshot; MariaDB reports its binlog position (no lock needed)."""
-    cur.execute("START TRANSACTION WITH CONSISTENT SNAPSHOT")
-    cur.execute("SHOW STATUS LIKE 'binlog_snapshot_%'")
-    status = {k.lower(): v for k, v in cur.fetchall()}
-    if "binlog_snapshot_file" not in status:
-        raise error("the upstream gives no binlog_snapshot_file (not MariaDB?)")
-    cur.execute(
-        "SELECT BINLOG_GTID_POS(%s, %s)",
-        (status["binlog_snapshot_file"], int(status["binlog_snapshot_position"])),
-    )
-    return PullerState(parse_gtid_pos(cur.fetchone()[0] or ""), 0)
-
-
-def _mysql_snapshot(cur: Any, error: type[Exception]) -> PullerState:
-    """Open the snapshot at a known MySQL binlog position (mysqldump's --single-transaction
-    --source-data sequence): the global read lock is held only while the transaction starts
-    and the position is read, not while the rows are read. Needs RELOAD.
-
-    UNTESTED against a MySQL server (none can be installed here; docs/mysql-postgres.md).
-    """
-    cur.execute("FLUSH TABLES WITH READ LOCK")
-    try:
-        cur.execute("START TRANSACTION WITH CONSISTENT SNAPSHOT")
-        status = binary_log_status(cur)
-        cur.execute("SELECT @@GLOBAL.gtid_mode")
-        gtid_mode = str(cur.fetchone()[0]).upper()
-    finally:
-        cur.execute("UNLOCK TABLES")
-    if status is None:
-        raise error("the upstream reports no binary log status: start it with --log-bin")
-    return mysql_state_at(status, gtid_mode)
-
-
-def binary_log_status(cur: Any) -> dict[str, Any] | None:
-    """``SHOW BINARY LOG STATUS`` (MySQL >= 8.2) or ``SHOW MASTER STATUS``, as a dict."""
-    import pymysql
-
-    for stmt in ("SHOW BINARY LOG STATUS", "SHOW MASTER STATUS"):
-        try:
-            cur.execute(stmt)
-        except pymysql.err.ProgrammingError:
-            continue
-        row = cur.fetchone()
-        if row is None:
-            return None
-        return {d[0]: v for d, v in zip(cur.description, row, strict=True)}
-    return None
-
-
-def mysql_state_at(status: dict[str, Any], gtid_mode: str) -> PullerState:
-    """The puller's start state from MySQL's binary log status: resume by GTID set when
-    ``gtid_mode=ON`` and the set is not empty, else by file:pos."""
-    gtids = "".join(str(status.get("Executed_Gtid_Set") or "").split())
-    file, pos = str(status["File"]), int(status["Position"])
-    if gtid_mode == "ON" and gtids:
-        return PullerState({}, 0, flavor="mysql_gtid", gtid_set=gtids, log_file=file,
-                           log_pos=pos)  # fmt: skip
-    return PullerState({}, 0, flavor="mysql_file", log_file=file, log_pos=pos)
-
-
-def _chunks(conn: Any, t: TableSchema, chunk: int, puller: Puller):
+def read_chunks(
+    conn: Any, t: TableSchema, chunk: int, progress: Progress | None = None
+) -> Iterator[list[dict[int, Any]]]:
     """The table's rows in key order, ``chunk`` at a time, as {column id: value}.
 
     Each chunk is its own (keyset) query inside the snapshot transaction, so a large table
@@ -154,7 +97,6 @@ def _chunks(conn: Any, t: TableSchema, chunk: int, puller: Puller):
         cur.execute(f"SELECT COUNT(*) FROM {table}")
         total = cur.fetchone()[0]
     done, last = 0, None
-    progress = puller.config.progress
     while True:
         where, args = "", ()
         if last is not None:

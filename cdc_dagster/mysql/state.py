@@ -10,14 +10,15 @@ doubled.
 from __future__ import annotations
 
 import json
-import os
-import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pymysqlreplication.gtid import Gtid, GtidSet
+
 from cdc_dagster.mysql.catalog import IdRegistry
 from cdc_dagster.schema import TableSchema
+from cdc_dagster.upstream.changelog import write_json
 from scheduler_core.ts import compose
 
 
@@ -112,22 +113,6 @@ class PullerState:
         )
 
 
-def _atomic_write(path: Path, data: bytes) -> None:
-    """Write to a temp name, fsync, rename into place, fsync the directory."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.parent / f".{path.name}.tmp-{uuid.uuid4().hex}"
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def state_path(root: str | Path) -> Path:
     return Path(root) / "puller" / "state.json"
 
@@ -140,7 +125,7 @@ def load_state(root: str | Path) -> PullerState | None:
 
 
 def save_state(root: str | Path, state: PullerState) -> None:
-    _atomic_write(state_path(root), json.dumps(state.to_json(), sort_keys=True).encode())
+    write_json(state_path(root), state.to_json())
 
 
 def parse_gtid_pos(text: str) -> dict[int, str]:
@@ -153,8 +138,6 @@ def parse_gtid_pos(text: str) -> dict[int, str]:
 
 def add_mysql_gtid(gtid_set: str, gtid: str) -> str:
     """MySQL's executed GTID set with one more transaction (``uuid:n``), normalised."""
-    from pymysqlreplication.gtid import Gtid, GtidSet
-
     return str(GtidSet(gtid_set or None) + Gtid(gtid))
 
 

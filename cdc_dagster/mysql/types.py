@@ -19,6 +19,7 @@ Zero dates (``0000-00-00``) become NULL (PostgreSQL has no year 0).
 
 from __future__ import annotations
 
+import base64
 import datetime as dt
 import json
 import re
@@ -187,8 +188,6 @@ def default_text(logical: str, default: str | None) -> str | None:
     if "(" in default and logical not in ("string", "json"):
         return None
     if logical == "binary":
-        import base64
-
         return base64.b64encode(default.encode()).decode()
     if logical == "time":
         neg = default.startswith("-")

@@ -8,13 +8,14 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+import pymysql
+
 from cdc_dagster.secrets import redact_uri
 from cdc_dagster.upstream.uri import UpstreamConfig, UpstreamError
 
 
-def connect(cfg: UpstreamConfig, **kw: Any):
-    import pymysql
-
+def connect(cfg: UpstreamConfig, **kw: Any) -> pymysql.connections.Connection:
+    """A pymysql connection to the upstream (autocommit, utf8mb4); UpstreamError if refused."""
     args = cfg.connect_kwargs()
     try:
         return pymysql.connect(**args, autocommit=True, charset="utf8mb4", **kw)

@@ -26,6 +26,7 @@ from cdc_dagster.runtime.owner import (
     apply_ddl_at,
     apply_ready_ddl,
     apply_syncpoint,
+    carry_out,
     owner_step,
     reported_checkpoints,
 )
@@ -54,6 +55,7 @@ __all__ = [
     "apply_syncpoint",
     "capture_commit",
     "capture_prepare",
+    "carry_out",
     "owner_step",
     "reported_checkpoints",
     "spark_executor_factory",

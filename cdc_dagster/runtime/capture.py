@@ -19,20 +19,23 @@ import contextlib
 import json
 import logging
 import shutil
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
+from cdc_dagster import failpoints
 from cdc_dagster.metastore import CaptureSession, Metastore, TaskStatus
+from cdc_dagster.metastore.changefeeds import wall_ms
 from cdc_dagster.metastore.client import Put
 from cdc_dagster.metastore.errors import (
     CaptureNotRegisteredError,
     LeaseExpiredError,
     MetastoreError,
 )
+from cdc_dagster.metastore.problems import Problem, reported
 from cdc_dagster.metastore.status_codec import encode as encode_status
 from cdc_dagster.runtime import wire
 from cdc_dagster.runtime.progress import TableProgress
@@ -141,6 +144,7 @@ def _prepare(ctx: CaptureContext, tick: _Tick, messages: Sequence[OwnerMessage])
     rejected = {k: v - before[k] for k, v in _counts(tick.agent.stats).items() if v > before[k]}
     tick.agent.begin_tick()
     tick.executor.pull_phase()
+    failpoints.hit(failpoints.CAPTURE_PREPARE)
     # The report too, with the Agent's state in one transaction: what the messages did
     # (a promotion, a table prepared) is what the owner reads even if this run dies before
     # its commit half; an owner rebuilt meanwhile would otherwise start from the last
@@ -178,6 +182,7 @@ def capture_commit(ctx: CaptureContext) -> CommitOutcome:
 
 def _commit(ctx: CaptureContext, tick: _Tick) -> CommitOutcome:
     tick.executor.sink_phase()
+    failpoints.hit(failpoints.SINK_AFTER_WRITE)
     held_before = tick.executor.statuses()
     responses = tick.agent.end_tick()
     report = _report(tick.agent, tick.executor.statuses(), held_before, responses)
@@ -230,6 +235,7 @@ class _Tick:
                 self.agent.restore(state)
         owner = ms.election.current_owner()
         self.agent.observe_owner_rev(owner.owner_rev if owner is not None else 0)
+        self.problem = ms.problems.get(ctx.changefeed_id, ctx.capture_id)
 
     @classmethod
     @contextlib.contextmanager
@@ -256,7 +262,23 @@ class _Tick:
         if report is not None:
             key = ms.layout.task(self.ctx.changefeed_id, self.ctx.capture_id)
             ops.append(Put(key, encode_status(report), lease))
+        problem = self.table_problem()
+        if problem is not None or self.problem is not None:
+            ops.append(
+                ms.problems.put_op(self.ctx.changefeed_id, self.ctx.capture_id, problem, lease)
+            )
         self.session.txn(ops)
+
+    def table_problem(self) -> Problem | None:
+        """The executor's table errors as this capture's problem with the changefeed (None:
+        no table is in error, and a problem of an earlier tick is gone)."""
+        errors = dict(self.executor.errors())
+        if not errors:
+            return None
+        first = "; ".join(f"table {t}: {m}" for t, m in sorted(errors.items())[:3])
+        more = f" (and {len(errors) - 3} more tables)" if len(errors) > 3 else ""
+        message = f"capture {self.ctx.capture_id}: {len(errors)} table(s) in error: {first}{more}"
+        return reported(self.problem, message, wall_ms(), tables=errors)
 
     def progress(self) -> tuple[TableProgress, ...]:
         """Each held table's progress after this half (the barrier is the executor's own)."""
@@ -420,23 +442,90 @@ class CaptureTick:
             for cf in self.work
         }
 
+        self.failed: dict[str, str] = {}  # changefeed -> why it was skipped or failed this tick
+        self.prepared: dict[str, PrepareOutcome] = {}
+        self.committed: dict[str, CommitOutcome] = {}
+        for cf in self.contexts:
+            waiting = _backing_off(ms.problems.get(cf, capture_id))
+            if waiting:
+                self.failed[cf] = waiting
+
     def prepare(self) -> list[str]:
         """Phase 1 per changefeed; the run-log lines."""
         lines: list[str] = []
-        for cf, ctx in self.contexts.items():
-            outcome = capture_prepare(ctx, self.work[cf])
-            lines += [f"{cf}: {line}" for line in outcome.lines()]
-        return lines
+        for cf, ctx in self._running():
+            outcome = self._isolated(cf, lambda ctx=ctx, cf=cf: capture_prepare(ctx, self.work[cf]))
+            if outcome is not None:
+                self.prepared[cf] = outcome
+                lines += [f"{cf}: {line}" for line in outcome.lines()]
+        return lines + self._failed_lines()
 
     def commit(self) -> tuple[list[str], list[TableProgress]]:
         """Phase 2 per changefeed; the run-log lines and each held table's progress."""
         lines: list[str] = []
         progress: list[TableProgress] = []
-        for cf, ctx in self.contexts.items():
-            outcome = capture_commit(ctx)
-            lines += [f"{cf}: {line}" for line in outcome.lines()]
-            progress += outcome.tables
-        return lines, progress
+        for cf, ctx in self._running():
+            outcome = self._isolated(cf, lambda ctx=ctx: capture_commit(ctx))
+            if outcome is not None:
+                self.committed[cf] = outcome
+                lines += [f"{cf}: {line}" for line in outcome.lines()]
+                progress += outcome.tables
+        return lines + self._failed_lines(), progress
+
+    def _running(self) -> list[tuple[str, CaptureContext]]:
+        return [(cf, ctx) for cf, ctx in self.contexts.items() if cf not in self.failed]
+
+    def _failed_lines(self) -> list[str]:
+        return [f"{cf}: {why}" for cf, why in sorted(self.failed.items())]
+
+    def _isolated(self, cf: str, half: Callable[[], _Outcome]) -> _Outcome | None:
+        """Run one changefeed's half; its failure is that changefeed's problem, recorded for
+        the owner to show, never the run's, the capture's or another changefeed's.
+
+        A metastore error is the capture's own (its lease, its etcd) and propagates.
+        """
+        ctx = self.contexts[cf]
+        try:
+            return half()
+        except MetastoreError:
+            raise
+        except Exception as exc:
+            message = f"capture {ctx.capture_id}: {type(exc).__name__}: {exc}"
+            log.warning("changefeed %s: %s", cf, message)
+            problem = _record_failure(ctx, message)
+            self.failed[cf] = f"FAILED {message}" + (
+                f" (attempt {problem.attempts}; retried from {problem.retry_at_ms})"
+                if problem
+                else ""
+            )
+            return None
+
+
+_Outcome = TypeVar("_Outcome", PrepareOutcome, CommitOutcome)
+
+
+def _backing_off(problem: Problem | None) -> str:
+    """Why a changefeed waits this tick: its last whole-changefeed failure is younger than
+    its backoff ("" when it may run)."""
+    if problem is None or problem.tables:
+        return ""
+    wait_ms = problem.retry_at_ms - wall_ms()
+    if wait_ms <= 0:
+        return ""
+    return f"waits {wait_ms / 1000:.1f} s before retrying (attempt {problem.attempts}): {problem.message}"
+
+
+def _record_failure(ctx: CaptureContext, message: str) -> Problem | None:
+    """Write the capture's problem with the changefeed under its lease (None if the capture
+    is not registered: the owner then sees the capture gone)."""
+    ms = ctx.metastore
+    try:
+        session = ms.captures.attach(ctx.capture_id)
+    except (CaptureNotRegisteredError, LeaseExpiredError):
+        return None
+    problem = reported(ms.problems.get(ctx.changefeed_id, ctx.capture_id), message, wall_ms())
+    session.txn([ms.problems.put_op(ctx.changefeed_id, ctx.capture_id, problem, session.lease_id)])
+    return problem
 
 
 # ------------------------------------------------------------------------------ self ticks

@@ -23,13 +23,13 @@ import hashlib
 import logging
 import random
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from cdc_dagster import admin
+from cdc_dagster import admin, failpoints
 from cdc_dagster.metastore import (
     Changefeed,
     ChangefeedProgress,
@@ -41,19 +41,22 @@ from cdc_dagster.metastore import (
     TaskStatus,
 )
 from cdc_dagster.metastore.changefeeds import wall_ms
-from cdc_dagster.metastore.errors import LeaseExpiredError, NotOwnerError
+from cdc_dagster.metastore.errors import LeaseExpiredError, MetastoreError, NotOwnerError
+from cdc_dagster.metastore.problems import DDL, PULLER, SYNCPOINT, Problem
+from cdc_dagster.runtime.health import Health, HealthConfig, Motion, judge
 from cdc_dagster.runtime.progress import MISSING, TableProgress
 from cdc_dagster.runtime.spec import capture_epoch
 from cdc_dagster.runtime.wire import encode
 from cdc_dagster.schema import DdlRecord, TableSchema
-from cdc_dagster.sinks.base import Sink, SinkError
+from cdc_dagster.secrets import redact_text, redact_uri
+from cdc_dagster.sinks.base import Sink, SyncpointUnpinnableError
 from cdc_dagster.sinks.uri import open_sink
 from cdc_dagster.upstream.changelog import ChangeLog
-from cdc_dagster.upstream.uri import changelog_path
+from cdc_dagster.upstream.uri import UpstreamError, changelog_path, is_mysql_uri
 from scheduler_core.checkpoint import barrier_cap
 from scheduler_core.coordinator import Coordinator, CoordinatorConfig, TickResult
 from scheduler_core.ddl import DDLEvent, DDLManager
-from scheduler_core.errors import InvalidMessageError
+from scheduler_core.errors import InvalidMessageError, SchedulerError
 from scheduler_core.messages import Barrier, Header, HeartbeatResponse, OwnerMessage
 from scheduler_core.model import Checkpoint, TableState
 from scheduler_core.ts import compose, physical_ms
@@ -134,6 +137,9 @@ class OwnerTick:
     syncpoints: tuple[ReadySyncpoint, ...] = ()
     admin_errors: tuple[str, ...] = ()
     captures: tuple[str, ...] = ()  # alive captures (dynamic partitions)
+    registered: tuple[str, ...] = ()  # desired captures whose lease had expired, registered again
+    # every running changefeed's health this tick (no message: normal)
+    health: Mapping[str, Health] = field(default_factory=dict)
 
     def run_config(self, capture_id: str) -> dict[str, list[dict[str, Any]]]:
         """The capture run's messages per changefeed, JSON-able (decode with wire.decode)."""
@@ -201,6 +207,7 @@ class _Feed:
         self.finished_ddl_ts = done  # every DDL at or below it ran (or preceded the start)
         self.last_syncpoint_ts = ddl_state.last_syncpoint_ts if ddl_state else 0
         self.fresh = True
+        self.motion = Motion()
 
     def note_ddls_done(self) -> None:
         """Advance ``finished_ddl_ts``: below the first pending DDL, or to the DDL resolved ts."""
@@ -281,6 +288,34 @@ class _Feed:
 
 
 # ------------------------------------------------------------------------------ the loop
+@dataclass(slots=True)
+class _TickState:
+    """What one owner tick reads and collects, changefeed by changefeed."""
+
+    snapshot: OwnerSnapshot
+    alive: dict[str, str]  # capture id -> registration epoch
+    requests: dict[str, list[admin.Request]]
+    now_ms: int
+    messages: dict[str, dict[str, list[OwnerMessage]]] = field(default_factory=dict)
+    ticks: dict[str, ChangefeedTick] = field(default_factory=dict)
+    ddls: list[ReadyDdl] = field(default_factory=list)
+    syncs: list[ReadySyncpoint] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    progress: dict[str, ChangefeedProgress] = field(default_factory=dict)
+    ddl_states: dict[str, DdlState] = field(default_factory=dict)
+    registered: tuple[str, ...] = ()
+
+
+def _producer(upstream_uri: str) -> str:
+    """Who writes a changefeed's change log, for messages."""
+    if is_mysql_uri(upstream_uri):
+        return f"the binlog puller of {redact_uri(upstream_uri)} (its mysql_puller runs)"
+    try:
+        return f"the producer of the change log at {changelog_path(upstream_uri)}"
+    except UpstreamError:
+        return f"the producer of {redact_uri(upstream_uri)}"
+
+
 class OwnerLoop:
     """The owner: keep or win the election, then one tick over every changefeed."""
 
@@ -293,6 +328,7 @@ class OwnerLoop:
         config: CoordinatorConfig | None = None,
         now_ms: Any = wall_ms,
         table_progress: bool = True,
+        health: HealthConfig | None = None,
     ) -> None:
         self.metastore = metastore
         self.owner_id = owner_id
@@ -300,8 +336,10 @@ class OwnerLoop:
         self.config = config or CoordinatorConfig()
         self.now_ms = now_ms
         self.table_progress = table_progress
+        self.health = health or HealthConfig()
         self._session: OwnerSession | None = None
         self._feeds: dict[str, _Feed] = {}
+        self._waiting_since: dict[str, int] = {}  # changefeed -> when it began to wait
 
     # -------------------------------------------------------------- election
     def _ensure_owner(self) -> OwnerSession | None:
@@ -351,48 +389,18 @@ class OwnerLoop:
     def _tick(self, session: OwnerSession) -> OwnerTick:
         ms = self.metastore
         snapshot = ms.read_owner_snapshot()
-        alive = {cid: info.epoch for cid, info in snapshot.captures.items()}
-        requests = admin.pending_requests(ms)
-        messages: dict[str, dict[str, list[OwnerMessage]]] = {}
-        ticks: dict[str, ChangefeedTick] = {}
-        ddls: list[ReadyDdl] = []
-        syncs: list[ReadySyncpoint] = []
-        errors: list[str] = []
-        progress: dict[str, ChangefeedProgress] = {}
-        ddl_states: dict[str, DdlState] = {}
-        for cf_id, cf in sorted(snapshot.changefeeds.items()):
-            stopped = cf.status.state is not ChangefeedState.NORMAL
-            if stopped and not _held_anywhere(snapshot, cf_id):
-                self._feeds.pop(cf_id, None)  # paused, failed or finished, and nothing held
-                continue
-            feed = self._feed(
-                cf, session.owner_rev, snapshot.ddl.get(cf_id), stopped, snapshot.revision
-            )
-            if feed is None:
-                continue  # the change log's DDL stream has not reached the checkpoint yet
-            rebuilt, feed.fresh = feed.fresh, False
-            if stopped:
-                feed.stop_tables()
-            else:
-                feed.feed_ddls()
-            reports = feed.reports_from(snapshot, alive, self.owner_id)
-            result = feed.coordinator.tick(alive, reports)
-            for m in result.messages:
-                messages.setdefault(m.to, {}).setdefault(cf_id, []).append(m)
-            if stopped:
-                continue  # only the removes travel; no progress, DDL or syncpoint
-            errors += admin.apply_requests(session, feed.coordinator, requests.get(cf_id, []))
-            ddls += self._ddls(feed, result)
-            feed.note_ddls_done()
-            syncs += self._syncpoint(feed, result)
-            cp = result.checkpoint
-            progress[cf_id] = ChangefeedProgress(cp.checkpoint_ts, cp.resolved_ts)
-            ddl_states[cf_id] = DdlState(
-                result.barrier, feed.finished_ddl_ts, feed.last_syncpoint_ts
-            )
-            ticks[cf_id] = self._progress(feed, result, rebuilt)
-        ms.commit_owner_tick(session, snapshot, progress, ddl_states)
-        for cf_id, t in ticks.items():
+        step = _TickState(
+            snapshot,
+            {cid: info.epoch for cid, info in snapshot.captures.items()},
+            admin.pending_requests(ms),
+            self.now_ms(),
+        )
+        step.registered = self._heal_captures(snapshot, step.alive)
+        for _, cf in sorted(snapshot.changefeeds.items()):
+            self._isolated(session, step, cf)
+        failpoints.hit(failpoints.OWNER_BEFORE_WRITE)
+        ms.commit_owner_tick(session, snapshot, step.progress, step.ddl_states)
+        for cf_id, t in step.ticks.items():
             if t.finished:
                 self._finish(session, cf_id)
         return OwnerTick(
@@ -400,13 +408,138 @@ class OwnerLoop:
             self.owner_id,
             session.owner_rev,
             "",
-            messages,
-            ticks,
-            tuple(ddls),
-            tuple(syncs),
-            tuple(errors),
-            tuple(sorted(alive)),
+            step.messages,
+            step.ticks,
+            tuple(step.ddls),
+            tuple(step.syncs),
+            tuple(step.errors),
+            tuple(sorted(step.alive)),
+            step.registered,
+            {cf: Health(p.problem, p.failed) for cf, p in step.progress.items()},
         )
+
+    def _heal_captures(self, snapshot: OwnerSnapshot, alive: dict[str, str]) -> tuple[str, ...]:
+        """Register again every capture the user asked for whose lease expired (a new epoch:
+        the sink fences anything late from the old one); they join ``alive``."""
+        healed = []
+        for capture_id, ttl_s in sorted(snapshot.desired.items()):
+            if capture_id in alive:
+                continue
+            info = self.metastore.captures.register_desired(capture_id, ttl_s)
+            if info is not None:
+                alive[capture_id] = info.epoch
+                healed.append(capture_id)
+        return tuple(healed)
+
+    def _isolated(self, session: OwnerSession, step: _TickState, cf: Changefeed) -> None:
+        """One changefeed's part of the tick; its failure (an upstream URI or change log the
+        owner cannot read) is that changefeed's warning, never the other changefeeds' tick."""
+        try:
+            self._tick_changefeed(session, step, cf)
+        except (MetastoreError, SchedulerError):
+            raise  # the owner's own trouble, or a protocol bug: the tick fails loudly
+        except Exception as exc:
+            self._feeds.pop(cf.changefeed_id, None)  # rebuilt once the cause is gone
+            message = (
+                f"the owner cannot schedule it: {type(exc).__name__}: "
+                f"{redact_text(' '.join(str(exc).split()))}"
+            )
+            log.warning("owner %s: changefeed %s: %s", self.owner_id, cf.changefeed_id, message)
+            status = cf.status
+            if status.state.running:
+                step.progress[cf.changefeed_id] = ChangefeedProgress(
+                    status.checkpoint_ts, status.resolved_ts, message, False, step.now_ms
+                )
+
+    def _tick_changefeed(self, session: OwnerSession, step: _TickState, cf: Changefeed) -> None:
+        """One changefeed's part of the tick (its failure to build waits, visibly)."""
+        cf_id, snapshot = cf.changefeed_id, step.snapshot
+        stopped = not cf.status.state.running
+        if stopped and not _held_anywhere(snapshot, cf_id):
+            self._feeds.pop(cf_id, None)  # paused, failed or finished, and nothing held
+            return
+        feed = self._feed(
+            cf, session.owner_rev, snapshot.ddl.get(cf_id), stopped, snapshot.revision
+        )
+        if feed is None:  # the change log's DDL stream has not reached the checkpoint yet
+            step.progress[cf_id] = self._waiting(cf, step)
+            return
+        self._waiting_since.pop(cf_id, None)
+        rebuilt, feed.fresh = feed.fresh, False
+        if stopped:
+            feed.stop_tables()
+        else:
+            feed.feed_ddls()
+        reports = feed.reports_from(snapshot, step.alive, self.owner_id)
+        result = feed.coordinator.tick(step.alive, reports)
+        for m in result.messages:
+            step.messages.setdefault(m.to, {}).setdefault(cf_id, []).append(m)
+        if stopped:
+            return  # only the removes travel; no progress, DDL or syncpoint
+        step.errors += admin.apply_requests(session, feed.coordinator, step.requests.get(cf_id, []))
+        step.ddls += self._ddls(feed, result)
+        feed.note_ddls_done()
+        step.syncs += self._syncpoint(feed, result)
+        tick = self._progress(feed, result, rebuilt)
+        health = self._health(feed, cf, result, tick, step)
+        step.ticks[cf_id] = tick
+        cp = result.checkpoint
+        step.progress[cf_id] = ChangefeedProgress(
+            cp.checkpoint_ts, cp.resolved_ts, health.message, health.failed, step.now_ms
+        )
+        step.ddl_states[cf_id] = DdlState(
+            result.barrier, feed.finished_ddl_ts, feed.last_syncpoint_ts
+        )
+
+    def _health(
+        self,
+        feed: _Feed,
+        cf: Changefeed,
+        result: TickResult,
+        tick: ChangefeedTick,
+        step: _TickState,
+    ) -> Health:
+        """What keeps the changefeed from moving, if anything (:mod:`cdc_dagster.runtime.health`)."""
+        feed.motion.observe(tick.checkpoint_ts, tick.resolved_ts, step.now_ms)
+        return judge(
+            alive=bool(step.alive),
+            table_failure=str(result.error) if result.error is not None else None,
+            problems=self._problems(cf.changefeed_id, step),
+            motion=feed.motion,
+            tables=tick.tables,
+            now_ms=step.now_ms,
+            config=self.health,
+            producer=_producer(cf.info.upstream_uri),
+        )
+
+    def _waiting(self, cf: Changefeed, step: _TickState) -> ChangefeedProgress:
+        """A changefeed whose change log has not caught up with its checkpoint: its progress
+        stands still, and its health says why (no captures, a puller's problem, or, after
+        the stall time, that the change log's producer is not advancing)."""
+        status = cf.status
+        since = self._waiting_since.setdefault(cf.changefeed_id, step.now_ms)
+        motion = Motion(status.resolved_ts, since, status.checkpoint_ts, since)
+        health = judge(
+            alive=bool(step.alive),
+            table_failure=None,
+            problems=self._problems(cf.changefeed_id, step),
+            motion=motion,
+            tables=(),
+            now_ms=step.now_ms,
+            config=self.health,
+            producer=_producer(cf.info.upstream_uri),
+        )
+        return ChangefeedProgress(
+            status.checkpoint_ts, status.resolved_ts, health.message, health.failed, step.now_ms
+        )
+
+    def _problems(self, changefeed_id: str, step: _TickState) -> dict[str, Problem]:
+        """The problems recorded for the changefeed by alive captures, the puller, DDL runs."""
+        return {
+            source: p
+            for source, p in step.snapshot.problems.get(changefeed_id, {}).items()
+            if source in step.alive or source in (PULLER, DDL, SYNCPOINT)
+        }
 
     def _feed(
         self,
@@ -503,7 +636,7 @@ class OwnerLoop:
 
     def _finish(self, session: OwnerSession, cf_id: str) -> None:
         def change(status: Any) -> Any:
-            if status.state is not ChangefeedState.NORMAL:
+            if not status.state.running:
                 return None
             return dataclasses.replace(status, state=ChangefeedState.FINISHED)
 
@@ -573,6 +706,7 @@ def apply_ready_ddl(ms: Metastore, ready: ReadyDdl, *, sink: Sink | None = None)
     rec = ready.record
     before = {t: changelog.schema_at(t, rec.commit_ts - 1) for t in rec.table_ids}
     sink.apply_ddl(ready.changefeed_id, rec, before)
+    failpoints.hit(failpoints.DDL_AFTER_APPLY)
     ms.client.put(ddl_marker(ms, ready.changefeed_id, rec.to_event()), rec.query.encode())
 
 
@@ -608,7 +742,7 @@ def apply_syncpoint(ms: Metastore, ready: ReadySyncpoint, *, sink: Sink | None =
     marker = syncpoint_marker(ms, ready.changefeed_id, ready.ts)
     try:
         sink.record_syncpoint(ready.changefeed_id, ready.ts, tables)
-    except SinkError as exc:
+    except SyncpointUnpinnableError as exc:
         ms.client.put(marker, b"skipped")
         return f"syncpoint {ready.ts} of {ready.changefeed_id} skipped: {exc}"
     ms.client.put(marker, b"1")
@@ -626,6 +760,7 @@ class OwnerStep:
     gated: tuple[ReadyDdl, ...] = ()  # DDLs on existing tables: each waits for a gated run
     notes: tuple[str, ...] = ()  # why nothing happened, refused admin requests, what was done
     duration_s: float = 0.0
+    recorded: tuple[ReadySyncpoint, ...] = ()  # syncpoints recorded downstream this tick
 
     @property
     def tables(self) -> tuple[TableProgress, ...]:
@@ -650,17 +785,59 @@ def owner_step(
         return OwnerStep(tick, notes=(note,), duration_s=time.perf_counter() - started)
     ms = loop.metastore
     notes = [f"admin request refused: {e}" for e in tick.admin_errors]
+    notes += [f"capture {c}: its lease had expired; registered again" for c in tick.registered]
+    recorded = []
     for ready in tick.syncpoints:
-        notes.append(apply_syncpoint(ms, ready, sink=sink))
+        said: list[str] = []  # apply_syncpoint's own line: recorded, or skipped and why
+        done, note = carry_out(
+            ms,
+            ready.changefeed_id,
+            SYNCPOINT,
+            f"recording syncpoint {ready.ts} at the sink",
+            lambda ready=ready, said=said: said.append(apply_syncpoint(ms, ready, sink=sink)),
+        )
+        notes.append(f"{ready.changefeed_id}: {said[0]}" if said else note)
+        if done:
+            recorded.append(ready)
     gated = []
     for ddl in tick.ready_ddls:
         if ddl.table_ids and not apply_gated:
             gated.append(ddl)
             continue
-        apply_ready_ddl(ms, ddl, sink=sink)
-        notes.append(f"DDL at {ddl.commit_ts} of {ddl.changefeed_id} applied: {ddl.query}")
+        _, note = carry_out(
+            ms,
+            ddl.changefeed_id,
+            DDL,
+            f"applying DDL {ddl.query!r} (commit ts {ddl.commit_ts}) at the sink",
+            lambda ddl=ddl: apply_ready_ddl(ms, ddl, sink=sink),
+        )
+        notes.append(note)
     work = {c: w for c in tick.messages if (w := tick.run_config(c))}
-    return OwnerStep(tick, work, tuple(gated), tuple(notes), time.perf_counter() - started)
+    elapsed = time.perf_counter() - started
+    return OwnerStep(tick, work, tuple(gated), tuple(notes), elapsed, tuple(recorded))
+
+
+def carry_out(
+    ms: Metastore, changefeed_id: str, source: str, what: str, action: Callable[[], object]
+) -> tuple[bool, str]:
+    """Do ``action`` for one changefeed, unless its last failure is still backing off; a
+    failure is that changefeed's problem (shown in its state, retried with backoff), never
+    the owner's or another changefeed's. Returns whether it was done, and a log line."""
+    previous = ms.problems.get(changefeed_id, source)
+    if previous is not None and previous.retry_at_ms > wall_ms():
+        return False, f"{changefeed_id}: {what} waits for its retry after: {previous.message}"
+    try:
+        action()
+    except MetastoreError:
+        raise  # etcd's trouble is the owner's own, not the changefeed's
+    except Exception as exc:
+        message = f"{what} failed: {type(exc).__name__}: {redact_text(' '.join(str(exc).split()))}"
+        problem = ms.problems.report(changefeed_id, source, message, wall_ms())
+        log.warning("changefeed %s: %s (attempt %d)", changefeed_id, message, problem.attempts)
+        return False, f"{changefeed_id}: {message} (attempt {problem.attempts})"
+    if previous is not None:
+        ms.problems.clear(changefeed_id, source)
+    return True, f"{changefeed_id}: {what}: done"
 
 
 def reported_checkpoints(statuses: Mapping[str, TaskStatus]) -> dict[int, int]:
@@ -689,6 +866,7 @@ __all__ = [
     "apply_ddl_at",
     "apply_ready_ddl",
     "apply_syncpoint",
+    "carry_out",
     "ddl_marker",
     "owner_step",
     "reported_checkpoints",

@@ -20,6 +20,7 @@ from pathlib import Path
 
 PACKAGE_ROOT = Path(__file__).resolve().parents[2]
 WORKSPACE_YAML = PACKAGE_ROOT / "workspace.yaml"
+LOCATION_NAME = "cdc_dagster"  # the code location (workspace.yaml names it too)
 
 _COMMON = """\
 # Written by cdc-dagster; edit the template in cdc_dagster/services/dagster_home.py.
@@ -85,3 +86,22 @@ def dagster_home(state_dir: Path, postgres: bool = False) -> Path:
     if not target.exists() or target.read_text() != text:
         target.write_text(text)
     return home
+
+
+def grpc_workspace(state_dir: Path, port: int) -> Path:
+    """``<state dir>/dagster/workspace.yaml``: the code location served on ``port``.
+
+    ``server start`` / ``demo`` run the code server themselves (``dagster api grpc`` on a
+    port kept across restarts) and point the daemon and the webserver at it, so a code
+    server restarted by the supervisor is found where it was, without a reload.
+    """
+    target = dagster_home(state_dir) / "workspace.yaml"
+    target.write_text(
+        "# Written by cdc-dagster (server start / demo): the code server it supervises.\n"
+        "load_from:\n"
+        "  - grpc_server:\n"
+        "      host: 127.0.0.1\n"
+        f"      port: {port}\n"
+        f"      location_name: {LOCATION_NAME}\n"
+    )
+    return target

@@ -1,32 +1,79 @@
 """``server start|stop|status`` and ``demo``: etcd, Spark Connect, Dagster (and the workload).
 
-Everything lives in the state dir: ``etcd/`` (private etcd), ``spark/`` (Spark Connect logs),
-``dagster/`` (``DAGSTER_HOME``), ``changelog/`` and ``lake/`` (the demo's upstream and
-Delta root), ``services.json`` (what is running). The Dagster processes learn where
-everything is from ``CDC_DAGSTER_*`` environment variables, read by resources at run time.
+The process that runs ``server start`` or ``demo`` is the supervisor of these parts:
+
+=================  ============================================  ======================
+part               command                                       ready when
+=================  ============================================  ======================
+etcd               the private etcd (unless ``--etcd``)          /health answers
+spark-connect      pyspark's ``start-connect-server.sh --wait``  its port listens
+code-server        ``dagster api grpc -m cdc_dagster.defs``      its port listens
+dagster-daemon     ``dagster-daemon run``                        launched
+dagster-webserver  ``dagster-webserver``                         /server_info answers
+generator          (demo) the workload thread                    started
+=================  ============================================  ======================
+
+Each part that dies is restarted with backoff (:mod:`cdc_dagster.services.supervise`);
+none is a reason to stop the others. Ports are kept (``ports.json``, and etcd's own), so
+a restarted part is where the others look for it: the daemon and webserver reach the
+code server through ``<state dir>/dagster/workspace.yaml`` (no reload needed), runs
+reach Spark Connect and etcd through ``CDC_DAGSTER_*`` variables fixed at start.
+
+Everything lives in the state dir: ``etcd/`` (private etcd), ``spark/`` (Spark Connect
+logs), ``dagster/`` (``DAGSTER_HOME`` and the Dagster logs), ``changelog/`` and ``lake/``
+(the demo's upstream and Delta root), ``services.json`` (supervisor and parts),
+``ports.json``, ``server.log`` (a detached supervisor's output).
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import sys
 import threading
-from collections.abc import Callable, Iterator
+import time
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from cdc_dagster.services import procs
-from cdc_dagster.services.dagster_home import WORKSPACE_YAML, dagster_home
+from cdc_dagster.services.dagster_home import LOCATION_NAME, WORKSPACE_YAML, grpc_workspace
+from cdc_dagster.services.supervise import (
+    AdoptedHandle,
+    Backoff,
+    Handle,
+    Part,
+    ProcessHandle,
+    Supervisor,
+)
 
 DEMO_CHANGEFEED = "demo"
 DEMO_CAPTURES = ("capture-1", "capture-2")
 VENV_BIN = Path(sys.executable).parent
+STOP_GRACE_S = 2.0  # SIGTERM, then SIGKILL: a stop takes at most this + 1 s
+SERVER_LOG = "server.log"
+
+SPARK, CODE, DAEMON, WEB, ETCD, GENERATOR = (
+    "spark-connect",
+    "code-server",
+    "dagster-daemon",
+    "dagster-webserver",
+    "etcd",
+    "generator",
+)
+DAGSTER_PARTS = (CODE, DAEMON, WEB)
 
 
 def say(message: str) -> None:
     """One progress line."""
     print(f"[cdc-dagster] {message}", flush=True)
+
+
+class AlreadyRunningError(procs.ServiceError):
+    """A supervisor already runs for this state dir."""
 
 
 def spark_home() -> Path:
@@ -36,9 +83,15 @@ def spark_home() -> Path:
     return Path(pyspark.__file__).resolve().parent
 
 
-def start_spark_connect(state_dir: Path, timeout_s: float = 120.0) -> tuple[procs.Service, object]:
-    """A Spark Connect server on a free loopback port, as a child process group."""
-    port = procs.free_port()
+# ------------------------------------------------------------------------------ parts
+def _kill_leftovers(handle: Handle) -> None:
+    """Before a relaunch: SIGKILL what is left of the dead part's group (a JVM whose
+    wrapper died would hold the port)."""
+    handle.target().send(signal.SIGKILL)
+
+
+def spark_connect_part(state_dir: Path, port: int) -> Part:
+    """A Spark Connect server on ``127.0.0.1:port``."""
     spark_dir = state_dir / "spark"
     log = spark_dir / "connect.log"
     home = spark_home()
@@ -65,15 +118,22 @@ def start_spark_connect(state_dir: Path, timeout_s: float = 120.0) -> tuple[proc
         "--conf",
         "spark.sql.shuffle.partitions=4",
     ]
-    proc = procs.launch("spark-connect", argv, log, env)
-    procs.wait_port(port, proc, "Spark Connect server", log, timeout_s)
-    return procs.Service("spark-connect", proc.pid, str(log), f"sc://127.0.0.1:{port}"), proc
+    return Part(
+        SPARK,
+        lambda: ProcessHandle(procs.launch(SPARK, argv, log, env)),
+        ready=lambda _: procs.listening(port),
+        address=f"sc://127.0.0.1:{port}",
+        log=str(log),
+        before_restart=_kill_leftovers,
+    )
 
 
 def dagster_env(
     state_dir: Path, etcd: str, spark_remote: str, changelog: Path | None
 ) -> dict[str, str]:
-    """The environment of ``dagster dev`` and everything it starts."""
+    """The environment of the Dagster processes and every run they start."""
+    from cdc_dagster.services.dagster_home import dagster_home
+
     env = {
         **os.environ,
         "DAGSTER_HOME": str(dagster_home(state_dir)),
@@ -90,206 +150,579 @@ def dagster_env(
     return env
 
 
-def start_dagster(
-    state_dir: Path, env: dict[str, str], port: int, timeout_s: float = 180.0
-) -> tuple[procs.Service, object]:
-    """``dagster dev -w workspace.yaml`` (webserver, daemon, code server) on a loopback port."""
-    port = port or procs.free_port()
-    log = state_dir / "dagster" / "dagster-dev.log"
-    argv = [
+def _dagster_part(
+    name: str, argv: Sequence[str], log: Path, env: dict[str, str], **kw: Any
+) -> Part:
+    def launch() -> Handle:
+        return ProcessHandle(procs.launch(name, argv, log, env, cwd=WORKSPACE_YAML.parent))
+
+    return Part(name, launch, log=str(log), **kw)
+
+
+def dagster_parts(state_dir: Path, env: dict[str, str], code_port: int, ui_port: int) -> list[Part]:
+    """The code server (on ``code_port``), the daemon and the webserver (on ``ui_port``).
+
+    Three processes rather than ``dagster dev``: ``dagster dev`` ends when its daemon or
+    webserver dies, and its code server's child, once killed, stays dead until a manual
+    reload. Here each is restarted alone, the code server on the same port.
+    """
+    logs = state_dir / "dagster"
+    workspace = str(grpc_workspace(state_dir, code_port))
+    code = [
         str(VENV_BIN / "dagster"),
-        "dev",
-        "-w",
-        str(WORKSPACE_YAML),
-        "-h",
+        "api",
+        "grpc",
+        "--module-name",
+        "cdc_dagster.defs",
+        "--location-name",
+        LOCATION_NAME,
+        "--host",
         "127.0.0.1",
-        "-p",
-        str(port),
+        "--port",
+        str(code_port),
+        "--use-python-environment-entry-point",
     ]
-    proc = procs.launch("dagster-dev", argv, log, env, cwd=WORKSPACE_YAML.parent)
-    url = f"http://127.0.0.1:{port}"
-    procs.wait_http(f"{url}/server_info", proc, "dagster dev", log, timeout_s)
-    return procs.Service("dagster-dev", proc.pid, str(log), url), proc
+    daemon = [str(VENV_BIN / "dagster-daemon"), "run", "-w", workspace]
+    web = [str(VENV_BIN / "dagster-webserver"), "-w", workspace, "-h", "127.0.0.1"]
+    ui = f"http://127.0.0.1:{ui_port}"
+    return [
+        _dagster_part(
+            CODE,
+            code,
+            logs / "code-server.log",
+            env,
+            ready=lambda _: procs.listening(code_port),
+            address=f"grpc://127.0.0.1:{code_port}",
+        ),
+        _dagster_part(DAEMON, daemon, logs / "daemon.log", env),
+        _dagster_part(
+            WEB,
+            [*web, "-p", str(ui_port)],
+            logs / "webserver.log",
+            env,
+            ready=lambda _: procs.http_ok(f"{ui}/server_info"),
+            address=ui,
+        ),
+    ]
 
 
-def _start_etcd(state_dir: Path, etcd: str | None, quiet: bool = False) -> str:
-    if etcd:
-        if not quiet:
-            say(f"using the etcd cluster at {etcd}")
-        return etcd
+def prepare_instance(state_dir: Path, env: dict[str, str], timeout_s: float = 180.0) -> None:
+    """Create (or migrate) the Dagster instance's storage before its processes start: the
+    daemon and webserver starting together on a fresh SQLite storage would both stamp its
+    schema ("more than one head present"); ``dagster dev`` does this in its own process."""
+    log = state_dir / "dagster" / "instance-migrate.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "wb") as out:
+        try:
+            done = subprocess.run(
+                [str(VENV_BIN / "dagster"), "instance", "migrate"],
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=env,
+                timeout=timeout_s,
+                check=False,
+            )
+        except subprocess.TimeoutExpired:
+            raise procs.ServiceError(
+                f"`dagster instance migrate` took over {timeout_s:.0f}s; see {log}"
+            ) from None
+    if done.returncode != 0:
+        raise procs.ServiceError(
+            f"`dagster instance migrate` failed with exit code {done.returncode}; see {log}"
+        )
+
+
+@dataclass
+class EtcdHandle:
+    """The private etcd: detached by design (it outlives any client), so not our child."""
+
+    pid: int
+    log: Path
+
+    def exit_note(self) -> str | None:
+        """None while it runs; it is reaped by init, so its exit code is not known here."""
+        if procs.pid_alive(self.pid):
+            return None
+        return f"gone (exit code unknown: it runs detached; see {self.log})"
+
+    def target(self) -> procs.Target:
+        """The etcd process alone."""
+        return procs.Target(self.pid)
+
+    def close(self) -> None:
+        """Nothing to release."""
+
+
+def etcd_part(state_dir: Path) -> Part:
+    """The private etcd of the state dir (attached to when it already runs)."""
+    part = Part(
+        ETCD, lambda: _start_etcd(state_dir, part), log=str(state_dir / "etcd" / "etcd.log")
+    )
+    return part
+
+
+def _start_etcd(state_dir: Path, part: Part) -> Handle:
+    from cdc_dagster.metastore.errors import MetastoreError
     from cdc_dagster.metastore.private_etcd import start_private_etcd
 
-    say(f"starting the private etcd under {state_dir / 'etcd'} ...")
-    status = start_private_etcd(state_dir)
-    say(f"etcd {'started' if status.started else 'already running'} at {status.client_url}")
-    if status.started:
-        _STARTED_ETCD.append(state_dir)
-    return ",".join(status.endpoints)
-
-
-# State dirs whose private etcd this process started (stopped again on the way out).
-_STARTED_ETCD: list[Path] = []
-
-
-def _stop_started_etcd() -> None:
-    from cdc_dagster.metastore.private_etcd import stop_private_etcd
-
-    while _STARTED_ETCD:
-        state_dir = _STARTED_ETCD.pop()
-        say("stopping the private etcd ...")
-        stop_private_etcd(state_dir)
-
-
-@contextmanager
-def _running(state_dir: Path) -> Iterator[list[procs.Service]]:
-    """Record started services; stop them (newest first) on the way out."""
-    existing = [s for s in procs.read_services(state_dir) if procs.pid_alive(s.pid)]
-    if existing:
-        names = ", ".join(f"{s.name} (pid {s.pid})" for s in existing)
-        raise procs.ServiceError(
-            f"{names} already running for {state_dir}; stop them with `cdc-dagster server stop`"
-        )
-    started: list[procs.Service] = []
     try:
-        yield started
-    finally:
-        for service in reversed(started):
-            say(f"stopping {service.name} (pid {service.pid}) ...")
-            procs.terminate(service.pid)
-        procs.write_services(state_dir, [])
-        _stop_started_etcd()
+        status = start_private_etcd(state_dir, timeout_s=20.0)
+    except MetastoreError as exc:
+        raise procs.ServiceError(str(exc)) from exc
+    part.address = status.client_url or ""
+    return EtcdHandle(status.pid or 0, status.log_path)
 
 
-def _wait_forever(check: Callable[[], str | None]) -> None:
-    stop = threading.Event()
-    # Ctrl-C as well as SIGTERM, also when started with SIGINT ignored (a background job
-    # of a script, nohup): Python raises KeyboardInterrupt only if SIGINT was not ignored.
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
-    while not stop.wait(2.0):
-        problem = check()
-        if problem:
-            say(problem)
-            return
+@dataclass
+class _GeneratorStop:
+    generator: Any
+
+    def send(self, sig: int) -> None:
+        self.generator.request_stop()
+
+    def alive(self, table: procs.ProcTable | None = None) -> bool:
+        return bool(self.generator.alive())
 
 
-def _bring_up(
-    state_dir: Path,
-    started: list[procs.Service],
-    etcd: str | None,
-    port: int,
-    dagster: bool,
-    changelog: Path | None,
-) -> tuple[str, dict[str, object]]:
-    etcd_endpoints = _start_etcd(state_dir, etcd, quiet=changelog is not None)
-    say("starting a Spark Connect server (from the pyspark wheel) ...")
-    spark, spark_proc = start_spark_connect(state_dir)
-    started.append(spark)
-    procs.write_services(state_dir, started)
-    say(f"Spark Connect at {spark.address}")
-    children: dict[str, object] = {"spark-connect": spark_proc}
-    if dagster:
-        say("starting `dagster dev -w workspace.yaml` (webserver, daemon, code server) ...")
-        env = dagster_env(state_dir, etcd_endpoints, spark.address, changelog)
-        ui, ui_proc = start_dagster(state_dir, env, port)
-        started.append(ui)
-        procs.write_services(state_dir, started)
-        children["dagster-dev"] = ui_proc
-        say(f"Dagster UI at {ui.address}")
-    return etcd_endpoints, children
+@dataclass
+class GeneratorHandle:
+    """The demo's workload thread (in the supervisor's process)."""
+
+    generator: Any  # workload.GeneratorThread
+    pid: int = 0
+
+    def exit_note(self) -> str | None:
+        """None while it steps; else its error."""
+        return None if self.generator.alive() else f"stopped: {self.generator.error!r}"
+
+    def target(self) -> _GeneratorStop:
+        """Stopping it: the thread ends after its step."""
+        return _GeneratorStop(self.generator)
+
+    def close(self) -> None:
+        """Release the change log's writer lock."""
+        self.generator.stop()
 
 
-def _liveness(children: dict[str, object]) -> Callable[[], str | None]:
-    def check() -> str | None:
-        for name, proc in children.items():
-            code = proc.poll()  # type: ignore[attr-defined]
-            if code is not None:
-                return f"{name} exited with {code}; stopping everything"
-        return None
+# ------------------------------------------------------------------------------ the stack
+class Stack:
+    """The supervised parts of ``server start`` / ``demo`` on one state dir.
 
-    return check
+    ``with Stack(...) as stack:`` starts what is missing (adopting parts an earlier,
+    dead supervisor left running), ``stack.supervise()`` restarts what dies until ``stop``
+    is set, and leaving the block stops every part (also the private etcd).
+    """
 
+    def __init__(
+        self,
+        state_dir: Path,
+        *,
+        kind: str = "server",
+        etcd: str | None = None,
+        ui_port: int = 0,
+        dagster: bool = True,
+        changelog: Path | None = None,
+        generator: Callable[[], Any] | None = None,
+        stop: threading.Event | None = None,
+        backoff: Backoff | None = None,
+    ) -> None:
+        self.state_dir = state_dir.resolve()
+        self.kind = kind
+        self.external_etcd = etcd or ""
+        self.ui_port = ui_port
+        self.dagster = dagster
+        self.changelog = changelog
+        self.make_generator = generator
+        self.stop = stop or threading.Event()
+        self.supervisor = Supervisor(say, backoff or Backoff(), on_change=self._record)
+        self.etcd_endpoints = self.external_etcd
+        self.spark_remote = ""
+        self.ui_url = ""
+        self.generator: Any = None
+        self._me = procs.Service("supervisor", os.getpid(), started=procs.start_ticks(os.getpid()))
 
-def serve(state_dir: Path, *, etcd: str | None, port: int = 0, dagster: bool = True) -> None:
-    """``server start``: etcd, Spark Connect and Dagster, until Ctrl-C or ``server stop``."""
-    state_dir.mkdir(parents=True, exist_ok=True)
-    with _running(state_dir) as started:
+    def __enter__(self) -> Stack:
         try:
-            _, children = _bring_up(state_dir, started, etcd, port, dagster, None)
-            say("running; Ctrl-C (or `cdc-dagster server stop`) stops what this started")
-            _wait_forever(_liveness(children))
-        except KeyboardInterrupt:
-            say("interrupted")
+            self.bring_up()
+        except BaseException:
+            self.shut_down()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shut_down()
+
+    # -------------------------------------------------------------- start
+    def bring_up(self) -> None:
+        """Start (or adopt) every part and wait until all are ready (or ``stop`` is set)."""
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        before = procs.read_record(self.state_dir)
+        if before.supervisor is not None and before.supervisor.alive():
+            raise AlreadyRunningError(
+                f"a supervisor (pid {before.supervisor.pid}, {before.kind or 'server'}) already "
+                f"runs for {self.state_dir} and restarts any part that dies; "
+                "`cdc-dagster server status` shows the parts, `cdc-dagster server stop` stops them"
+            )
+        self._set_state("starting")
+        if not self.external_etcd:
+            self.supervisor.add(etcd_part(self.state_dir))
+            say(f"starting the private etcd under {self.state_dir / 'etcd'} ...")
+            self.supervisor.start(self.stop)
+            self.etcd_endpoints = self.supervisor.slots[ETCD].part.address.removeprefix("http://")
+            say(f"etcd at {self.etcd_endpoints}")
+        else:
+            say(f"using the etcd cluster at {self.external_etcd}")
+        if self.make_generator is not None and not self.stop.is_set():
+            self.supervisor.add(Part(GENERATOR, self._start_generator))
+            self.supervisor.start(self.stop)
+        if self.stop.is_set():
+            return  # Ctrl-C while starting: leaving the block stops what started
+        self._add_processes(before)
+        self.supervisor.start(self.stop)
+        if not self.stop.is_set():
+            self._set_state("running")
+
+    def _start_generator(self) -> Handle:
+        assert self.make_generator is not None
+        self.generator = self.make_generator()
+        self.generator.start()
+        say(f"generator writing into {self.generator.root}; {self.generator.describe()}")
+        return GeneratorHandle(self.generator)
+
+    def _add_processes(self, before: procs.StackRecord) -> None:
+        """Spark Connect and the Dagster parts: adopt the live ones, start the others."""
+        wanted = [SPARK, *(DAGSTER_PARTS if self.dagster else ())]
+        alive = {p.name: p for p in before.parts if p.name != ETCD and p.alive()}
+        unwanted = [p for name, p in alive.items() if name not in wanted]
+        if unwanted:
+            say(f"stopping {', '.join(p.name for p in unwanted)} (not wanted now)")
+            procs.stop_all([procs.Target(p.pid, p.pgid) for p in unwanted], STOP_GRACE_S)
+        in_use = {n: _port_of(p.address) for n, p in alive.items() if n in wanted and p.address}
+        ports = procs.kept_ports(self.state_dir, {SPARK: 0, CODE: 0, WEB: self.ui_port}, in_use)
+        self.spark_remote = f"sc://127.0.0.1:{ports[SPARK]}"
+        parts = [spark_connect_part(self.state_dir, ports[SPARK])]
+        if self.dagster:
+            env = dagster_env(
+                self.state_dir, self.etcd_endpoints, self.spark_remote, self.changelog
+            )
+            if not any(name in alive for name in DAGSTER_PARTS):
+                prepare_instance(self.state_dir, env)
+            parts += dagster_parts(self.state_dir, env, ports[CODE], ports[WEB])
+            self.ui_url = f"http://127.0.0.1:{ports[WEB]}"
+        for part in parts:
+            self.supervisor.add(part)
+            if part.name in alive:
+                say(f"{part.name} still runs (pid {alive[part.name].pid}): adopted")
+                self.supervisor.adopt(part.name, AdoptedHandle(alive[part.name]))
+            else:
+                say(f"starting {part.name} ...")
+
+    # -------------------------------------------------------------- run, stop
+    def supervise(self) -> None:
+        """Restart parts that die until ``stop`` is set."""
+        self.supervisor.run(self.stop)
+
+    def shut_down(self) -> None:
+        """Stop every part at once (and the private etcd), then clear the record."""
+        if not self.supervisor.slots:
+            return
+        say("stopping " + ", ".join(self.supervisor.slots) + " ...")
+        started = time.monotonic()
+        self._set_state("stopping")
+        self.supervisor.shutdown(STOP_GRACE_S)
+        if not self.external_etcd:
+            from cdc_dagster.metastore.private_etcd import stop_private_etcd
+
+            stop_private_etcd(self.state_dir, timeout_s=1.0)  # endpoint.json, any stray
+        procs.write_record(self.state_dir, procs.StackRecord())
+        self.supervisor.slots.clear()
+        say(f"stopped in {time.monotonic() - started:.1f}s")
+
+    # -------------------------------------------------------------- record
+    def _set_state(self, state: str) -> None:
+        from dataclasses import replace
+
+        self._me = replace(self._me, state=state)
+        self._record()
+
+    def _record(self) -> None:
+        parts = []
+        for name, slot in self.supervisor.slots.items():
+            if slot.handle is None or not slot.handle.pid:
+                continue
+            target = slot.handle.target()
+            parts.append(
+                procs.Service(
+                    name,
+                    slot.handle.pid,
+                    slot.part.log,
+                    slot.part.address,
+                    getattr(target, "pgid", 0),
+                    procs.start_ticks(slot.handle.pid),
+                    slot.state.value,
+                    slot.restarts,
+                )
+            )
+        left = tuple(s for s in self.supervisor.leftovers if s.alive())
+        record = procs.StackRecord(self._me, self.kind, self.external_etcd, tuple(parts), left)
+        procs.write_record(self.state_dir, record)
 
 
-def stop(state_dir: Path) -> None:
-    """``server stop``: the recorded services, then the private etcd."""
-    for service in reversed(procs.read_services(state_dir)):
-        if procs.pid_alive(service.pid):
-            say(f"stopping {service.name} (pid {service.pid}) ...")
-            procs.terminate(service.pid)
-    procs.write_services(state_dir, [])
-    from cdc_dagster.metastore.private_etcd import stop_private_etcd
-
-    say("private etcd stopped" if stop_private_etcd(state_dir) else "no private etcd was running")
+def _port_of(address: str) -> int:
+    return int(address.rsplit(":", 1)[1].rstrip("/"))
 
 
-def status_lines(state_dir: Path) -> list[str]:
-    """``server status``: one line per part."""
-    from cdc_dagster.metastore.private_etcd import private_etcd_status
+# ------------------------------------------------------------------------------ commands
+@contextmanager
+def stop_on_signals() -> Iterator[threading.Event]:
+    """An event set by SIGTERM, SIGINT or SIGHUP (also when started with SIGINT ignored:
+    a background job of a script, nohup), so the parts are stopped, never orphaned; the
+    previous handlers come back on the way out."""
+    stop = threading.Event()
 
-    etcd = private_etcd_status(state_dir)
-    lines = [
-        f"etcd: running (pid {etcd.pid}) at {etcd.client_url}, {etcd.version}"
-        if etcd.running
-        else "etcd: not running"
-    ]
-    services = procs.read_services(state_dir)
-    for service in services:
-        alive = procs.pid_alive(service.pid)
-        lines.append(
-            f"{service.name}: {'running' if alive else 'dead'} (pid {service.pid}) {service.address}".rstrip()
-        )
-    if not services:
-        lines.append("spark-connect, dagster-dev: not running")
-    return lines
+    def handler(signum: int, _frame: object) -> None:
+        if not stop.is_set():
+            say(f"{signal.Signals(signum).name}: stopping everything ...")
+        stop.set()
+
+    signals = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+    before = {sig: signal.signal(sig, handler) for sig in signals}
+    try:
+        yield stop
+    finally:
+        for sig, previous in before.items():
+            signal.signal(sig, previous)
 
 
-def demo(state_dir: Path, *, tables: int = 6, port: int = 0, dagster: bool = True) -> None:
+def serve(
+    state_dir: Path,
+    *,
+    etcd: str | None,
+    port: int = 0,
+    dagster: bool = True,
+    captures: Sequence[str] = DEMO_CAPTURES,
+) -> int:
+    """``server start``: etcd, Spark Connect and Dagster, supervised, until stopped; the
+    ``captures`` are registered (desired state) once Dagster runs their leases' renewals."""
+    from cdc_dagster.services import workload
+
+    try:
+        with (
+            stop_on_signals() as stop,
+            Stack(state_dir, etcd=etcd, ui_port=port, dagster=dagster, stop=stop) as stack,
+        ):
+            if stop.is_set():
+                return 0
+            if stack.ui_url:
+                say(f"Dagster UI at {stack.ui_url}")
+            if captures:
+                say(workload.ensure_captures(stack.etcd_endpoints, stack.state_dir, captures))
+            say(
+                "running in the foreground, restarting any part that dies; Ctrl-C (or "
+                "`cdc-dagster server stop`) stops everything; `cdc-dagster server start "
+                "--detach` runs it in the background"
+            )
+            stack.supervise()
+    except AlreadyRunningError as exc:
+        say(str(exc))
+    return 0
+
+
+def demo(
+    state_dir: Path,
+    *,
+    tables: int = 6,
+    port: int = 0,
+    dagster: bool = True,
+    captures: Sequence[str] = DEMO_CAPTURES,
+) -> int:
     """``demo``: :func:`serve` plus the embedded generator and a changefeed into a Delta root."""
     from cdc_dagster.services import workload
 
-    state_dir.mkdir(parents=True, exist_ok=True)
-    changelog = state_dir / "changelog"
-    with _running(state_dir) as started:
-        generator = None
-        try:
-            etcd_endpoints = _start_etcd(state_dir, None)
-            say(f"starting the embedded generator ({tables} bank tables) into {changelog} ...")
-            generator = workload.GeneratorThread(changelog, tables)
-            generator.start()
-            say(f"generator writing; {generator.describe()}")
-            lake = state_dir / "lake"
-            _, children = _bring_up(state_dir, started, etcd_endpoints, port, dagster, changelog)
-            # After Dagster is up: capture leases are renewed by capture runs, which need it.
-            say(
-                workload.ensure_demo_changefeed(
-                    etcd_endpoints,
-                    state_dir,
-                    DEMO_CHANGEFEED,
-                    lake,
-                    DEMO_CAPTURES,
-                    changelog,
-                    generator.start_ts,
-                )
+    changelog = state_dir.resolve() / "changelog"
+    lake = state_dir.resolve() / "lake"
+    say(f"the embedded generator ({tables} bank tables) writes into {changelog}")
+    with (
+        stop_on_signals() as stop,
+        Stack(
+            state_dir,
+            kind="demo",
+            ui_port=port,
+            dagster=dagster,
+            changelog=changelog,
+            generator=lambda: workload.GeneratorThread(changelog, tables),
+            stop=stop,
+        ) as stack,
+    ):
+        if stop.is_set():
+            return 0
+        # After Dagster is up: capture leases are renewed by capture runs, which need it.
+        say(
+            workload.ensure_demo_changefeed(
+                stack.etcd_endpoints,
+                stack.state_dir,
+                DEMO_CHANGEFEED,
+                lake,
+                captures,
+                changelog,
+                stack.generator.start_ts,
             )
-            ui = next((s.address for s in started if s.name == "dagster-dev"), "")
-            for line in workload.what_to_look_at(ui, DEMO_CHANGEFEED, lake):
-                say(line)
-            _wait_forever(_liveness(children))
-        except KeyboardInterrupt:
-            say("interrupted")
-        finally:
-            if generator is not None:
-                generator.stop()
-                say("generator stopped")
+        )
+        for line in workload.what_to_look_at(stack.ui_url, DEMO_CHANGEFEED, lake):
+            say(line)
+        stack.supervise()
+    return 0
+
+
+def start_detached(state_dir: Path, argv: Sequence[str], timeout_s: float = 600.0) -> int:
+    """``server start --detach``: run ``argv`` (a foreground ``server start``) in its own
+    session with its output in ``server.log``; return once it runs (0) or failed (1)."""
+    state_dir = state_dir.resolve()
+    record = procs.read_record(state_dir)
+    if record.supervisor is not None and record.supervisor.alive():
+        say(
+            f"already running (supervisor pid {record.supervisor.pid}); `cdc-dagster server status`"
+        )
+        return 0
+    state_dir.mkdir(parents=True, exist_ok=True)
+    log = state_dir / SERVER_LOG
+    with open(log, "ab") as out:
+        offset = out.tell()
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "cdc_dagster.cli", *argv],
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        offset = _echo(log, offset)
+        sup = procs.read_record(state_dir).supervisor
+        if sup is not None and sup.pid == proc.pid and sup.state == "running":
+            say(
+                f"running in the background (supervisor pid {proc.pid}), output in {log}; "
+                "`cdc-dagster server status` / `cdc-dagster server stop`"
+            )
+            return 0
+        if proc.poll() is not None:
+            _echo(log, offset)
+            say(f"the server ended with exit code {proc.returncode}; see {log}")
+            return 1
+        time.sleep(0.3)
+    say(
+        f"the server did not come up within {timeout_s:.0f}s; it goes on in the background; see {log}"
+    )
+    return 1
+
+
+def _echo(log: Path, offset: int) -> int:
+    with open(log, "rb") as f:
+        f.seek(offset)
+        data = f.read()
+    if data:
+        sys.stdout.write(data.decode(errors="replace"))
+        sys.stdout.flush()
+    return offset + len(data)
+
+
+def stop(state_dir: Path, grace_s: float = STOP_GRACE_S) -> None:
+    """``server stop``: SIGTERM the supervisor, every recorded part's process group and the
+    private etcd at once, SIGKILL what is left after ``grace_s``; then clear the record."""
+    from cdc_dagster.metastore.private_etcd import stop_private_etcd
+
+    state_dir = state_dir.resolve()
+    started = time.monotonic()
+    record = procs.read_record(state_dir)
+    targets = _live_targets(record)
+    etcd = threading.Thread(
+        target=stop_private_etcd, args=(state_dir,), kwargs={"timeout_s": grace_s}
+    )
+    if not record.etcd:
+        etcd.start()
+    if targets:
+        say("stopping " + ", ".join(f"{name} (pid {t.pid})" for name, t in targets) + " ...")
+    killed = procs.stop_all([t for _, t in targets], grace_s=grace_s)
+    if killed:
+        names = [name for name, t in targets if t in killed]
+        say(f"SIGKILLed after {grace_s:.1f}s: {', '.join(names)}")
+    # A supervisor that relaunched a part as it was being stopped: that one too.
+    late = _live_targets(procs.read_record(state_dir))
+    procs.stop_all([t for _, t in late], grace_s=0.5)
+    if not record.etcd:
+        etcd.join()
+    procs.write_record(state_dir, procs.StackRecord())
+    say(f"stopped in {time.monotonic() - started:.1f}s" if targets else "nothing was running")
+
+
+def _live_targets(record: procs.StackRecord) -> list[tuple[str, procs.Target]]:
+    out = []
+    if record.supervisor is not None and record.supervisor.alive():
+        out.append(("supervisor", procs.Target(record.supervisor.pid)))  # its pid alone
+    for part in record.parts:
+        if part.name != ETCD and part.alive():
+            out.append((part.name, procs.Target(part.pid, part.pgid)))
+    out += [(s.name, procs.Target(s.pid)) for s in record.leftovers if s.alive()]
+    return out
+
+
+def status(state_dir: Path) -> tuple[list[str], int]:
+    """``server status``: one line per part, and the exit code: 0 when every part runs,
+    1 when one is down (the last line names which), 3 when nothing runs."""
+    from cdc_dagster.metastore.private_etcd import private_etcd_status
+
+    state_dir = state_dir.resolve()
+    record = procs.read_record(state_dir)
+    etcd = private_etcd_status(state_dir)
+    sup = record.supervisor
+    sup_alive = sup is not None and sup.alive()
+    if not sup_alive and not any(p.alive() for p in record.parts) and not etcd.running:
+        return [f"nothing runs for {state_dir}; start it with `cdc-dagster server start`"], 3
+    lines, down = [], []
+    if sup_alive:
+        assert sup is not None
+        lines.append(f"supervisor: running (pid {sup.pid}, {record.kind or 'server'})")
+    else:
+        down.append("supervisor")
+        lines.append(
+            "supervisor: not running, so nothing restarts a part that dies; "
+            "`cdc-dagster server start` supervises the running parts again and starts the rest"
+        )
+    if record.etcd:
+        lines.append(f"etcd: external cluster at {record.etcd} (not supervised here)")
+    elif etcd.running:
+        lines.append(f"etcd: running (pid {etcd.pid}) at {etcd.client_url}, {etcd.version}")
+    else:
+        down.append(ETCD)
+        lines.append("etcd: not running")
+    for part in record.parts:
+        if part.name == ETCD:
+            continue
+        state = part_state(part)
+        if state != "running":
+            down.append(part.name)
+        restarts = f", {part.restarts} restart(s)" if part.restarts else ""
+        lines.append(f"{part.name}: {state} (pid {part.pid}{restarts}) {part.address}".rstrip())
+    left = [s for s in record.leftovers if s.alive()]
+    if left:
+        pids = ", ".join(f"{s.pid} ({s.name})" for s in left)
+        lines.append(f"still finishing, from parts that died: {pids}")
+    if down:
+        lines.append(f"down: {', '.join(down)}")
+    return lines, 1 if down else 0
+
+
+def part_state(part: procs.Service) -> str:
+    """``running`` (alive and answering where it should), ``starting``, or ``dead``."""
+    if not part.alive():
+        return "dead"
+    if part.name == ETCD:
+        from cdc_dagster.metastore.etcd_process import is_healthy
+
+        answers = is_healthy(part.address)
+    elif part.address.startswith("http"):
+        answers = procs.http_ok(f"{part.address}/server_info")
+    else:
+        answers = not part.address or procs.listening(_port_of(part.address))
+    return "running" if answers else "starting"

@@ -89,6 +89,14 @@ class GeneratorThread:
             self.error = exc
             _log.exception("the generator stopped")
 
+    def alive(self) -> bool:
+        """Whether it still steps (False once stopped or failed: see ``error``)."""
+        return self._thread.is_alive()
+
+    def request_stop(self) -> None:
+        """Ask it to stop after the current step (:meth:`stop` then releases the log)."""
+        self._stop.set()
+
     def stop(self) -> None:
         """Stop stepping and release the change log (which stays)."""
         self._stop.set()
@@ -97,6 +105,19 @@ class GeneratorThread:
         if self.workload is not None and not self._thread.is_alive():
             self.workload.close()
             self.workload = None
+
+
+def ensure_captures(etcd: str, state_dir: Path, captures: Sequence[str]) -> str:
+    """The captures a server starts with (desired state, registered now); one line."""
+    from cdc_dagster import admin
+    from cdc_dagster.metastore import connect
+
+    with connect(etcd.split(","), state_dir) as ms:
+        added = admin.ensure_captures(ms, captures)
+        known = sorted(ms.captures.desired())
+    if added:
+        return f"registered captures {', '.join(added)} (desired: {', '.join(known)})"
+    return f"captures {', '.join(known) or '(none)'} already registered"
 
 
 def ensure_demo_changefeed(
@@ -132,9 +153,7 @@ def ensure_demo_changefeed(
                 upstream_uri=changelog_uri(changelog),
             )
             what = f"created changefeed {changefeed_id} into delta://{lake}"
-        added = [c for c in captures if ms.captures.get(c) is None]
-        for capture_id in added:
-            admin.add_capture(ms, capture_id)
+        added = admin.ensure_captures(ms, captures)
     return what + (f"; registered captures {', '.join(added)}" if added else "")
 
 

@@ -20,14 +20,13 @@ from cdc_dagster.metastore import Metastore, connect
 from cdc_dagster.metastore.errors import ChangefeedNotFoundError
 from cdc_dagster.runtime.capture import (
     CaptureContext,
+    CaptureTick,
     CommitOutcome,
     PrepareOutcome,
-    capture_commit,
-    capture_prepare,
 )
+from cdc_dagster.runtime.health import HealthConfig
 from cdc_dagster.runtime.owner import OwnerLoop, OwnerTick, owner_step
 from cdc_dagster.runtime.spec import ExecutorFactory
-from cdc_dagster.runtime.wire import decode
 from cdc_dagster.sinks.uri import open_sink
 from cdc_dagster.testing.fake_runtime import fake_executor_factory
 from cdc_dagster.upstream.changelog import ChangeLog
@@ -46,6 +45,7 @@ class DriverTick:
     owner: OwnerTick
     prepares: list[PrepareOutcome] = field(default_factory=list)
     commits: list[CommitOutcome] = field(default_factory=list)
+    failed: dict[tuple[str, str], str] = field(default_factory=dict)  # (capture, cf) -> why
 
 
 class Driver:
@@ -71,6 +71,7 @@ class Driver:
         lease_ttl_s: int = 10,
         owner_lease_ttl_s: int | None = None,
         config: CoordinatorConfig | None = None,
+        health: HealthConfig | None = None,
     ) -> None:
         self.state_dir = Path(state_dir)
         self.staging_root = self.state_dir / "staging"
@@ -82,10 +83,13 @@ class Driver:
         self._own_ms = metastore is None
         self.ms = metastore or connect(endpoints, self.state_dir, cluster_id=cluster_id)
         self.changefeed_id = changefeed_id
+        self.changefeed_ids = [changefeed_id]
         self._ensure_changefeed(start_ts, table_filter, sync_point_interval_s, target_ts)
         self.sink = open_sink(sink_uri)
         owner_ttl = owner_lease_ttl_s or lease_ttl_s
-        self.owner = OwnerLoop(self.ms, owner_id, lease_ttl_s=owner_ttl, config=config)
+        self.owner = OwnerLoop(
+            self.ms, owner_id, lease_ttl_s=owner_ttl, config=config, health=health
+        )
         self.capture_ids: list[str] = []
         for i in range(captures):
             self.add_capture(f"capture-{i}")
@@ -126,7 +130,7 @@ class Driver:
         ``runner`` may run some captures elsewhere (a test runs one in a subprocess it
         kills); it gets the capture's context and its run config, as a Dagster run would.
         """
-        owner = owner_step(self.owner, apply_gated=True, sink=self.sink).tick
+        owner = owner_step(self.owner, apply_gated=True).tick
         step = DriverTick(owner)
         for cid in list(self.capture_ids):
             if cid in skip:
@@ -135,11 +139,29 @@ class Driver:
             if runner and cid in runner:
                 runner[cid](self.context(cid), config)
                 continue
-            for cf_id in sorted(set(config) | {self.changefeed_id}):
-                ctx = self.context(cid, cf_id)
-                step.prepares.append(capture_prepare(ctx, decode(config.get(cf_id, []))))
-                step.commits.append(capture_commit(ctx))
+            # As a capture run: every changefeed the driver runs, each isolated from the others.
+            work = {cf: config.get(cf, []) for cf in sorted(set(config) | set(self.changefeed_ids))}
+            tick = CaptureTick(
+                self.ms,
+                cid,
+                work,
+                staging_root=self.staging_root,
+                executor_factory=self.executor_factory,
+                lease_ttl_s=self.lease_ttl_s,
+            )
+            tick.prepare()
+            tick.commit()
+            step.prepares.extend(tick.prepared.values())
+            step.commits.extend(tick.committed.values())
+            step.failed.update({(cid, cf): why for cf, why in tick.failed.items()})
         return step
+
+    def add_changefeed(self, changefeed_id: str, sink_uri: str, **options: object) -> None:
+        """Run one more changefeed over the same change log (on the same captures)."""
+        self.ms.changefeeds.create(
+            changefeed_id, sink_uri, upstream_uri=changelog_uri(self.changelog_root), **options
+        )
+        self.changefeed_ids.append(changefeed_id)
 
     def run_until(self, done: Callable[[DriverTick], bool], max_ticks: int = 100) -> int:
         """Tick until ``done(tick)``; returns the ticks taken (raises if never)."""
@@ -162,6 +184,7 @@ class Driver:
         """Scale out: register a capture (unless registered: a second driver carries on)."""
         if self.ms.captures.get(capture_id) is None:
             # Directly: tests use leases shorter than admin.add_capture allows.
+            self.ms.captures.desire(capture_id, self.lease_ttl_s)
             self.ms.captures.register(capture_id, self.lease_ttl_s, keepalive=False)
         self.capture_ids.append(capture_id)
 

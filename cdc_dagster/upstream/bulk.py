@@ -8,18 +8,16 @@ what the invariant is about), and keys are never changed, so the model stays exa
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from decimal import Decimal
-from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
 
-from cdc_dagster.upstream.changelog import OP_UPDATE, data_file_schema
+from cdc_dagster.upstream.changelog import OP_UPDATE, ChangeLogWriter, data_file_schema
+from cdc_dagster.upstream.workload_model import TableModel
 from scheduler_core.ts import LOGICAL_BITS
-
-if TYPE_CHECKING:
-    from cdc_dagster.upstream.generator import Workload, _Table
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,15 +30,21 @@ class _Events:
     balance: np.ndarray  # cents after the event
 
 
-def bulk_transfers(w: Workload, n_txns: int, commit_ts: np.ndarray) -> int:
-    """Commit ``n_txns`` transfers at ``commit_ts`` (ascending); returns rows written."""
-    banks = [w.tables[t] for t in w.bank_table_ids]
+def bulk_transfers(
+    banks: Sequence[TableModel],
+    writer: ChangeLogWriter,
+    seed: int,
+    n_txns: int,
+    commit_ts: np.ndarray,
+) -> int:
+    """Commit ``n_txns`` transfers among ``banks`` at ``commit_ts`` (ascending), random from
+    ``seed``; updates the tables' models; returns rows written."""
     sizes = np.array([len(t.keys) for t in banks])
     offsets = np.concatenate([[0], np.cumsum(sizes)])
     total = int(offsets[-1])
     if total < 2 or n_txns == 0:
         return 0
-    rng = np.random.default_rng(w.rng.getrandbits(64))
+    rng = np.random.default_rng(seed)
     src = rng.integers(0, total, n_txns)
     dst = (src + rng.integers(1, total, n_txns)) % total  # never the same account
     cents = rng.integers(1, 10_000, n_txns)
@@ -49,7 +53,7 @@ def bulk_transfers(w: Workload, n_txns: int, commit_ts: np.ndarray) -> int:
     rows = 0
     for i, t in enumerate(banks):
         mine = (events.account >= offsets[i]) & (events.account < offsets[i + 1])
-        rows += _write_table(w, t, events, mine, int(offsets[i]))
+        rows += _write_table(writer, t, events, mine, int(offsets[i]))
     return rows
 
 
@@ -73,7 +77,9 @@ def _apply(
     return _Events(account, np.repeat(ts, 2), seq, balance)
 
 
-def _write_table(w: Workload, t: _Table, ev: _Events, mine: np.ndarray, offset: int) -> int:
+def _write_table(
+    writer: ChangeLogWriter, t: TableModel, ev: _Events, mine: np.ndarray, offset: int
+) -> int:
     if not mine.any():
         return 0
     local = ev.account[mine] - offset
@@ -83,7 +89,7 @@ def _write_table(w: Workload, t: _Table, ev: _Events, mine: np.ndarray, offset: 
     for shard in range(t.schema.shards):
         pick = shards[local] == shard
         if pick.any():
-            w.writer.write_rows(
+            writer.write_rows(
                 t.schema.table_id,
                 shard,
                 t.version,
@@ -98,14 +104,14 @@ def _write_table(w: Workload, t: _Table, ev: _Events, mine: np.ndarray, offset: 
     return int(mine.sum())
 
 
-def _snapshot(t: _Table) -> pa.Table:
+def _snapshot(t: TableModel) -> pa.Table:
     rows = [t.rows[k] for k in t.keys]
     arrays = {f"c{c.id}": pa.array([r.get(c.id) for r in rows], c.arrow) for c in t.schema.columns}
     return pa.table(arrays)
 
 
 def _rows(
-    t: _Table,
+    t: TableModel,
     snapshot: pa.Table,
     local: np.ndarray,
     balance: np.ndarray,

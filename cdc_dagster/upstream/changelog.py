@@ -60,6 +60,7 @@ __all__ = [
     "UnknownTableError",
     "arrow_type",
     "data_file_schema",
+    "write_json",
 ]
 
 FORMAT_NAME = "cdc-dagster-changelog"
@@ -163,7 +164,8 @@ def _fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
-def _write_json(path: Path, obj: Any, *, fsync: bool = True) -> None:
+def write_json(path: Path, obj: Any, *, fsync: bool = True) -> None:
+    """Write ``obj`` as JSON to ``path`` atomically (temp name, rename; fsync unless told not)."""
     data = json.dumps(obj, ensure_ascii=False, sort_keys=True).encode()
     _atomic_write(path, data, fsync=fsync)
 
@@ -426,7 +428,7 @@ class ChangeLog:
         """Delete data files with last_ts <= ``safepoint_ts`` (nothing else); how many went."""
         _check_ts_arg("safepoint_ts", safepoint_ts)
         if safepoint_ts > self.gc_safepoint():  # recorded first: a crash mid-GC still says so
-            _write_json(self.root / "gc.json", {"safepoint_ts": safepoint_ts})
+            write_json(self.root / "gc.json", {"safepoint_ts": safepoint_ts})
         hi = physical_ms(safepoint_ts) // _MINUTE_MS
         deleted = 0
         for t in _scandir(self.root / "tables"):
@@ -489,7 +491,7 @@ class ChangeLogWriter:
         self.temp_files_removed = _remove_temp_files(self.root)
         fmt = self.root / "FORMAT"
         if not fmt.exists():
-            _write_json(fmt, {"format": FORMAT_NAME, "version": FORMAT_VERSION})
+            write_json(fmt, {"format": FORMAT_NAME, "version": FORMAT_VERSION})
         (self.root / "ddl").mkdir(parents=True, exist_ok=True)
         (self.root / "tables").mkdir(parents=True, exist_ok=True)
         self.log = ChangeLog(self.root)
@@ -559,7 +561,7 @@ class ChangeLogWriter:
             assert schema is not None  # DdlRecord checks a created table has a schema
             meta = self.root / "tables" / str(table_id) / "meta.json"
             if not meta.exists():
-                _write_json(meta, {"table_id": table_id, "shards": schema.shards}, fsync=self.fsync)
+                write_json(meta, {"table_id": table_id, "shards": schema.shards}, fsync=self.fsync)
         path = self.root / "ddl" / _ddl_name(record.commit_ts, len(same_ts))
         _atomic_write(path, record.dumps().encode(), fsync=self.fsync)
         self.log._written(path.name, record)
@@ -679,7 +681,7 @@ class ChangeLogWriter:
                 "never go back: pass a ts >= the current mark"
             )
         if ts > current:
-            _write_json(path, {"resolved_ts": ts}, fsync=fsync)
+            write_json(path, {"resolved_ts": ts}, fsync=fsync)
 
 
 def _acquire_lock(root: Path) -> io.BufferedRandom:

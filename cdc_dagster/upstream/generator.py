@@ -18,7 +18,7 @@ import random
 import time
 import zlib
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from decimal import Decimal
 from typing import Any
 
@@ -36,109 +36,16 @@ from cdc_dagster.upstream.changelog import (
     data_file_schema,
 )
 from cdc_dagster.upstream.values import column_default
+from cdc_dagster.upstream.workload_model import (
+    Key,
+    Row,
+    ShardLag,
+    TableModel,
+    WorkloadConfig,
+    WorkloadError,
+)
 from scheduler_core.ddl import DDLKind
 from scheduler_core.ts import LOGICAL_MASK, compose, physical_ms, split
-
-Key = tuple[Any, ...]
-Row = dict[int, Any]  # column id -> value (Python form of the type map)
-
-
-class WorkloadError(ValueError):
-    """A workload config or target change log is unusable (the message says why)."""
-
-
-@dataclass(frozen=True, slots=True)
-class ShardLag:
-    """Shard ``shard`` of table ``table_id`` keeps its resolved mark ``lag_ms`` behind."""
-
-    table_id: int
-    shard: int
-    lag_ms: int
-
-
-@dataclass(frozen=True, slots=True)
-class WorkloadConfig:
-    """Everything the workload depends on; the same config writes the same change log.
-
-    Table ids: bank tables ``1..bank_tables``, then customers, orders, wide; scratch
-    tables created by DDLs take the next ids.
-    """
-
-    seed: int = 0
-    bank_tables: int = 2
-    rows_per_table: int = 50
-    shards_per_table: int = 2
-    txns_per_step: int = 100
-    lagging: tuple[ShardLag, ...] = ()
-    ddls: bool = True
-    ddl_every: int = 30  # on average one DDL per this many transactions
-    start_physical_ms: int = 1_700_000_000_000
-    ms_per_txn: int = 1  # virtual clock step; ignored with wall_clock
-    wall_clock: bool = False  # commit ts from the machine's clock (the demo)
-    odd_identifiers: bool = True  # quotes, backticks, ; spaces and unicode in names
-    initial_balance: Decimal = Decimal("1000.00")
-    fsync: bool = True  # False for tests and benchmarks: atomic renames, no disk flushes
-
-    def __post_init__(self) -> None:
-        ints = ("bank_tables", "rows_per_table", "shards_per_table", "txns_per_step")
-        for name in ints:
-            if type(getattr(self, name)) is not int or getattr(self, name) < 1:
-                raise WorkloadError(f"{name} must be an int >= 1, got {getattr(self, name)!r}")
-        if self.ddl_every < 1 or self.ms_per_txn < 1 or self.start_physical_ms < 0:
-            raise WorkloadError("ddl_every and ms_per_txn must be >= 1, start_physical_ms >= 0")
-        object.__setattr__(self, "lagging", tuple(self.lagging))
-        for lag in self.lagging:
-            if lag.shard >= self.shards_per_table or lag.lag_ms < 0:
-                raise WorkloadError(f"{lag}: shard must be < shards_per_table, lag_ms >= 0")
-
-    @property
-    def customers_id(self) -> int:
-        return self.bank_tables + 1
-
-    @property
-    def orders_id(self) -> int:
-        return self.bank_tables + 2
-
-    @property
-    def wide_id(self) -> int:
-        return self.bank_tables + 3
-
-
-@dataclass(slots=True)
-class _Table:
-    schema: TableSchema
-    version: int  # commit ts of the DDL record of the current schema
-    role: str  # bank, customers, orders, wide, scratch
-    rows: dict[Key, Row] = field(default_factory=dict)
-    next_key: int = 1
-    next_column: int = 0
-    protected: frozenset[int] = frozenset()  # column ids DDLs must not drop or rename
-    # Keys in a list with their positions: a seeded random pick and a removal in O(1).
-    keys: list[Key] = field(default_factory=list)
-    pos: dict[Key, int] = field(default_factory=dict)
-
-    def key_of(self, row: Row) -> Key:
-        return tuple(row[c] for c in self.schema.primary_key)
-
-    def put(self, key: Key, row: Row) -> None:
-        if key not in self.rows:
-            self.pos[key] = len(self.keys)
-            self.keys.append(key)
-        self.rows[key] = row
-
-    def remove(self, key: Key) -> None:
-        del self.rows[key]
-        i, last = self.pos.pop(key), self.keys.pop()
-        if last != key:
-            self.keys[i], self.pos[last] = last, i
-
-    def clear(self) -> None:
-        self.rows.clear()
-        self.keys.clear()
-        self.pos.clear()
-
-    def pick(self, rng: random.Random) -> Key | None:
-        return self.keys[rng.randrange(len(self.keys))] if self.keys else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,25 +65,25 @@ class _Txn:
         self.commit_ts = commit_ts
         self.seq = 0
 
-    def _emit(self, t: _Table, op: int, after: Row | None, before: Key | None) -> None:
+    def _emit(self, t: TableModel, op: int, after: Row | None, before: Key | None) -> None:
         key = t.key_of(after) if after is not None else before
         shard = zlib.crc32(repr(key).encode()) % t.schema.shards
         change = _Change(self.commit_ts, self.seq, op, after, before)
         self.w._buffer.setdefault((t.schema.table_id, shard), []).append(change)
         self.seq += 1
 
-    def insert(self, t: _Table, row: Row) -> None:
+    def insert(self, t: TableModel, row: Row) -> None:
         t.put(t.key_of(row), row)
         self._emit(t, OP_INSERT, row, None)
 
-    def update(self, t: _Table, key: Key, row: Row) -> None:
+    def update(self, t: TableModel, key: Key, row: Row) -> None:
         new_key = t.key_of(row)
         if new_key != key:
             t.remove(key)
         t.put(new_key, row)
         self._emit(t, OP_UPDATE, row, key if new_key != key else None)
 
-    def delete(self, t: _Table, key: Key) -> None:
+    def delete(self, t: TableModel, key: Key) -> None:
         t.remove(key)
         self._emit(t, OP_DELETE, None, key)
 
@@ -220,7 +127,7 @@ class Workload:
         try:
             has_ddls = bool(w.writer.log.ddl_records())
             if resume.check_config(w.writer.root, config, has_ddls):
-                resume.resume(w)
+                w._take_over(resume.resume(config, w.writer))
             else:
                 w._start_fresh()
         except BaseException:
@@ -232,7 +139,7 @@ class Workload:
         self.config = config
         self.writer = ChangeLogWriter(root, fsync=config.fsync)
         self.rng = random.Random(config.seed)
-        self.tables: dict[int, _Table] = {}
+        self.tables: dict[int, TableModel] = {}
         self.dropped: list[int] = []  # tables whose final resolved marks are still due
         self._buffer: dict[tuple[int, int], list[_Change]] = {}
         self._marks: dict[tuple[int, int], int] = {}
@@ -243,6 +150,15 @@ class Workload:
         self.rows_written = 0
         self.resumed_from: int | None = None  # the last ts of the log when it was opened
         self.discarded_above: int | None = None  # rows above this ts were cut at open
+
+    def _take_over(self, model: resume.ResumedModel) -> None:
+        """Continue from a model rebuilt from the log (``upstream.resume``)."""
+        self._last_ts, self.rng, self.tables = model.last_ts, model.rng, model.tables
+        self._next_table_id, self._scratch_count = model.next_table_id, model.scratch_count
+        self._renames, self._marks, self.dropped = model.renames, model.marks, model.dropped
+        self.resumed_from, self.discarded_above = model.last_ts, model.discarded_above
+        if model.never_resolved:  # the set-up's rows were all discarded (upstream.resume)
+            self._bootstrap()
 
     def _start_fresh(self) -> None:
         resume.save_config(self.writer.root, self.config, self.config.fsync)
@@ -289,7 +205,8 @@ class Workload:
         else:
             ts = bulk.ts_range(first, n_txns, self.config.ms_per_txn)
         self._last_ts = int(ts[-1])
-        rows = bulk.bulk_transfers(self, n_txns, ts)
+        banks = [self.tables[t] for t in self.bank_table_ids]
+        rows = bulk.bulk_transfers(banks, self.writer, self.rng.getrandbits(64), n_txns, ts)
         self.rows_written += rows
         return rows
 
@@ -366,25 +283,12 @@ class Workload:
         ]
         for schema in schemas:
             if schema.table_id not in self.tables:
-                self._create(schema, *self._role(schema.table_id))
+                self._create(schema, *self.config.role(schema.table_id))
         for t in [self.tables[s.table_id] for s in schemas]:
             txn = _Txn(self, self._next_ts())
             for _ in range(cfg.rows_per_table):
                 txn.insert(t, self._new_row(t))
         self.flush()
-
-    def _role(self, table_id: int) -> tuple[str, frozenset[int]]:
-        """The role of a table id and the column ids DDLs must not drop or rename."""
-        cfg = self.config
-        if table_id <= cfg.bank_tables:
-            return "bank", frozenset({1, 2})
-        roles = {
-            cfg.customers_id: ("customers", frozenset({1, 2})),
-            cfg.orders_id: ("orders", frozenset({1, 2, 3})),
-        }
-        return roles.get(
-            table_id, ("wide" if table_id == cfg.wide_id else "scratch", frozenset({1}))
-        )
 
     def _create(
         self,
@@ -404,7 +308,7 @@ class Workload:
         )
         self.writer.write_ddl(record)
         nxt = max(c.id for c in schema.columns) + 1
-        self.tables[schema.table_id] = _Table(
+        self.tables[schema.table_id] = TableModel(
             schema, ts, role, next_column=nxt, protected=frozenset(protected)
         )
 
@@ -418,13 +322,13 @@ class Workload:
             self._marks[(table_id, shard)] = ts
 
     # ------------------------------------------------------------------ rows
-    def _new_row(self, t: _Table) -> Row:
+    def _new_row(self, t: TableModel) -> Row:
         row: Row = {}
         for c in t.schema.columns:
             row[c.id] = self._value(t, c)
         return row
 
-    def _value(self, t: _Table, c: ColumnSchema) -> Any:
+    def _value(self, t: TableModel, c: ColumnSchema) -> Any:
         rng = self.rng
         if c.id in t.schema.primary_key:
             t.next_key += 1
@@ -436,10 +340,10 @@ class Workload:
             return None
         return wd.random_value(rng, c.type)
 
-    def _pick(self, t: _Table) -> Key | None:
+    def _pick(self, t: TableModel) -> Key | None:
         return t.pick(self.rng)
 
-    def _touch(self, t: _Table, row: Row) -> Row:
+    def _touch(self, t: TableModel, row: Row) -> Row:
         """A copy of ``row`` with one to three non-key, non-protected columns changed."""
         out = dict(row)
         free = [c for c in t.schema.columns if c.id not in t.protected]
@@ -447,7 +351,7 @@ class Workload:
             out[c.id] = self._value(t, c)
         return out
 
-    def _of_role(self, role: str) -> list[_Table]:
+    def _of_role(self, role: str) -> list[TableModel]:
         return [t for t in self.tables.values() if t.role == role]
 
     # ------------------------------------------------------------------ transactions
@@ -465,7 +369,9 @@ class Workload:
         _, _, action = self.rng.choices(choices, weights=[d[0] for d in choices])[0]
         action(self, self._next_ts())
 
-    def _alter(self, t: _Table, ts: int, action: str, query: str, schema: TableSchema) -> DdlRecord:
+    def _alter(
+        self, t: TableModel, ts: int, action: str, query: str, schema: TableSchema
+    ) -> DdlRecord:
         kind = DDLKind.TRUNCATE_TABLE if action == "truncate_table" else DDLKind.ALTER_TABLE
         if action == "rename_table":
             kind = DDLKind.RENAME_TABLES
@@ -564,7 +470,7 @@ _PARTS = (
 )
 _WEIGHTS = (35, 4, 4, 25, 20, 12)
 
-_SPECIAL: dict[tuple[str, int], Callable[[Workload, _Table], Any]] = {
+_SPECIAL: dict[tuple[str, int], Callable[[Workload, TableModel], Any]] = {
     ("bank", 2): lambda w, t: w.config.initial_balance,
     ("bank", 3): lambda w, t: wd.random_text(w.rng) or None,
     ("customers", 2): lambda w, t: wd.random_text(w.rng) + "name",
@@ -575,7 +481,7 @@ _SPECIAL: dict[tuple[str, int], Callable[[Workload, _Table], Any]] = {
 
 
 # ---------------------------------------------------------------------- DDLs
-def _any_table(w: Workload) -> _Table:
+def _any_table(w: Workload) -> TableModel:
     return w.rng.choice(list(w.tables.values()))
 
 
@@ -600,7 +506,7 @@ def _ddl_add_column(w: Workload, ts: int) -> None:
         row[column.id] = value
 
 
-def _droppable(w: Workload) -> list[tuple[_Table, ColumnSchema]]:
+def _droppable(w: Workload) -> list[tuple[TableModel, ColumnSchema]]:
     return [
         (t, c)
         for t in w.tables.values()
@@ -644,7 +550,7 @@ def _ddl_add_index(w: Workload, ts: int) -> None:
     w._alter(t, ts, "add_index", query, replace(t.schema, indexes=(*t.schema.indexes, index)))
 
 
-def _truncatable(w: Workload) -> list[_Table]:
+def _truncatable(w: Workload) -> list[TableModel]:
     return [t for t in w.tables.values() if t.role in ("scratch", "orders")]
 
 

@@ -29,16 +29,14 @@ from __future__ import annotations
 
 import json
 import random
-from dataclasses import asdict, fields
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from cdc_dagster.schema import DdlRecord
-from cdc_dagster.upstream.changelog import ChangeLog, _write_json
+from cdc_dagster.upstream.changelog import ChangeLog, ChangeLogWriter, write_json
 from cdc_dagster.upstream.oracle import Oracle
-
-if TYPE_CHECKING:
-    from cdc_dagster.upstream.generator import Workload, WorkloadConfig
+from cdc_dagster.upstream.workload_model import TableModel, WorkloadConfig, WorkloadError
 
 CONFIG_PATH = Path("producer") / "workload.json"
 PRODUCER = "cdc-dagster-workload"
@@ -65,15 +63,13 @@ def config_to_json(config: WorkloadConfig) -> dict[str, Any]:
 
 def save_config(root: Path, config: WorkloadConfig, fsync: bool) -> None:
     """Record the config a fresh log is written with (before its first DDL)."""
-    _write_json(
+    write_json(
         root / CONFIG_PATH, {"producer": PRODUCER, "config": config_to_json(config)}, fsync=fsync
     )
 
 
 def check_config(root: Path, config: WorkloadConfig, has_ddls: bool) -> bool:
     """True: resume the log at ``root``; False: it is empty, start afresh. Else WorkloadError."""
-    from cdc_dagster.upstream.generator import WorkloadError
-
     path = root / CONFIG_PATH
     try:
         saved = json.loads(path.read_text(encoding="utf-8"))
@@ -105,11 +101,25 @@ def check_config(root: Path, config: WorkloadConfig, has_ddls: bool) -> bool:
     return True
 
 
-def resume(w: Workload) -> None:
-    """Rebuild ``w``'s model from its change log and cut the unresolved tail (module doc)."""
-    from cdc_dagster.upstream.generator import WorkloadError
+@dataclass(slots=True)
+class ResumedModel:
+    """The workload's model rebuilt from its log, for ``Workload.open`` to take over."""
 
-    writer, log = w.writer, w.writer.log
+    last_ts: int  # the clock goes on above it
+    rng: random.Random
+    tables: dict[int, TableModel]
+    next_table_id: int
+    scratch_count: int
+    renames: int
+    marks: dict[tuple[int, int], int]  # (table id, shard) -> resolved mark
+    dropped: list[int] = field(default_factory=list)  # dropped tables with marks still due
+    discarded_above: int | None = None  # rows above this ts were cut
+    never_resolved: bool = False  # frontier 0: the set-up must run again
+
+
+def resume(config: WorkloadConfig, writer: ChangeLogWriter) -> ResumedModel:
+    """Rebuild the model from ``writer``'s log and cut the unresolved tail (module doc)."""
+    log = writer.log
     if log.gc_safepoint():
         raise WorkloadError(
             f"change log {log.root} was garbage-collected up to {log.gc_safepoint()}: the "
@@ -120,30 +130,31 @@ def resume(w: Workload) -> None:
     discarded_top = writer.discard_above(frontier)
     records = log.ddl_records()
     last = max([frontier, discarded_top, *(r.commit_ts for r in records[-1:])])
-    w._last_ts = last
-    w.rng = random.Random(f"{w.config.seed}/resumed-at/{last}")
-    _rebuild_tables(w, log, last)
     ids = {t for r in records for t in r.tables}
-    w._next_table_id = max([w.config.wide_id, *ids]) + 1
-    w._scratch_count = sum(1 for r in records for t in r.creates if t > w.config.wide_id)
-    w._renames = sum(1 for r in records if r.action in ("rename_table", "rename_column"))
-    _rebuild_marks(w, log, records, ids)
-    w.resumed_from = last
-    w.discarded_above = frontier if discarded_top else None
-    if frontier == 0:  # never resolved: the set-up's rows were all discarded (module doc)
-        w._bootstrap()
+    model = ResumedModel(
+        last_ts=last,
+        rng=random.Random(f"{config.seed}/resumed-at/{last}"),
+        tables=_rebuild_tables(config, log, last),
+        next_table_id=max([config.wide_id, *ids]) + 1,
+        scratch_count=sum(1 for r in records for t in r.creates if t > config.wide_id),
+        renames=sum(1 for r in records if r.action in ("rename_table", "rename_column")),
+        marks={},
+        discarded_above=frontier if discarded_top else None,
+        never_resolved=frontier == 0,
+    )
+    _rebuild_marks(model, log, records, ids)
+    return model
 
 
-def _rebuild_tables(w: Workload, log: ChangeLog, last: int) -> None:
-    from cdc_dagster.upstream.generator import _Table
-
+def _rebuild_tables(config: WorkloadConfig, log: ChangeLog, last: int) -> dict[int, TableModel]:
     oracle = Oracle(log.root)
+    tables: dict[int, TableModel] = {}
     for table_id, schema in sorted(log.tables_at(last).items()):
-        role, protected = w._role(table_id)
+        role, protected = config.role(table_id)
         version = log.schema_version_at(table_id, last)
         assert version is not None
         history = [s for r in log.ddl_records() if (s := r.tables.get(table_id)) is not None]
-        t = _Table(
+        t = TableModel(
             schema,
             version,
             role,
@@ -155,24 +166,28 @@ def _rebuild_tables(w: Workload, log: ChangeLog, last: int) -> None:
             t.put(key, row)
         # Keys are never reused, not even those of deleted or truncated rows.
         t.next_key = top_key + 1
-        w.tables[table_id] = t
+        tables[table_id] = t
+    return tables
 
 
-def _rebuild_marks(w: Workload, log: ChangeLog, records: list[DdlRecord], ids: set[int]) -> None:
+def _rebuild_marks(
+    model: ResumedModel, log: ChangeLog, records: list[DdlRecord], ids: set[int]
+) -> None:
     drop_ts = {t: r.commit_ts for r in records for t in r.drops}
     for table_id in sorted(ids):
         shards = log.shards(table_id)
         marks = [log.shard_resolved_ts(table_id, s) for s in range(shards)]
         for shard, mark in enumerate(marks):
             if mark:
-                w._marks[(table_id, shard)] = mark
-        if table_id not in w.tables and min(marks) < drop_ts.get(table_id, 0):
-            w.dropped.append(table_id)  # its final marks are still due
+                model.marks[(table_id, shard)] = mark
+        if table_id not in model.tables and min(marks) < drop_ts.get(table_id, 0):
+            model.dropped.append(table_id)  # its final marks are still due
 
 
 __all__ = [
     "CONFIG_PATH",
     "IDENTITY_FIELDS",
+    "ResumedModel",
     "check_config",
     "config_to_json",
     "resume",

@@ -1,4 +1,4 @@
-"""End to end with `dagster dev` (daemon running the owner sensor for real).
+"""End to end with the Dagster processes of `demo` (daemon running the owner sensor for real).
 
 The demo workload replicates into Delta; each table equals the generator's oracle at the
 last syncpoint; a table is moved to the other capture and keeps replicating.
@@ -37,44 +37,42 @@ def test_demo_replicates_equals_oracle_and_moves_a_table(tmp_path: Path) -> None
 
     state = tmp_path / "state"
     changelog, lake = state / "changelog", state / "lake"
-    gen = workload.GeneratorThread(changelog, 3, interval_s=1.0, txns_per_step=10)
-    try:
-        with stack._running(state) as started:
-            etcd = stack._start_etcd(state, None)
-            gen.start()
-            stack._bring_up(state, started, etcd, 0, True, changelog)
-            workload.ensure_demo_changefeed(
-                etcd, state, "demo", lake, stack.DEMO_CAPTURES, changelog, gen.start_ts
+
+    def generator() -> workload.GeneratorThread:
+        return workload.GeneratorThread(changelog, 3, interval_s=1.0, txns_per_step=10)
+
+    with stack.Stack(state, kind="demo", changelog=changelog, generator=generator) as st:
+        etcd = st.etcd_endpoints
+        workload.ensure_demo_changefeed(
+            etcd, state, "demo", lake, stack.DEMO_CAPTURES, changelog, st.generator.start_ts
+        )
+        with connect(etcd.split(","), state) as ms:
+            start = ms.changefeeds.get("demo").status.checkpoint_ts
+            _wait(
+                "the checkpoint to move",
+                lambda: ms.changefeeds.get("demo").status.checkpoint_ts > start,
+                400,
             )
-            with connect(etcd.split(","), state) as ms:
-                start = ms.changefeeds.get("demo").status.checkpoint_ts
-                _wait(
-                    "the checkpoint to move",
-                    lambda: ms.changefeeds.get("demo").status.checkpoint_ts > start,
-                    400,
+            _wait(
+                "a syncpoint",
+                lambda: list((lake / "_cdc_dagster" / "syncpoints").rglob("*.json")),
+                200,
+            )
+            feeds = ms.changefeeds.list()
+            for table_id in (1, 2, 3):
+                result = _compare_at_syncpoint(
+                    dg.AssetKey(["t", str(table_id)]),
+                    table_id,
+                    feeds,
+                    changelog,
+                    Oracle,
+                    fingerprint,
                 )
-                _wait(
-                    "a syncpoint",
-                    lambda: list((lake / "_cdc_dagster" / "syncpoints").rglob("*.json")),
-                    200,
-                )
-                feeds = ms.changefeeds.list()
-                for table_id in (1, 2, 3):
-                    result = _compare_at_syncpoint(
-                        dg.AssetKey(["t", str(table_id)]),
-                        table_id,
-                        feeds,
-                        changelog,
-                        Oracle,
-                        fingerprint,
-                    )
-                    assert result.passed, result.metadata
-                admin.move_table(ms, "demo", 1, "capture-2")
-                before = ms.changefeeds.get("demo").status.checkpoint_ts
-                _wait(
-                    "replication to go on after the move",
-                    lambda: ms.changefeeds.get("demo").status.checkpoint_ts > before,
-                    300,
-                )
-    finally:
-        gen.stop()
+                assert result.passed, result.metadata
+            admin.move_table(ms, "demo", 1, "capture-2")
+            before = ms.changefeeds.get("demo").status.checkpoint_ts
+            _wait(
+                "replication to go on after the move",
+                lambda: ms.changefeeds.get("demo").status.checkpoint_ts > before,
+                300,
+            )

@@ -189,16 +189,8 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return out
 
 
-# Being broken up (issue 16, on the upstream engineer's branch): this list must shrink to
-# empty, and a circle that is not in it fails the test.
-KNOWN_CYCLES = [
-    ["cdc_dagster.mysql.join", "cdc_dagster.mysql.puller", "cdc_dagster.mysql.snapshot"],
-    ["cdc_dagster.upstream.generator", "cdc_dagster.upstream.resume"],
-]
-
-
 def test_no_two_files_import_each_other_even_indirectly() -> None:
-    assert _cycles(_graph()) == KNOWN_CYCLES
+    assert _cycles(_graph()) == []
 
 
 def test_the_rules_catch_a_planted_upward_import(

@@ -13,7 +13,8 @@ from cdc_dagster.defs.owner.plan import DDL_JOB
 from cdc_dagster.defs.resources import CdcResource
 from cdc_dagster.defs.tables.assets import latest_checkpoint
 from cdc_dagster.defs.tables.gate import DdlRequest, checkpoint_lookup, gate_status
-from cdc_dagster.runtime import apply_ddl_at, reported_checkpoints
+from cdc_dagster.metastore.problems import DDL
+from cdc_dagster.runtime import apply_ddl_at, carry_out, reported_checkpoints
 
 
 class DdlConfig(dg.Config):
@@ -57,8 +58,18 @@ def build_ddl_job(catalog: Catalog) -> dg.JobDefinition:
     def ddl_apply(
         context: dg.OpExecutionContext, gate: int, config: DdlConfig, cdc: CdcResource
     ) -> None:
-        """Apply the DDL at the sink (idempotent: a replay skips it)."""
-        queries = apply_ddl_at(cdc.metastore(), config.changefeed_id, gate)
+        """Apply the DDL at the sink (idempotent: a replay skips it); a failure is the
+        changefeed's problem (its state says so), retried by the next run after a backoff."""
+        queries: list[str] = []
+        done, line = carry_out(
+            cdc.metastore(),
+            config.changefeed_id,
+            DDL,
+            f"applying the DDL(s) at commit ts {gate}",
+            lambda: queries.extend(apply_ddl_at(cdc.metastore(), config.changefeed_id, gate)),
+        )
+        if not done:
+            raise dg.Failure(line, allow_retries=False)
         for query in queries:
             context.log.info("applied DDL at %d of %s: %s", gate, config.changefeed_id, query)
 

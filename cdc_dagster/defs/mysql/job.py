@@ -15,6 +15,8 @@ import dagster as dg
 from cdc_dagster.defs.catalog import _segment
 from cdc_dagster.defs.mysql.requests import DEFAULT_PULL_ROWS, DEFAULT_PULL_S, PULLER_JOB
 from cdc_dagster.defs.resources import CdcResource
+from cdc_dagster.metastore.changefeeds import wall_ms
+from cdc_dagster.metastore.problems import PULLER
 from cdc_dagster.secrets import redact_text
 
 BINLOG_ASSET_PREFIX = "mysql_binlog"
@@ -52,16 +54,15 @@ def puller_metadata(stats: Any, seconds: float, now_s: float) -> dict[str, dg.Me
     }
 
 
-def _fail_changefeed(ms: Any, changefeed_id: str, message: str) -> None:
-    """Put the changefeed in the error state (the owner stops its tables; `resume` retries)."""
-    import dataclasses
-
-    from cdc_dagster.metastore.changefeeds import ChangefeedState
-
-    def change(status: Any) -> Any:
-        return dataclasses.replace(status, state=ChangefeedState.ERROR, last_error=message)
-
-    ms.changefeeds.update_status(changefeed_id, change)
+def _report_problem(ms: Any, changefeed_id: str, message: str, *, fatal: bool) -> str:
+    """The puller's problem with the changefeed, for the owner to show (warning; failed when
+    ``fatal``); returns when the next run may try again."""
+    problem = ms.problems.report(changefeed_id, PULLER, message, wall_ms(), fatal=fatal)
+    if fatal:
+        return "the changefeed fails: fix it, then `cdc-dagster changefeed resume`"
+    return (
+        f"retried in {(problem.retry_at_ms - wall_ms()) / 1000:.0f} s (attempt {problem.attempts})"
+    )
 
 
 def _pull(context: dg.OpExecutionContext, config: PullConfig, ms: Any, cf: Any) -> Any:
@@ -78,19 +79,18 @@ def _pull(context: dg.OpExecutionContext, config: PullConfig, ms: Any, cf: Any) 
         pcfg = PullerConfig(uri, changelog_path(uri), tuple(cf.info.table_filter))
         return run_puller(pcfg, stop_after=stop)
     except PullerError as exc:
-        message = redact_text(" ".join(str(exc).split()))
-        if not exc.retryable:
-            _fail_changefeed(ms, config.changefeed_id, f"binlog puller: {message}")
-            message += " (changefeed set to error; `changefeed resume` retries)"
-        raise dg.Failure(message, allow_retries=exc.retryable) from None
-    except UpstreamError as exc:  # unreachable or misconfigured upstream: the next tick retries
-        raise dg.Failure(redact_text(" ".join(str(exc).split()))) from None
+        message = f"binlog puller: {redact_text(' '.join(str(exc).split()))}"
+        then = _report_problem(ms, config.changefeed_id, message, fatal=not exc.retryable)
+        raise dg.Failure(f"{message} ({then})", allow_retries=False) from None
+    except UpstreamError as exc:  # unreachable or misconfigured upstream: retried with backoff
+        message = f"binlog puller: {redact_text(' '.join(str(exc).split()))}"
+        then = _report_problem(ms, config.changefeed_id, message, fatal=False)
+        raise dg.Failure(f"{message} ({then})", allow_retries=False) from None
 
 
 @dg.op(name="pull_binlog")
 def pull_binlog(context: dg.OpExecutionContext, config: PullConfig, cdc: CdcResource) -> None:
     """Pull the changefeed's binlog into its change log for a bounded time, then persist."""
-    from cdc_dagster.metastore.changefeeds import ChangefeedState
     from cdc_dagster.metastore.errors import MetastoreError
 
     try:
@@ -98,11 +98,12 @@ def pull_binlog(context: dg.OpExecutionContext, config: PullConfig, cdc: CdcReso
         cf = ms.changefeeds.get(config.changefeed_id)
     except MetastoreError as exc:
         raise dg.Failure(redact_text(" ".join(str(exc).split()))) from None
-    if cf.status.state is not ChangefeedState.NORMAL:
+    if not cf.status.state.running:
         context.log.info("changefeed %s is %s: nothing to pull", cf.changefeed_id, cf.status.state)
         return
     started = time.monotonic()
     stats = _pull(context, config, ms, cf)
+    ms.problems.clear(cf.changefeed_id, PULLER)
     seconds = time.monotonic() - started
     metadata = puller_metadata(stats, seconds, time.time())
     context.log_event(

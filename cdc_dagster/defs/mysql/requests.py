@@ -18,8 +18,9 @@ from typing import Any
 import dagster as dg
 
 from cdc_dagster.metastore import Metastore
-from cdc_dagster.metastore.changefeeds import ChangefeedState
+from cdc_dagster.metastore.changefeeds import wall_ms
 from cdc_dagster.metastore.errors import MetastoreError
+from cdc_dagster.metastore.problems import PULLER
 from cdc_dagster.upstream.uri import UpstreamError, is_mysql_uri, parse_uri
 
 PULLER_JOB = "mysql_puller"
@@ -60,15 +61,17 @@ class PullerTarget:
     upstream_key: str  # host:port/server-id (no credentials)
 
 
-def pullers_to_run(changefeeds: Iterable[Any], busy: set[str]) -> list[PullerTarget]:
-    """The normal ``mysql://`` changefeeds without a queued or running puller, by id."""
-
+def pullers_to_run(
+    changefeeds: Iterable[Any], busy: set[str], backing_off: Iterable[str] = ()
+) -> list[PullerTarget]:
+    """The running ``mysql://`` changefeeds without a queued or running puller, and not
+    waiting out the backoff of a failed one, by id."""
     out = []
     for cf in changefeeds:
         uri = cf.info.upstream_uri
-        if not uri or not is_mysql_uri(uri) or cf.status.state is not ChangefeedState.NORMAL:
+        if not uri or not is_mysql_uri(uri) or not cf.status.state.running:
             continue
-        if cf.changefeed_id in busy:
+        if cf.changefeed_id in busy or cf.changefeed_id in backing_off:
             continue
         try:
             key = parse_uri(uri).key
@@ -111,7 +114,16 @@ def puller_requests(
     instance: dg.DagsterInstance, metastore: Metastore, owner_rev: int, tick: int
 ) -> list[dg.RunRequest]:
     """The owner tick's puller runs: one per normal mysql:// changefeed not already pulling."""
-    targets = pullers_to_run(metastore.changefeeds.list(), in_flight_pullers(instance))
+    feeds = metastore.changefeeds.list()
+    now = wall_ms()
+    backing_off = [
+        cf.changefeed_id
+        for cf in feeds
+        if is_mysql_uri(cf.info.upstream_uri)
+        and (p := metastore.problems.get(cf.changefeed_id, PULLER)) is not None
+        and p.retry_at_ms > now
+    ]
+    targets = pullers_to_run(feeds, in_flight_pullers(instance), backing_off)
     bounds = PullBounds.from_env()
     return [puller_run_request(t, owner_rev, tick, bounds) for t in targets]
 

@@ -3,8 +3,10 @@
 import time
 
 import dagster as dg
+from dagster._core.definitions.unresolved_asset_job_definition import UnresolvedAssetJobDefinition
 
 from cdc_dagster.defs.catalog import Catalog
+from cdc_dagster.defs.changefeeds.health import HealthReporter
 from cdc_dagster.defs.mysql.requests import with_puller_runs
 from cdc_dagster.defs.owner.mailbox import MailboxOutbox
 from cdc_dagster.defs.owner.plan import CAPTURE_JOB, plan, progress_lines
@@ -15,8 +17,11 @@ from cdc_dagster.defs.tables.assets import (
     latest_checkpoint,
     progress_observations,
 )
+from cdc_dagster.defs.tables.checks import SYNCPOINT_CHECKS_JOB, lag_evaluations
 from cdc_dagster.defs.tables.gate import checkpoint_lookup
+from cdc_dagster.metastore import Metastore
 from cdc_dagster.runtime import OwnerStep, owner_step
+from cdc_dagster.sinks.uri import is_delta
 
 SENSOR_NAME = "cdc_owner"
 # The daemon's loop wakes every 5 s (the real floor) and skips a sensor whose last tick
@@ -55,15 +60,56 @@ def _log_step(context: dg.SensorEvaluationContext, step: OwnerStep, tick: int, r
     )
 
 
+def checks_runs(step: OwnerStep, ms: Metastore, tick: int, enabled: bool) -> list[dg.RunRequest]:
+    """A run of the syncpoint checks after each syncpoint recorded at a Delta sink this tick
+    (equality with the upstream, the bank total: they read the Delta versions it pinned)."""
+    if not enabled:
+        return []
+    runs = []
+    for sp in step.recorded:
+        if is_delta(ms.changefeeds.get(sp.changefeed_id).info.sink_uri):
+            runs.append(
+                dg.RunRequest(
+                    run_key=f"checks:{sp.changefeed_id}:{sp.ts}:{tick}",
+                    job_name=SYNCPOINT_CHECKS_JOB,
+                    tags={"cdc/changefeed": sp.changefeed_id, "cdc/syncpoint_ts": str(sp.ts)},
+                )
+            )
+    return runs
+
+
+def _asset_events(
+    catalog: Catalog,
+    step: OwnerStep,
+    budgets: tuple[ObservationBudget, ObservationBudget, HealthReporter],
+    lag_bound_s: float,
+) -> list[dg.AssetObservation | dg.AssetCheckEvaluation]:
+    """The owner's view for the UI: table observations, lag checks, changefeed health."""
+    observed, lagged, health = budgets
+    now_ms = time.time_ns() // 1_000_000
+    return [
+        *progress_observations(catalog, step.tables, now_ms, observed),
+        *lag_evaluations(catalog, step.tables, now_ms, lag_bound_s, lagged),
+        *health.evaluations(catalog, step.tick, now_ms / 1000.0),
+    ]
+
+
 def build_owner_sensor(
     catalog: Catalog,
-    jobs: list[dg.JobDefinition],
+    jobs: list[dg.JobDefinition | UnresolvedAssetJobDefinition],
     *,
     observations_per_tick: int | None = OBSERVATIONS_PER_TICK,
 ) -> dg.SensorDefinition:
-    """The owner sensor over ``catalog``'s tables, launching ``jobs`` (capture tick, DDL);
-    at most ``observations_per_tick`` asset observations a tick (None: one per asset)."""
-    budget = ObservationBudget(observations_per_tick)  # lives as long as the code server
+    """The owner sensor over ``catalog``'s tables, launching ``jobs`` (capture tick, DDL,
+    puller, syncpoint checks); at most ``observations_per_tick`` asset observations and as
+    many lag check evaluations a tick (None: one per asset)."""
+    # These live as long as the code server (losing them only reports everything again).
+    budgets = (
+        ObservationBudget(observations_per_tick),
+        ObservationBudget(observations_per_tick),
+        HealthReporter(),
+    )
+    checks_job = any(j.name == SYNCPOINT_CHECKS_JOB for j in jobs)
 
     @dg.sensor(
         name=SENSOR_NAME,
@@ -108,9 +154,15 @@ def build_owner_sensor(
             outbox=MailboxOutbox(loop.metastore.mailbox),
             follow_s=follow_s,
         )
-        if owner.is_owner:  # binlog pullers of mysql:// changefeeds
+        if owner.is_owner:  # binlog pullers of mysql:// changefeeds, syncpoint checks
             result = with_puller_runs(
                 result, context.instance, loop.metastore, owner.owner_rev, tick
+            )
+            checks = checks_runs(step, loop.metastore, tick, checks_job)
+            result = dg.SensorResult(
+                run_requests=[*(result.run_requests or []), *checks],
+                dynamic_partitions_requests=result.dynamic_partitions_requests,
+                cursor=result.cursor,
             )
         _log_step(context, step, tick, len(result.run_requests or []))
         if queued:  # one line, no etcd read per capture
@@ -118,15 +170,12 @@ def build_owner_sensor(
                 "run queued or following its mailbox (their messages wait there): %s",
                 ", ".join(sorted(queued)),
             )
-        if owner.is_owner and step.tables:
-            observations = progress_observations(
-                catalog, step.tables, time.time_ns() // 1_000_000, budget
-            )
+        if owner.is_owner:
             return dg.SensorResult(
                 run_requests=result.run_requests,
                 dynamic_partitions_requests=result.dynamic_partitions_requests,
                 cursor=result.cursor,
-                asset_events=observations,
+                asset_events=_asset_events(catalog, step, budgets, settings.lag_bound_s),
             )
         return result
 

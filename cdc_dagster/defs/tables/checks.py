@@ -6,15 +6,18 @@ syncpoints and change log (``TableRef.changefeed_id``; a table of no changefeed,
 CDC_DAGSTER_CHANGELOG, against any changefeed reading that log).
 """
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
 import dagster as dg
+from dagster._core.definitions.unresolved_asset_job_definition import UnresolvedAssetJobDefinition
 
 from cdc_dagster.defs.catalog import Catalog, TableRef
 from cdc_dagster.defs.resources import CdcResource
+from cdc_dagster.defs.tables.assets import ObservationBudget
+from cdc_dagster.runtime import TableProgress
 from cdc_dagster.sinks.delta import list_syncpoints, read_syncpoint, read_table_at
 from cdc_dagster.sinks.uri import delta_root, is_delta
 from cdc_dagster.upstream.generator import WorkloadConfig
@@ -26,21 +29,42 @@ SYNCPOINT_CHECK = "equals_upstream_at_syncpoint"
 BANK_CHECK = "bank_total_invariant"
 
 
+def _lag_verdict(lag_s: float | None, bound_s: float) -> dict[str, Any]:
+    if lag_s is None or lag_s == float("inf"):
+        return {"passed": False, "description": "no progress reported yet"}
+    return {
+        "passed": lag_s <= bound_s,
+        "metadata": {"lag_seconds": float(lag_s), "bound_seconds": float(bound_s)},
+    }
+
+
 def lag_check_result(key: dg.AssetKey, lag_s: float | None, bound_s: float) -> dg.AssetCheckResult:
     """Pass while the latest ``lag_seconds`` is within ``bound_s``."""
-    if lag_s is None:
-        return dg.AssetCheckResult(
-            asset_key=key,
-            check_name=LAG_CHECK,
-            passed=False,
-            description="no progress reported yet",
-        )
-    return dg.AssetCheckResult(
-        asset_key=key,
-        check_name=LAG_CHECK,
-        passed=lag_s <= bound_s,
-        metadata={"lag_seconds": float(lag_s), "bound_seconds": float(bound_s)},
-    )
+    return dg.AssetCheckResult(asset_key=key, check_name=LAG_CHECK, **_lag_verdict(lag_s, bound_s))
+
+
+def lag_evaluations(
+    catalog: Catalog,
+    tables: Iterable[TableProgress],
+    now_ms: int,
+    bound_s: float,
+    budget: ObservationBudget,
+) -> list[dg.AssetCheckEvaluation]:
+    """The lag check of every replica asset as the owner sees it this tick (the worst table
+    of a grouped schema), for the assets ``budget`` picks: a verdict that changed first, then
+    those not evaluated for its refresh time. The owner sensor reports them each tick, so the
+    checks column shows lag without anyone launching a check."""
+    worst: dict[dg.AssetKey, float] = {}
+    for t in tables:
+        key = catalog.replica_key_for(t.changefeed_id, t.table_id)
+        if key is not None:
+            worst[key] = max(worst.get(key, 0.0), t.lag_s(now_ms))
+    verdicts = {key: _lag_verdict(lag, bound_s) for key, lag in worst.items()}
+    signatures = {key: (str(v["passed"]), "") for key, v in verdicts.items()}
+    return [
+        dg.AssetCheckEvaluation(asset_key=key, check_name=LAG_CHECK, **verdicts[key])
+        for key in budget.select(signatures, now_ms / 1000.0)
+    ]
 
 
 def _latest_float(instance: dg.DagsterInstance, key: dg.AssetKey, name: str) -> float | None:
@@ -64,8 +88,9 @@ def _table_at_syncpoint(sink_uri: str, sp: Any, table_id: int) -> Any:
     return read_table_at(delta_root(sink_uri), sp.locations[table_id], sp.versions[table_id])
 
 
-def build_checks(catalog: Catalog) -> list[dg.AssetChecksDefinition]:
-    """The checks over ``catalog``'s replica assets (none without tables)."""
+def lag_checks(catalog: Catalog) -> list[dg.AssetChecksDefinition]:
+    """The lag check over ``catalog``'s replica assets (none without tables); the owner
+    sensor reports it every tick, and launched by hand it reads the latest materializations."""
     keys = catalog.replica_keys()
     if not keys:
         return []
@@ -86,13 +111,30 @@ def build_checks(catalog: Catalog) -> list[dg.AssetChecksDefinition]:
         for key in keys:
             yield lag_check_result(key, _latest_float(context.instance, key, "lag_seconds"), bound)
 
-    checks = [lag_checks]
-    if not catalog.grouped:
-        checks.append(_syncpoint_checks(catalog))
+    return [lag_checks]
+
+
+def syncpoint_checks(catalog: Catalog) -> list[dg.AssetChecksDefinition]:
+    """The checks that read the downstream at the last syncpoint (equality with the upstream,
+    the bank total): the owner sensor runs them each time a syncpoint is recorded."""
+    checks = [] if catalog.grouped else [_syncpoint_checks(catalog)]
     bank = [t for t in catalog.tables if t.database == "bank"]
     if bank:
         checks.append(_bank_check(catalog, catalog.replica_key(bank[0]), bank))
     return checks
+
+
+SYNCPOINT_CHECKS_JOB = "replica_syncpoint_checks"
+
+
+def syncpoint_checks_job(checks: list[dg.AssetChecksDefinition]) -> UnresolvedAssetJobDefinition:
+    """The job that runs the syncpoint checks (requested by the owner sensor)."""
+    return dg.define_asset_job(
+        SYNCPOINT_CHECKS_JOB,
+        selection=dg.AssetSelection.checks(*checks),
+        executor_def=dg.in_process_executor,
+        description="the replicas against the upstream at the last syncpoint (after each one)",
+    )
 
 
 def _syncpoint_checks(catalog: Catalog) -> dg.AssetChecksDefinition:

@@ -46,7 +46,11 @@ def test_changefeed_lifecycle_create_list_query_pause_update_resume_remove(
     code, out, _ = cli("changefeed", "query", "-c", "cf-1")
     row = json.loads(out)
     assert row["filter"] == ["bank.*", "!bank.tmp"] and row["sync_point_interval_s"] == 30
-    assert row["state"] == "normal"
+    assert (row["state"], row["error"]) == ("normal", "")
+    # Each ts once, as a number and as UTC time, and the lag in seconds.
+    assert isinstance(row["checkpoint_ts"], int) and row["checkpoint_time"].endswith("Z")
+    assert isinstance(row["resolved_ts"], int) and row["resolved_time"].endswith("Z")
+    assert isinstance(row["lag_s"], float) and row["lag_s"] >= 0
     assert cli("changefeed", "pause", "-c", "cf-1")[0] == 0
     assert cli("changefeed", "update", "-c", "cf-1", "--sink-uri", "delta:///tmp/lake2")[0] == 0
     assert (
@@ -113,12 +117,15 @@ def test_capture_add_list_drain_and_remove(cli: Run, metastore: Metastore) -> No
     assert cli("capture", "add", "cap-b")[0] == 0
     code, _, err = cli("capture", "add", "cap-b")
     assert code == 1 and "already registered" in err
-    assert {r["id"] for r in json.loads(cli("capture", "list")[1])} == {"cap-a", "cap-b"}
+    rows = json.loads(cli("capture", "list")[1])
+    assert {r["id"] for r in rows} == {"cap-a", "cap-b"}
+    assert all(r["alive"] and r["desired"] for r in rows)
     assert cli("changefeed", "create", "-c", "cf", "--sink-uri", "delta:///tmp/l")[0] == 0
     code, out, err = cli("capture", "drain", "cap-a")
     assert code == 0 and "1 changefeed" in out, err
     assert cli("capture", "remove", "cap-a")[0] == 0
     assert {c.capture_id for c in metastore.captures.list_alive()} == {"cap-b"}
+    assert set(metastore.captures.desired()) == {"cap-b"}  # removed: not registered again
 
 
 def test_table_move_to_unknown_capture_is_refused(cli: Run) -> None:

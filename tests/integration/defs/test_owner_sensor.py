@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import dagster as dg
 import pytest
@@ -148,3 +149,38 @@ def test_messages_for_a_capture_with_a_queued_run_wait_in_its_mailbox_for_that_r
     (nxt,) = _evaluate(instance, cursor="3").run_requests
     carried = json.loads(nxt.run_config["ops"]["receive"]["config"]["messages_json"])
     assert [m["n"] for m in carried["cf"]] == [4]  # nothing twice
+
+
+def test_sensor_reports_the_changefeeds_health_check_each_tick(
+    env: None, instance: dg.DagsterInstance, metastore: Metastore, tmp_path: Path
+) -> None:
+    """The checks column is a live view: no capture -> the changefeed's check fails (WARN)
+    with the message; a capture -> it passes again, without anyone launching a check."""
+    from cdc_dagster.defs.catalog import Catalog, TableRef
+    from cdc_dagster.runtime.health import NO_CAPTURES
+    from cdc_dagster.upstream.changelog import ChangeLogWriter
+    from cdc_dagster.upstream.uri import changelog_uri
+
+    ChangeLogWriter(tmp_path / "cl").close()  # an empty change log
+    metastore.changefeeds.create(
+        "cf", "delta:///tmp/x", upstream_uri=changelog_uri(tmp_path / "cl")
+    )
+    catalog = Catalog.of([TableRef(1, "bank", "a", "cf")], changefeeds=["cf"])
+    defs = build_definitions(catalog)
+    sensor = defs.get_repository_def().get_sensor_def("cdc_owner")
+
+    def health(cursor: str) -> dg.AssetCheckEvaluation:
+        result = evaluate_sensor(sensor, instance, cursor=cursor, definitions=defs)
+        (check,) = [
+            e
+            for e in result.asset_events
+            if isinstance(e, dg.AssetCheckEvaluation) and e.check_name == "changefeed_healthy"
+        ]
+        return check
+
+    warned = health("0")
+    assert warned.asset_key == dg.AssetKey(["changefeed", "cf"])
+    assert not warned.passed and warned.severity == dg.AssetCheckSeverity.WARN
+    assert warned.description == NO_CAPTURES
+    admin.add_capture(metastore, "c1")
+    assert health("1").passed

@@ -103,7 +103,7 @@ def test_owner_sensor_launches_bounded_puller_runs_that_resume_and_report(
         assert _pullers(_tick(defs, instance, "3")) == []
 
 
-def test_puller_run_that_cannot_go_on_puts_the_changefeed_in_error_with_the_reason(
+def test_puller_run_that_cannot_go_on_fails_the_changefeed_with_the_reason(
     mariadb, mydb, metastore, dagster_env, defs, tmp_path, monkeypatch
 ):
     monkeypatch.setenv("CDC_DAGSTER_MYSQL_PULL_S", "3")
@@ -116,7 +116,10 @@ def test_puller_run_that_cannot_go_on_puts_the_changefeed_in_error_with_the_reas
         assert not out.success
         (failure,) = [e for e in out.all_events if e.is_step_failure]
         assert "PARTITION" in failure.message or "PARTITION" in str(failure.event_specific_data)
+        # The owner's next tick reads the puller's fatal problem: failed, no relaunch.
+        assert _pullers(_tick(defs, instance, "1")) == []
         status = metastore.changefeeds.get("shop").status
-        assert status.state is ChangefeedState.ERROR
+        assert status.state is ChangefeedState.FAILED
         assert "binlog puller" in status.last_error and "PARTITION" in status.last_error
-        assert _pullers(_tick(defs, instance, "1")) == []  # no relaunch until resumed
+        assert "resume" in status.last_error
+        assert _pullers(_tick(defs, instance, "2")) == []  # no relaunch until resumed

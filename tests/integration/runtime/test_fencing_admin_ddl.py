@@ -102,12 +102,36 @@ def test_create_table_ddl_runs_at_its_barrier_and_syncpoints_are_recorded(
     assert len(state.get("syncpoints", [])) >= 2
 
 
-def test_capture_whose_lease_expired_registers_anew_and_its_tables_move(
+def test_a_desired_capture_whose_lease_expired_is_registered_again_by_the_owner(
     make_driver: Callable[..., Driver], upstream: Upstream, sink_uri: str
 ) -> None:
     import time
 
     driver = make_driver(captures=2, lease_ttl_s=2)
+    upstream.advance(upstream.ts(3000))
+    driver.run_until(lambda t: driver.caught_up(t, upstream.resolved), max_ticks=30)
+    old_epoch = driver.ms.captures.get("capture-1").epoch  # type: ignore[union-attr]
+    healed = []
+    deadline = time.monotonic() + 3.5
+    while time.monotonic() < deadline:  # capture-1's runs stop: its lease lapses
+        healed += driver.tick(skip=["capture-1"]).owner.registered
+        time.sleep(0.3)
+    assert "capture-1" in healed  # no person ran `capture add`
+    new = driver.ms.captures.get("capture-1")
+    assert new is not None and new.epoch != old_epoch  # a new epoch: the old one is fenced
+    upstream.advance(upstream.ts(6000))
+    driver.run_until(lambda t: driver.caught_up(t, upstream.resolved), max_ticks=30)
+    check_downstream(sink_uri)
+
+
+def test_a_capture_whose_lease_expired_registers_anew_in_its_next_run(
+    make_driver: Callable[..., Driver], upstream: Upstream, sink_uri: str
+) -> None:
+    """Without the owner's help (not desired: registered before desired state existed)."""
+    import time
+
+    driver = make_driver(captures=2, lease_ttl_s=2)
+    driver.ms.captures.undesire("capture-1")
     upstream.advance(upstream.ts(3000))
     driver.run_until(lambda t: driver.caught_up(t, upstream.resolved), max_ticks=30)
     old_epoch = driver.ms.captures.get("capture-1").epoch  # type: ignore[union-attr]

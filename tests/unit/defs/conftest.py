@@ -40,3 +40,13 @@ def write_changelog(root: Path, tables: list[tuple[int, str, str]] = TABLES) -> 
 def changelog(tmp_path: Path) -> Path:
     """A change log holding TABLES."""
     return write_changelog(tmp_path / "changelog")
+
+
+@pytest.fixture
+def cdc_env(
+    monkeypatch: pytest.MonkeyPatch, etcd_endpoints: list[str], cluster_id: str, metastore: object
+) -> object:
+    """The control plane's resources pointed at this test's cluster on the session etcd."""
+    monkeypatch.setenv("CDC_DAGSTER_ETCD", ",".join(etcd_endpoints))
+    monkeypatch.setenv("CDC_DAGSTER_CLUSTER_ID", cluster_id)
+    return metastore

@@ -57,6 +57,7 @@ def test_production_definitions_from_the_change_log(
         "apply_ddl",
         "dbt_build",
         "mysql_puller",
+        "replica_syncpoint_checks",
         *ADMIN_JOBS,
     }
     assert [s.name for s in repo.sensor_defs] == ["cdc_owner", "dbt_syncpoint_sensor"]

@@ -14,8 +14,8 @@ from typing import Any
 import pymysql
 import pytest
 
+from cdc_dagster.mysql.position import binary_log_status, mysql_snapshot_state, mysql_state_at
 from cdc_dagster.mysql.puller import Puller, PullerConfig, PullerError, stream_position
-from cdc_dagster.mysql.snapshot import _mysql_snapshot, binary_log_status, mysql_state_at
 from cdc_dagster.mysql.state import PullerState, TsAllocator, add_mysql_gtid
 from cdc_dagster.mysql.upstream import upstream_problems
 
@@ -150,7 +150,7 @@ def test_mysql_snapshot_holds_the_read_lock_only_to_start_and_read_the_position(
     new_syntax: bool,
 ) -> None:
     cur = _Cursor(new_syntax)
-    state = _mysql_snapshot(cur, PullerError)
+    state = mysql_snapshot_state(cur)
     assert cur.statements[0] == "FLUSH TABLES WITH READ LOCK"
     assert cur.statements[1] == "START TRANSACTION WITH CONSISTENT SNAPSHOT"
     assert cur.statements[-1] == "UNLOCK TABLES"  # before any row is read

@@ -33,18 +33,21 @@ def _cf(cf_id: str, uri: str, state: ChangefeedState = ChangefeedState.NORMAL) -
     )
 
 
-def test_only_normal_mysql_changefeeds_without_a_run_in_flight_get_one() -> None:
+def test_only_running_mysql_changefeeds_without_a_run_in_flight_or_a_backoff_get_one() -> None:
     feeds = [
         _cf("b", MYSQL),
         _cf("a", MYSQL.replace("4242", "7")),
+        _cf("warn", MYSQL.replace("4242", "8"), ChangefeedState.WARNING),
         _cf("gen", "changelog:///var/cl/gen"),
         _cf("paused", MYSQL, ChangefeedState.STOPPED),
-        _cf("failed", MYSQL, ChangefeedState.ERROR),
+        _cf("failed", MYSQL, ChangefeedState.FAILED),
         _cf("busy", MYSQL),
+        _cf("waits", MYSQL),
     ]
-    assert pullers_to_run(feeds, busy={"busy"}) == [
+    assert pullers_to_run(feeds, busy={"busy"}, backing_off={"waits"}) == [
         PullerTarget("a", "db1:3306/7"),
         PullerTarget("b", "db1:3306/4242"),
+        PullerTarget("warn", "db1:3306/8"),
     ]
 
 

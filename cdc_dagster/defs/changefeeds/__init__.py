@@ -1,0 +1,1 @@
+"""Changefeeds as assets, and their health checks."""

@@ -1,0 +1,138 @@
+"""A changefeed's health as the owner judges it each tick: what keeps it from moving.
+
+The sources of a message, in the order the message gives them:
+
+1. no capture is alive (nothing can replicate);
+2. a table's replication set failed (the coordinator froze it): the changefeed fails;
+3. the problems the parts that ran into them recorded (:mod:`cdc_dagster.metastore.problems`:
+   a capture's sink or change-log error, a puller that cannot read the binlog, a DDL the
+   downstream refuses); a fatal one fails the changefeed, and so does one that has lasted
+   longer than ``fail_after_s`` (TiCDC's "error stuck" duration);
+4. a resolved ts that has not moved for ``stall_s`` (the change log's producer is stuck);
+5. a checkpoint that has not moved for ``stall_s`` while the resolved ts is ahead of it (a
+   table is stuck: the message names the slowest ones, their state and holder).
+
+No message: the changefeed is normal. The conditions of 1, 4 and 5 never fail it: they heal
+by themselves when their cause is gone, and they say what to do meanwhile.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from cdc_dagster.metastore.problems import Problem
+from cdc_dagster.runtime.progress import TableProgress
+from scheduler_core.ts import format_ts
+
+DEFAULT_STALL_S = 60.0
+DEFAULT_FAIL_AFTER_S = 30 * 60.0
+NO_CAPTURES = (
+    "no captures are alive, so nothing replicates: register one with "
+    "`cdc-dagster capture add NAME` (or start the server with `--captures N`)"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class HealthConfig:
+    """How long a ts may stand still, and a problem may last, before the owner says so."""
+
+    stall_s: float = DEFAULT_STALL_S
+    fail_after_s: float = DEFAULT_FAIL_AFTER_S
+
+
+@dataclass(slots=True)
+class Motion:
+    """When the changefeed's resolved ts and checkpoint last moved (the owner's memory;
+    a new owner starts watching from its first tick)."""
+
+    resolved_ts: int = 0
+    resolved_moved_ms: int = 0
+    checkpoint_ts: int = 0
+    checkpoint_moved_ms: int = 0
+
+    def observe(self, checkpoint_ts: int, resolved_ts: int, now_ms: int) -> None:
+        """Note this tick's checkpoint and resolved ts."""
+        if resolved_ts != self.resolved_ts or not self.resolved_moved_ms:
+            self.resolved_ts, self.resolved_moved_ms = resolved_ts, now_ms
+        if checkpoint_ts != self.checkpoint_ts or not self.checkpoint_moved_ms:
+            self.checkpoint_ts, self.checkpoint_moved_ms = checkpoint_ts, now_ms
+
+
+@dataclass(frozen=True, slots=True)
+class Health:
+    """The owner's verdict: ``message`` None is normal; ``failed`` stops the changefeed."""
+
+    message: str | None = None
+    failed: bool = False
+
+
+def judge(
+    *,
+    alive: bool,
+    table_failure: str | None,
+    problems: Mapping[str, Problem],
+    motion: Motion,
+    tables: Sequence[TableProgress],
+    now_ms: int,
+    config: HealthConfig,
+    producer: str,
+) -> Health:
+    """The changefeed's health this tick (see the module docstring)."""
+    parts: list[str] = []
+    failed = False
+    if not alive:
+        parts.append(NO_CAPTURES)
+    if table_failure:
+        parts.append(f"a table failed and is frozen: {table_failure}; resume the changefeed")
+        failed = True
+    for source, problem in sorted(problems.items()):
+        lasted_s = (now_ms - problem.since_ms) / 1000 if problem.since_ms else 0.0
+        too_long = lasted_s > config.fail_after_s
+        failed = failed or problem.fatal or too_long
+        parts.append(_problem_line(source, problem, lasted_s, too_long))
+    stalled = _stalls(motion, tables, now_ms, config.stall_s, producer)
+    if stalled and not problems and alive:
+        parts.append(stalled)
+    return Health("; ".join(parts) or None, failed)
+
+
+def _problem_line(source: str, problem: Problem, lasted_s: float, too_long: bool) -> str:
+    tail = (
+        " (cannot be retried: fix it, then `cdc-dagster changefeed resume`)"
+        if problem.fatal
+        else f" (retried {problem.attempts} times over {lasted_s:.0f} s"
+        + ("; gave up: fix it, then `cdc-dagster changefeed resume`)" if too_long else ")")
+    )
+    return f"[{source}] {problem.message}{tail}"
+
+
+def _stalls(
+    motion: Motion, tables: Sequence[TableProgress], now_ms: int, stall_s: float, producer: str
+) -> str:
+    resolved_still_s = (now_ms - motion.resolved_moved_ms) / 1000
+    if motion.resolved_moved_ms and resolved_still_s > stall_s:
+        return (
+            f"the resolved ts has not moved for {resolved_still_s:.0f} s (it is "
+            f"{format_ts(motion.resolved_ts)}): {producer} is not advancing it; see its "
+            "runs or process, and the change log's resolved marks"
+        )
+    checkpoint_still_s = (now_ms - motion.checkpoint_moved_ms) / 1000
+    if (
+        motion.checkpoint_moved_ms
+        and checkpoint_still_s > stall_s
+        and motion.resolved_ts > motion.checkpoint_ts
+    ):
+        slowest = sorted(tables, key=lambda t: (t.checkpoint_ts, t.table_id))[:3]
+        named = ", ".join(
+            f"{t.name or t.table_id} ({t.state}"
+            + (f" on {t.capture_id}" if t.capture_id else ", held by no capture")
+            + f", checkpoint {format_ts(t.checkpoint_ts) if t.checkpoint_ts else 'none'})"
+            for t in slowest
+        )
+        return (
+            f"the checkpoint has not moved for {checkpoint_still_s:.0f} s (it is "
+            f"{format_ts(motion.checkpoint_ts)}, resolved {format_ts(motion.resolved_ts)}): "
+            f"slowest tables {named}; see those captures' runs in Dagster"
+        )
+    return ""

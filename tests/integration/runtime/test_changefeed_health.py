@@ -1,0 +1,161 @@
+"""Changefeed states tell the truth and one changefeed's failure stays its own (issue 18).
+
+The in-process driver runs the owner and the captures with the durable fake executor; a
+capture ticks every changefeed it holds tables of, each isolated from the others, as a
+Dagster capture run does (``CaptureTick``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from upstream_helpers import Upstream
+
+from cdc_dagster.metastore import ChangefeedState, Metastore, connect
+from cdc_dagster.runtime.health import NO_CAPTURES, HealthConfig
+from cdc_dagster.schema import DdlRecord
+from cdc_dagster.sinks.base import SinkDDLError
+from cdc_dagster.testing.driver import Driver, DriverTick
+from cdc_dagster.testing.fake_runtime import FakeSink
+
+
+def caught_up(tick: DriverTick, cf: str, upto_ts: int) -> bool:
+    feed = tick.owner.changefeeds.get(cf)
+    return bool(feed and feed.tables) and all(
+        t.replicating and t.checkpoint_ts >= upto_ts for t in feed.tables
+    )
+
+
+def ticks_to_catch_up(driver: Driver, cf: str, upto_ts: int, max_ticks: int = 40) -> int:
+    return driver.run_until(lambda t: caught_up(t, cf, upto_ts), max_ticks=max_ticks)
+
+
+def test_a_broken_sink_warns_its_changefeed_only_and_heals_when_fixed(
+    tmp_path: Path,
+    make_driver: Callable[..., Driver],
+    upstream: Upstream,
+    metastore: Metastore,
+    etcd_endpoints: list[str],
+) -> None:
+    target = upstream.ts(5000)
+    upstream.advance(target)
+    # Alone (a cluster of its own): how many ticks the healthy changefeed takes.
+    with connect(etcd_endpoints, cluster_id=f"{metastore.layout.cluster_id}x") as ms_alone:
+        alone = Driver(
+            tmp_path / "alone",
+            upstream.root,
+            f"file://{tmp_path / 'ds-alone'}",
+            2,
+            metastore=ms_alone,
+            start_ts=upstream.start_ts,
+        )
+        ticks_alone = ticks_to_catch_up(alone, "cf", target)
+
+    driver = make_driver(captures=2)
+    broken = tmp_path / "broken-sink"
+    broken.write_text("a file where the downstream's directory should be")
+    driver.add_changefeed("bad", f"file://{broken}", start_ts=upstream.start_ts)
+    ticks_with_bad = ticks_to_catch_up(driver, "cf", target)
+    assert ticks_with_bad <= ticks_alone, "the healthy changefeed was held up by the broken one"
+
+    status = metastore.changefeeds.get("bad").status
+    assert status.state is ChangefeedState.WARNING
+    assert "[capture-" in status.last_error and str(broken) in status.last_error
+    assert metastore.changefeeds.get("cf").status.state is ChangefeedState.NORMAL
+    # The broken changefeed is retried with backoff, not every tick.
+    waited = [why for t in [driver.tick() for _ in range(3)] for why in t.failed.values()]
+    assert any("before retrying" in why for why in waited)
+
+    broken.unlink()  # the cause goes away: it heals by itself
+    deadline = time.monotonic() + 120
+    while not caught_up(driver.tick(), "bad", target):
+        assert time.monotonic() < deadline, metastore.changefeeds.get("bad").status
+        time.sleep(0.5)
+    healed = driver.tick()
+    status = metastore.changefeeds.get("bad").status
+    assert (status.state, status.last_error) == (ChangefeedState.NORMAL, "")
+    assert metastore.problems.of("bad") == {} and healed.owner.health["bad"].message is None
+
+
+def test_a_changefeed_with_no_alive_capture_says_how_to_add_one_until_one_comes(
+    make_driver: Callable[..., Driver], upstream: Upstream, metastore: Metastore
+) -> None:
+    driver = make_driver(captures=0)
+    driver.tick()  # the change log has not reached the start yet: waiting, and no capture
+    status = metastore.changefeeds.get("cf").status
+    assert status.state is ChangefeedState.WARNING and status.last_error == NO_CAPTURES
+    target = upstream.ts(3000)
+    upstream.advance(target)
+    driver.tick()
+    assert metastore.changefeeds.get("cf").status.last_error == NO_CAPTURES
+    driver.add_capture("capture-0")
+    ticks_to_catch_up(driver, "cf", target)
+    status = metastore.changefeeds.get("cf").status
+    assert (status.state, status.last_error) == (ChangefeedState.NORMAL, "")
+
+
+def test_a_resolved_ts_that_stops_moving_warns_naming_the_producer_then_clears(
+    make_driver: Callable[..., Driver], upstream: Upstream, metastore: Metastore
+) -> None:
+    driver = make_driver(captures=1, health=HealthConfig(stall_s=1.0))
+    target = upstream.ts(3000)
+    upstream.advance(target)
+    ticks_to_catch_up(driver, "cf", target)
+    time.sleep(1.2)  # the producer (this test) stops advancing the resolved marks
+    driver.tick()
+    status = metastore.changefeeds.get("cf").status
+    assert status.state is ChangefeedState.WARNING
+    assert "resolved ts has not moved" in status.last_error
+    assert str(upstream.root) in status.last_error  # who should be advancing it
+    upstream.advance(upstream.ts(4000))
+    ticks_to_catch_up(driver, "cf", upstream.ts(4000))
+    driver.tick()
+    assert metastore.changefeeds.get("cf").status.state is ChangefeedState.NORMAL
+
+
+def test_a_removed_changefeed_leaves_no_problem_behind(
+    tmp_path: Path, make_driver: Callable[..., Driver], upstream: Upstream, metastore: Metastore
+) -> None:
+    driver = make_driver(captures=1)
+    broken = tmp_path / "broken"
+    broken.write_text("x")
+    driver.add_changefeed("bad", f"file://{broken}", start_ts=upstream.start_ts)
+    upstream.advance(upstream.ts(2000))
+    for _ in range(4):
+        driver.tick()
+    assert metastore.problems.of("bad")
+    metastore.changefeeds.remove("bad")
+    assert metastore.problems.of("bad") == {}
+
+
+def test_a_ddl_the_sink_refuses_stops_neither_the_owner_nor_the_other_changefeed(
+    tmp_path: Path,
+    make_driver: Callable[..., Driver],
+    upstream: Upstream,
+    metastore: Metastore,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    refusing = tmp_path / "refusing"
+    real_apply_ddl = FakeSink.apply_ddl
+
+    def apply_ddl(self: FakeSink, changefeed_id: str, record: DdlRecord, before: object) -> None:
+        if self.downstream.root == refusing:  # this downstream refuses every DDL
+            raise SinkDDLError(f"downstream {refusing} refused {record.query}")
+        real_apply_ddl(self, changefeed_id, record, before)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(FakeSink, "apply_ddl", apply_ddl)
+    driver = make_driver(captures=1)
+    driver.add_changefeed("bad", f"file://{refusing}", start_ts=upstream.start_ts)
+    upstream.create(9, upstream.ts(2000))  # a CREATE TABLE after the start: applied downstream
+    upstream.table_ids.append(9)
+    target = upstream.ts(4000)
+    upstream.advance(target)
+    ticks_to_catch_up(driver, "cf", target)  # the owner kept ticking; cf got the new table
+    assert 9 in {t.table_id for t in driver.tick().owner.changefeeds["cf"].tables}
+    status = metastore.changefeeds.get("bad").status
+    assert status.state is ChangefeedState.WARNING
+    assert "[ddl] applying DDL 'CREATE TABLE db.t9'" in status.last_error
+    assert "refused CREATE TABLE db.t9" in status.last_error

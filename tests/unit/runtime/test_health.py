@@ -1,0 +1,117 @@
+"""The owner's verdict on a changefeed's health, one scenario per source of a message."""
+
+from __future__ import annotations
+
+from cdc_dagster.metastore.problems import Problem
+from cdc_dagster.runtime.health import NO_CAPTURES, HealthConfig, Motion, judge
+from cdc_dagster.runtime.progress import TableProgress
+from scheduler_core.ts import compose
+
+NOW = 1_800_000_000_000
+CONFIG = HealthConfig(stall_s=60, fail_after_s=1800)
+PRODUCER = "the producer of the change log at /cl"
+
+
+def moving(now: int = NOW) -> Motion:
+    m = Motion()
+    m.observe(compose(now - 2000), compose(now - 1000), now)
+    return m
+
+
+def table(tid: int, ckpt_ms: int, state: str = "replicating", capture: str = "c1") -> TableProgress:
+    return TableProgress(
+        "cf", tid, state, capture, compose(ckpt_ms), compose(ckpt_ms), 0, name=f"db.t{tid}"
+    )
+
+
+def verdict(**kw: object):
+    args: dict[str, object] = {
+        "alive": True,
+        "table_failure": None,
+        "problems": {},
+        "motion": moving(),
+        "tables": (),
+        "now_ms": NOW,
+        "config": CONFIG,
+        "producer": PRODUCER,
+    }
+    args.update(kw)
+    return judge(**args)  # type: ignore[arg-type]
+
+
+def test_a_moving_changefeed_with_captures_and_no_problem_is_normal() -> None:
+    health = verdict()
+    assert health.message is None and not health.failed
+
+
+def test_no_alive_capture_warns_with_the_command_to_add_one_and_never_fails() -> None:
+    health = verdict(alive=False)
+    assert health.message == NO_CAPTURES and "cdc-dagster capture add" in health.message
+    assert not health.failed
+
+
+def test_a_capture_problem_is_shown_whole_with_its_source_and_retries() -> None:
+    problem = Problem("sink delta:///proc/nope: FileNotFoundError '/proc/nope'", NOW - 30_000, 4)
+    health = verdict(problems={"capture-1": problem})
+    assert health.message is not None and not health.failed
+    assert health.message.startswith("[capture-1] sink delta:///proc/nope: FileNotFoundError")
+    assert "retried 4 times over 30 s" in health.message
+
+
+def test_a_fatal_problem_fails_the_changefeed_and_says_to_resume() -> None:
+    problem = Problem("binlog puller: binlog purged", NOW, fatal=True)
+    health = verdict(problems={"puller": problem})
+    assert health.failed and "changefeed resume" in (health.message or "")
+
+
+def test_a_problem_that_lasts_past_the_limit_fails_the_changefeed() -> None:
+    young = Problem("sink refused", NOW - 1_799_000)
+    old = Problem("sink refused", NOW - 1_801_000)
+    assert not verdict(problems={"c1": young}).failed
+    aged = verdict(problems={"c1": old})
+    assert aged.failed and "gave up" in (aged.message or "")
+
+
+def test_a_frozen_table_fails_the_changefeed() -> None:
+    health = verdict(table_failure="table 7: two primaries")
+    assert health.failed and "table 7: two primaries" in (health.message or "")
+
+
+def test_a_resolved_ts_that_stood_still_past_the_stall_time_names_the_producer() -> None:
+    motion = moving(NOW - 61_000)
+    motion.observe(motion.checkpoint_ts, motion.resolved_ts, NOW)  # nothing moved since
+    health = verdict(motion=motion)
+    assert health.message is not None and not health.failed
+    assert "resolved ts has not moved for 61 s" in health.message and PRODUCER in health.message
+    assert verdict(motion=moving(NOW - 59_000)).message is None  # within the stall time
+
+
+def test_a_checkpoint_behind_a_moving_resolved_ts_names_the_slowest_tables() -> None:
+    motion = Motion()
+    motion.observe(compose(NOW - 90_000), compose(NOW - 90_000), NOW - 90_000)
+    motion.observe(compose(NOW - 90_000), compose(NOW - 1_000), NOW)  # resolved moved, not it
+    tables = (
+        table(1, NOW - 2_000),
+        table(2, NOW - 90_000, "prepare", ""),
+        table(3, NOW - 50_000, capture="c2"),
+    )
+    health = verdict(motion=motion, tables=tables)
+    message = health.message or ""
+    assert "checkpoint has not moved for 90 s" in message
+    assert message.index("db.t2 (prepare, held by no capture") < message.index(
+        "db.t3 (replicating on c2"
+    )
+    assert "db.t1" in message  # the three slowest, slowest first
+
+
+def test_problems_go_first_and_a_stall_they_explain_is_not_repeated() -> None:
+    motion = moving(NOW - 61_000)
+    health = verdict(motion=motion, problems={"c1": Problem("sink down", NOW)})
+    assert health.message is not None and "has not moved" not in health.message
+
+
+def test_motion_notes_when_each_ts_last_moved() -> None:
+    m = Motion()
+    m.observe(10, 20, 1000)
+    m.observe(10, 25, 2000)
+    assert (m.checkpoint_moved_ms, m.resolved_moved_ms) == (1000, 2000)
