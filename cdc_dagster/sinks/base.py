@@ -39,6 +39,10 @@ class SinkSchemaError(SinkError):
     """A batch does not fit the downstream table's schema."""
 
 
+class SyncpointUnpinnableError(SinkError):
+    """A syncpoint cannot be recorded: a table has no commit ending exactly at its ts."""
+
+
 class SinkDDLError(SinkError):
     """A DDL could not be applied downstream."""
 

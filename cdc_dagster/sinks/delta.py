@@ -54,6 +54,7 @@ from cdc_dagster.sinks.base import (
     SinkGapError,
     SinkSchemaError,
     SyncpointRecord,
+    SyncpointUnpinnableError,
 )
 from cdc_dagster.sinks.delta_ddl import evolve, plain_type, same_schema
 from cdc_dagster.sinks.delta_paths import META_DIR, encode_component, table_location, table_path
@@ -492,7 +493,7 @@ class DeltaSink:
                 )
             version = version_at(dt, self.path(table), app_id(changefeed_id, "checkpoint"), ts)
             if version is None:
-                raise SinkError(
+                raise SyncpointUnpinnableError(
                     f"syncpoint {ts}: {_where(changefeed_id, table)} has no Delta version "
                     f"committed exactly at {ts} (a batch spanned the syncpoint: written by a "
                     "capture that does not split its batches at syncpoints?); this syncpoint "
