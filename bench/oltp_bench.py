@@ -311,7 +311,8 @@ class Stack:
         def up() -> bool:
             if self.proc is not None and self.proc.poll() is not None:
                 raise BenchError(f"server start exited with {self.proc.returncode}: {self.tail()}")
-            return "running;" in self.log.read_text(errors="replace")
+            # "running; Ctrl-C ..." or, supervised, "running in the foreground, ..."
+            return "[cdc-dagster] running" in self.log.read_text(errors="replace")
 
         took = wait_for("server start", up, timeout_s)
         say(f"stack up in {took:.0f} s: {self.tail(4).strip()}")
@@ -1192,8 +1193,13 @@ def servers(
             create_pg_database(pg, "oltp")
         say("cdc-dagster server start ...")
         stack.start()
-        for capture in ("capture-1", "capture-2"):
-            say(stack.cli("capture", "add", capture).strip())
+        registered = {c["id"] for c in json.loads(stack.cli("capture", "list"))}
+        for capture in ("capture-1", "capture-2"):  # `server start` may register them itself
+            if capture not in registered:
+                say(stack.cli("capture", "add", capture).strip())
+        say(
+            f"captures: {', '.join(sorted(c['id'] for c in json.loads(stack.cli('capture', 'list'))))}"
+        )
         yield up, pg, stack
     except BaseException:
         say(f"server log tail:\n{stack.tail()}")
