@@ -364,6 +364,30 @@ def test_syncpoint_table(pg_uri, pg_conn):
     assert rows == [(CF, 1234, {"7": "bank.accounts"})]
 
 
+def test_write_ending_at_a_syncpoint_copies_a_registered_table_that_then_moves_on(pg_uri, pg_conn):
+    """Syncpoints hold nothing back: the write ending at one copies the table (if a reader
+    registered it) in its own transaction; the record, made after the table moved on, keeps
+    that copy; an unregistered table gets none."""
+    from cdc_dagster.sinks import pg_syncpoint
+
+    sink, t, other = PostgresSink(pg_uri), accounts(), accounts(8, table="other")
+    pg_syncpoint.register(pg_conn, CF, [("bank", "accounts")])
+    tokens = {x.table_id: sink.acquire(CF, x) for x in (t, other)}
+    for x in (t, other):
+        sink.write(CF, x, batch(x, [{"id": 1, "balance": Decimal(1)}]), 0, 100, tokens[x.table_id],
+                   at_syncpoint=True)  # fmt: skip
+        sink.write(CF, x, batch(x, [{"id": 1, "balance": Decimal(9)}], 150), 100, 150,
+                   tokens[x.table_id])  # fmt: skip
+    sink.record_syncpoint(CF, 100, [t, other])
+    name = pg_syncpoint.copy_table_name(CF, 100, 7)
+    copied = pg_conn.execute(f'SELECT id, balance FROM cdc_syncpoint."{name}"').fetchall()
+    assert copied == [(1, Decimal("1.00"))]  # the state at 100, not the live 9
+    assert pg_conn.execute(
+        "SELECT upstream_ts, table_id FROM cdc_dagster.syncpoint_copies"
+    ).fetchall() == [(100, 7)]
+    assert rows_of(pg_conn, t) == [(1, Decimal("9.00"), None)]
+
+
 @pytest.mark.slow
 def test_postgres_restart_between_commits_loses_and_doubles_nothing(pg_server, pg_db, pg_uri):
     sink, t = PostgresSink(pg_uri), accounts()
