@@ -437,7 +437,7 @@ class SensorBench:
             config_bytes=sum(sizes),
             max_config_bytes=max(sizes, default=0),
             reply_bytes=len(reply),
-            observations=len(data.asset_events or []),
+            observations=sum(isinstance(e, dg.AssetObservation) for e in data.asset_events or []),
             messages=messages,
             adds=adds,
             store_s=store_s,

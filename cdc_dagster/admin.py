@@ -17,8 +17,10 @@ from __future__ import annotations
 
 import json
 import logging
+import shutil
 import uuid
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 from cdc_dagster.metastore import Changefeed, ChangefeedStatus, Metastore, OwnerSession
@@ -29,8 +31,8 @@ from cdc_dagster.mysql.catalog import CatalogError
 from cdc_dagster.mysql.changefeed import discard_snapshot, take_initial_snapshot
 from cdc_dagster.mysql.puller import PullerError
 from cdc_dagster.secrets import redact_uri
-from cdc_dagster.sinks.uri import validate_sink_uri
-from cdc_dagster.upstream.uri import UpstreamError, is_mysql_uri, parse_uri
+from cdc_dagster.sinks.uri import probe_sink
+from cdc_dagster.upstream.uri import UpstreamError, changelog_path, is_mysql_uri, parse_uri
 from scheduler_core.coordinator import Coordinator
 from scheduler_core.errors import ConfigError
 from scheduler_core.model import TableState
@@ -229,13 +231,6 @@ def ensure_captures(
     return added
 
 
-def capture_names(count: int) -> list[str]:
-    """``capture-1`` .. ``capture-<count>``: the captures ``--captures N`` asks for."""
-    if count < 0:
-        raise AdminError(f"--captures {count}: give 0 or more")
-    return [f"capture-{i}" for i in range(1, count + 1)]
-
-
 def remove_capture(ms: Metastore, capture_id: str) -> None:
     """Deregister a capture that holds no tables (drain it first); it is no longer desired."""
     info = ms.captures.get(capture_id)
@@ -270,11 +265,11 @@ def create_changefeed(
     progress: Callable[[str, int, int], None] | None = None,
     checked: Callable[[Sequence[str]], None] | None = None,
 ) -> Changefeed:
-    """Create a changefeed (everything checked first; nothing written on error).
-
-    A ``mysql://`` upstream is checked and snapshotted first (:func:`create_mysql_changefeed`).
+    """Create a changefeed (everything checked first, the sink reached; nothing written on
+    error). A ``mysql://`` upstream is checked and snapshotted first
+    (:func:`create_mysql_changefeed`).
     """
-    validate_sink_uri(sink_uri)
+    probe_sink(sink_uri)
     TableFilter.parse(table_filter)
     if upstream_uri and is_mysql_uri(upstream_uri):
         if start_ts is not None:
@@ -366,7 +361,7 @@ def update_changefeed(ms: Metastore, changefeed_id: str, **changes: Any) -> Chan
             "nothing to update: give sink_uri, table_filter, target_ts or sync_point_interval_s"
         )
     if "sink_uri" in changes:
-        validate_sink_uri(changes["sink_uri"])
+        probe_sink(changes["sink_uri"])
     return ms.changefeeds.update(changefeed_id, **changes)
 
 
@@ -380,6 +375,26 @@ def resume_changefeed(ms: Metastore, changefeed_id: str) -> ChangefeedStatus:
     return ms.changefeeds.resume(changefeed_id)
 
 
-def remove_changefeed(ms: Metastore, changefeed_id: str) -> None:
-    """Remove the changefeed (its tables stop; the downstream stays as it is)."""
+def remove_changefeed(
+    ms: Metastore,
+    changefeed_id: str,
+    *,
+    keep_state: bool = False,
+    staging_root: Path | None = None,
+) -> list[Path]:
+    """Remove the changefeed: its tables stop, the downstream stays as it is. Unless
+    ``keep_state``, what it kept on disk goes too: the change log its binlog puller wrote
+    (with the puller's position) for a ``mysql://`` upstream, and its captures' staging
+    under ``staging_root``. A ``changelog://`` upstream's log is another producer's: kept.
+    Returns the directories removed."""
+    info = ms.changefeeds.get(changefeed_id).info
     ms.changefeeds.remove(changefeed_id)
+    if keep_state:
+        return []
+    dirs = [Path(changelog_path(info.upstream_uri))] if is_mysql_uri(info.upstream_uri) else []
+    if staging_root is not None:
+        dirs.append(Path(staging_root) / changefeed_id)
+    removed = [d for d in dirs if d.is_dir()]
+    for d in removed:
+        shutil.rmtree(d, ignore_errors=True)
+    return removed

@@ -11,6 +11,7 @@ session, built by the data plane's one builder (:func:`cdc_dagster.pipeline.engi
 from __future__ import annotations
 
 import dataclasses
+import logging
 import threading
 from pathlib import Path
 from typing import Any, ClassVar
@@ -21,9 +22,11 @@ from pydantic import PrivateAttr
 
 from cdc_dagster.defs.settings import Settings
 from cdc_dagster.metastore import Metastore, connect
-from cdc_dagster.pipeline.engine import spark_session
+from cdc_dagster.pipeline.engine import session_alive, spark_session
 from cdc_dagster.runtime import OwnerLoop
 from scheduler_core.coordinator import CoordinatorConfig
+
+_log = logging.getLogger(__name__)
 
 
 def open_metastore(settings: Settings, **timeouts: float) -> Metastore:
@@ -106,11 +109,28 @@ class SparkResource(LazyPySparkResource):
     spark_config: dict[str, Any] = {}
     remote: str = ""
 
-    def _init_session(self) -> None:
+    def _init_session(self, fresh: bool = False) -> None:
         if self._spark_session is not None:
             return
         remote = self.remote or Settings.from_env().spark_remote
-        self._spark_session = spark_session(remote or "local[2]", dict(self.spark_config))
+        self._spark_session = spark_session(
+            remote or "local[2]", dict(self.spark_config), fresh=fresh
+        )
+
+    def live_session(self) -> Any:
+        """The session, built anew when the old one no longer answers (Spark Connect was
+        restarted under a run that follows its mailbox: the old session is gone for good)."""
+        session = self.spark_session
+        if session_alive(session):
+            return session
+        _log.warning("the Spark session no longer answers; opening a new one")
+        try:
+            session.stop()
+        except Exception as exc:
+            _log.info("stopping the dead Spark session: %s", exc)
+        self._spark_session = None
+        self._init_session(fresh=True)
+        return self._spark_session
 
 
 def table_resources() -> dict[str, Any]:

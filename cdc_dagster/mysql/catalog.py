@@ -25,6 +25,11 @@ class CatalogError(Exception):
     """A table cannot be replicated as it is (the message names it and what to do)."""
 
 
+class KeylessTableError(CatalogError):
+    """A table has neither a primary key nor a NOT NULL unique key (and force-replicate is
+    off): TiCDC calls it ineligible; a running changefeed skips it (``PullerState.skipped``)."""
+
+
 @dataclass(frozen=True, slots=True)
 class TableFilter:
     """``db.table`` glob patterns; ``!pattern`` excludes. No pattern: every user table."""
@@ -139,7 +144,7 @@ def build_schema(
     key = _choose_key(raw, by_name)
     if key is None:
         if not force_replicate:
-            raise CatalogError(
+            raise KeylessTableError(
                 f"table {raw.database}.{raw.table} has no primary key and no NOT NULL unique "
                 "key: add one, filter the table out, or set force-replicate=true on the "
                 "upstream URI (then rows are keyed by their full image)"

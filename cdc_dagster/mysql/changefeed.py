@@ -60,10 +60,11 @@ def take_initial_snapshot(
         checked(names)
     created = not root.exists()
     try:
-        stats = run_puller(
-            PullerConfig(upstream_uri, str(root), tuple(table_filter), progress=progress),
-            stop_after=lambda s: True,  # the snapshot only: the Dagster runs stream
-        )
+        # MariaDB: create records and the start position only; the rows come in chunks
+        # from the Dagster snapshot runs (mysql.snapshots), so create returns at once
+        cfg = PullerConfig(upstream_uri, str(root), tuple(table_filter), progress=progress,
+                           chunked_snapshot=True)  # fmt: skip
+        stats = run_puller(cfg, stop_after=lambda s: True)  # the Dagster runs stream
     except BaseException:
         _remove(root, created)
         raise

@@ -10,8 +10,9 @@ from typing import Protocol
 
 from cdc_dagster.mysql.catalog import TableFilter
 from cdc_dagster.mysql.state import PullerState, TsAllocator
-from cdc_dagster.mysql.upstream import ServerInfo, UpstreamConfig
+from cdc_dagster.mysql.upstream import ServerInfo
 from cdc_dagster.upstream.changelog import ChangeLogWriter
+from cdc_dagster.upstream.uri import UpstreamConfig
 
 
 @dataclass(frozen=True, slots=True)
@@ -22,10 +23,13 @@ class PullerConfig:
     changelog_root: str
     filters: tuple[str, ...] = ()
     snapshot: bool = True
-    flush_rows: int = 50_000
+    flush_bytes: int = 32 << 20  # row events buffered before a flush (also every interval)
     flush_interval_s: float = 1.0
     heartbeat_s: float = 1.0
     snapshot_chunk_rows: int = 10_000
+    # a new change log on MariaDB: tables snapshotted in chunks by readers elsewhere
+    # (``mysql.snapshots``) instead of all their rows at once by the puller's first start
+    chunked_snapshot: bool = False
     progress: Callable[[str, int, int], None] | None = None  # (table, rows done, rows total)
 
 
@@ -33,7 +37,7 @@ class PullerConfig:
 class PullerStats:
     """What a puller run did (a Dagster run reports it)."""
 
-    rows: int = 0
+    row_events: int = 0  # binlog row events written (each holds one or more row changes)
     transactions: int = 0
     ddls: int = 0
     snapshot_rows: int = 0
@@ -44,9 +48,9 @@ class PullerStats:
     started: float = field(default_factory=time.monotonic)
 
     @property
-    def rows_per_s(self) -> float:
-        """Rows pulled per second of this run (for the run's metadata)."""
-        return self.rows / max(time.monotonic() - self.started, 1e-9)
+    def row_events_per_s(self) -> float:
+        """Row events pulled per second of this run (for the run's metadata)."""
+        return self.row_events / max(time.monotonic() - self.started, 1e-9)
 
 
 class PullerContext(Protocol):
@@ -64,6 +68,12 @@ class PullerContext(Protocol):
 
     def forget_table_plans(self, table_id: int) -> None:
         """Drop what was cached about a table's row layout (its schema changed)."""
+
+    def need_join(self, name: tuple[str, str]) -> None:
+        """A table came into the filter under ``name`` (a RENAME): it joins at a snapshot."""
+
+    def skip_table(self, name: tuple[str, str]) -> None:
+        """A table the filter selects has no key: not replicated, listed as skipped."""
 
 
 __all__ = ["PullerConfig", "PullerContext", "PullerStats"]

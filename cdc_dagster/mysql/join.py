@@ -33,7 +33,13 @@ from typing import Any
 
 import pymysql
 
-from cdc_dagster.mysql.catalog import CatalogError, IdRegistry, RawTable, build_schema
+from cdc_dagster.mysql.catalog import (
+    CatalogError,
+    IdRegistry,
+    KeylessTableError,
+    RawTable,
+    build_schema,
+)
 from cdc_dagster.mysql.catalog import list_tables as _list_tables
 from cdc_dagster.mysql.catalog import quote_ident as _q
 from cdc_dagster.mysql.catalog import read_table as _read_table
@@ -88,9 +94,14 @@ class PendingJoin:
 
 
 def candidates(puller: PullerContext, conn: Any) -> list[Name]:
-    """Tables the filter selects now that the puller does not track under that name."""
+    """Tables the filter selects now that the puller does not track under that name (and
+    did not skip for having no key)."""
     st = puller.state
-    return [n for n in _list_tables(conn, puller.filter) if st.table_id(*n) is None]
+    return [
+        n
+        for n in _list_tables(conn, puller.filter)
+        if st.table_id(*n) is None and n not in st.skipped
+    ]
 
 
 def open_join(puller: PullerContext, reason: str) -> PendingJoin | None:
@@ -114,6 +125,7 @@ def open_join(puller: PullerContext, reason: str) -> PendingJoin | None:
         if join is not None:
             log.info("join of %s opened at %s (%s)", _names(join.candidates), join.position, reason)
             return join
+        lock.close()
     raise PullerBusyError(
         f"tables kept being created, renamed or altered in the filter while a join snapshot "
         f"was opened ({reason}); the next puller run tries again"
@@ -127,12 +139,17 @@ def _open(puller: PullerContext, lock: Any, names: list[Name], reason: str) -> P
         cur.execute("START TRANSACTION")
         for db, t in names:
             cur.execute(f"SELECT 1 FROM {_q(db)}.{_q(t)} LIMIT 0")  # its metadata lock
+    keyless = False
     for db, t in names:
         raw = _read_table(lock, db, t)
         if raw is None:
             return None
-        _check_keys(puller, raw)
+        if _keyless(puller, raw):
+            puller.skip_table((db, t))
+            keyless = True
         raws[(db, t)] = raw
+    if keyless:
+        return None  # opened again without them (they are skipped, not joined)
     snap = connect(puller.upstream)
     try:
         with snap.cursor() as cur:
@@ -148,15 +165,18 @@ def _open(puller: PullerContext, lock: Any, names: list[Name], reason: str) -> P
     return PendingJoin(lock, snap, position, raws, reason)
 
 
-def _check_keys(puller: PullerContext, raw: RawTable) -> None:
-    """A keyless joining table is refused by name now, before anything is written."""
+def _keyless(puller: PullerContext, raw: RawTable) -> bool:
+    """Whether a joining table has no key (it is skipped, as a CREATE TABLE of one is)."""
     try:
         build_schema(raw, 1, IdRegistry(), None, force_replicate=puller.upstream.force_replicate)
+    except KeylessTableError:
+        return True
     except CatalogError as exc:
         raise PullerError(
             f"table {raw.database}.{raw.table} joins the changefeed (a widened filter or a "
             f"RENAME into it) but cannot be replicated: {exc}"
         ) from None
+    return False
 
 
 def refuse_on_mysql(puller: PullerContext, names: list[Name]) -> None:
@@ -229,6 +249,8 @@ def leave_unselected(puller: PullerContext) -> list[int]:
     binlog rows are skipped, and their names are kept in ``state.left``. The caller saves
     the state (with the records) right after. Returns the ids that left."""
     st = puller.state
+    for name in [n for n in st.skipped if not puller.filter(*n)]:
+        del st.skipped[name]  # no longer selected: no longer skipped either
     gone = sorted(t for t, s in st.tables.items() if not puller.filter(s.database, s.table))
     for tid in gone:
         schema = st.tables[tid]

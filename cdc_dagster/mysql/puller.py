@@ -1,9 +1,15 @@
 """The binlog puller: MariaDB/MySQL row binlog -> the change log (docs/mysql-postgres.md).
 
-One transaction = one commit ts (``TsAllocator``). Complete transactions are buffered
-per table and flushed: data files -> DDL records -> state (position, last ts) -> resolved
-marks. A DDL flushes first, so files never span a DDL. While idle, server heartbeats
-issue a fresh TS and advance every resolved mark to it.
+A thin, ordered reader: it cuts raw events off the dump connection (``binlog_wire``) and
+writes each transaction's row events of the tables it replicates as they came, with the
+transaction's commit ts (``TsAllocator``), into binlog event files; the data plane mounts
+them into typed rows in parallel (``upstream.binlog_rows``). What it still reads itself:
+GTIDs and positions, table-map names (the filter, and a check that their columns are the
+schema's), DDL statements (the schema history), transaction ends and heartbeats.
+
+Complete transactions are buffered per table and flushed: data files -> DDL records ->
+state (position, last ts) -> resolved marks. A DDL flushes first, so files never span a
+DDL. While idle, server heartbeats issue a fresh TS and advance every resolved mark to it.
 """
 
 from __future__ import annotations
@@ -17,52 +23,48 @@ from typing import Any
 
 import pyarrow as pa
 import pymysql
-from pymysqlreplication import BinLogStreamReader
-from pymysqlreplication.constants import FIELD_TYPE
-from pymysqlreplication.event import (
-    GtidEvent,
-    HeartbeatLogEvent,
-    MariadbGtidEvent,
-    QueryEvent,
-    RotateEvent,
-    XidEvent,
-)
-from pymysqlreplication.row_event import (
-    DeleteRowsEvent,
-    TableMapEvent,
-    UpdateRowsEvent,
-    WriteRowsEvent,
-)
 
 from cdc_dagster import failpoints
 from cdc_dagster.mysql import catalog, join, snapshot
-from cdc_dagster.mysql.catalog import TableFilter, build_schema, read_table
-from cdc_dagster.mysql.changelog_io import change_rows, truncate_above, writer
-from cdc_dagster.mysql.context import PullerConfig, PullerStats
-from cdc_dagster.mysql.ddl import ParsedDDL, UnsupportedDDLError, is_ignored, parse_ddl
-from cdc_dagster.mysql.errors import PullerBusyError, PullerError
-from cdc_dagster.mysql.evolve import NeedsCatalog, altered_schema, created_schema, renamed
-from cdc_dagster.mysql.join import PendingJoin
-from cdc_dagster.mysql.state import (
-    PullerState,
-    TsAllocator,
-    load_state,
-    save_state,
+from cdc_dagster.mysql.adoption import Adopter
+from cdc_dagster.mysql.binlog_wire import (
+    BinlogStream,
+    mariadb_gtid,
+    mysql_gtid,
+    query_event,
+    rotate_event,
 )
-from cdc_dagster.mysql.types import converter, passthrough
+from cdc_dagster.mysql.catalog import TableFilter
+from cdc_dagster.mysql.changelog_io import truncate_above, writer
+from cdc_dagster.mysql.context import PullerConfig, PullerStats
+from cdc_dagster.mysql.ddl import UnsupportedDDLError, is_ignored, parse_ddl
+from cdc_dagster.mysql.ddl_records import ddl_record
+from cdc_dagster.mysql.errors import PullerBusyError, PullerError
+from cdc_dagster.mysql.join import PendingJoin
+from cdc_dagster.mysql.state import PullerState, TsAllocator, load_state, save_state
 from cdc_dagster.mysql.upstream import check_upstream, connect
-from cdc_dagster.schema import DdlRecord, TableSchema
+from cdc_dagster.upstream.binlog_rows import (
+    EVENT_SCHEMA,
+    ROW_EVENT_OPS,
+    BinlogRowsError,
+    parse_table_map,
+    rows_payload,
+    table_map_name,
+)
 from cdc_dagster.upstream.uri import UpstreamError, parse_uri
-from scheduler_core.ddl import DDLKind
 
 log = logging.getLogger(__name__)
 
-OP_INSERT, OP_UPDATE, OP_DELETE = 1, 2, 3
+# Binlog event types the puller looks at (the rest are skipped)
+QUERY, ROTATE, XID, TABLE_MAP, HEARTBEAT = 2, 4, 16, 19, 27
+MYSQL_GTID, MARIADB_GTID = 33, 162
+REFUSED = {
+    39: "MySQL partial JSON updates (binlog_row_value_options=PARTIAL_JSON): set it to ''",
+    40: "MySQL binlog transaction compression: SET GLOBAL binlog_transaction_compression=OFF",
+    **dict.fromkeys(range(165, 172), "MariaDB binlog compression: SET GLOBAL log_bin_compress=OFF"),
+}
 
-
-_Change = tuple[int, int, dict[int, Any] | None, dict[int, Any] | None]  # tid, op, after, before
-_Plan = tuple[tuple[int, Callable[[Any], Any], type | None], ...]  # per column: id, fn, as-is type
-
+_Change = tuple[int, int, bytes, bytes]  # table id, op, table-map body, rows payload
 
 __all__ = [
     "Puller",
@@ -71,8 +73,34 @@ __all__ = [
     "PullerError",
     "PullerStats",
     "run_puller",
-    "stream_position",
 ]
+
+
+class _Buffer:
+    """One table's committed row events, column by column, until the next flush."""
+
+    __slots__ = ("maps", "ops", "payloads", "seqs", "ts")
+
+    def __init__(self) -> None:
+        self.ts: list[int] = []
+        self.seqs: list[int] = []
+        self.ops: list[int] = []
+        self.maps: list[bytes] = []
+        self.payloads: list[bytes] = []
+
+    def events(self, version: int) -> pa.Table:
+        n = len(self.ts)
+        return pa.Table.from_arrays(
+            [
+                pa.array(self.ts, pa.int64()),
+                pa.array(self.seqs, pa.int32()),
+                pa.array(self.ops, pa.int8()),
+                pa.array([version] * n, pa.int64()),
+                pa.array(self.maps, pa.binary()),
+                pa.array(self.payloads, pa.binary()),
+            ],
+            schema=EVENT_SCHEMA,
+        )
 
 
 class Puller:
@@ -87,14 +115,21 @@ class Puller:
         self.stats = PullerStats()
         self.state: PullerState
         self.alloc: TsAllocator
-        self.buffers: dict[int, list[tuple]] = {}
-        self.buffered = 0
+        self.info: Any = None
+        self.buffers: dict[int, _Buffer] = {}
+        self.buffered = 0  # payload bytes waiting for a flush
         self.trx: list[_Change] = []
         self.trx_gtid: str | None = None
-        self.last_flush = time.monotonic()
-        self._conv: dict[int, dict[tuple[str, ...], _Plan]] = {}  # table id -> column list -> plan
-        self.join: PendingJoin | None = None  # tables joining at a snapshot's binlog position
         self.trx_standalone = True  # the GTID group is one statement (a CTAS is not)
+        self.trx_domain = 0  # MariaDB: the GTID's domain
+        self.last_flush = time.monotonic()
+        self.log_file = ""  # MySQL without GTIDs: the binlog file being read
+        # binlog table id (6 bytes) -> (table id, table-map body); None: not replicated
+        self._maps: dict[bytes, tuple[int, bytes] | None] = {}
+        # table-map body -> its table id (None: not replicated), columns checked
+        self._known: dict[bytes, int | None] = {}
+        self.join: PendingJoin | None = None  # tables joining at a snapshot's binlog position
+        self.adopter = Adopter()  # snapshot chunks placed in the stream (mysql.snapshots)
 
     # -- start ------------------------------------------------------------------------
 
@@ -104,7 +139,9 @@ class Puller:
             self.info = check_upstream(conn)
             state = load_state(self.root)
             bootstrapped = state is None
-            if state is None:
+            if state is None and self.config.chunked_snapshot and self.info.is_mariadb:
+                state = snapshot.bootstrap_chunked(self)
+            elif state is None:
                 state = snapshot.bootstrap(self)
             else:
                 removed = truncate_above(self.root, state.last_ts)
@@ -117,7 +154,10 @@ class Puller:
                     self.writer = writer(self.root)
             self.state = state
             self.alloc = TsAllocator(state.last_ts)
-            self._conv.clear()
+            self.log_file = state.log_file
+            self.forget_table_plans(0)
+            for tid in state.snapshots:
+                self.adopter.track(self, tid)
             if not bootstrapped:
                 if join.leave_unselected(self):
                     self.flush(force=True)  # the drop records and the state that forgot them
@@ -138,7 +178,7 @@ class Puller:
         if self.join is None:
             self.state.filters = self.config.filters
 
-    def _need_join(self, name: tuple[str, str]) -> None:
+    def need_join(self, name: tuple[str, str]) -> None:
         """A table came into the filter under ``name`` (a RENAME): it joins at a snapshot."""
         if self.state.flavor != "mariadb":
             join.refuse_on_mysql(self, [name])
@@ -146,6 +186,21 @@ class Puller:
             self.join = join.open_join(self, f"RENAME into {name[0]}.{name[1]}")
         elif name not in self.join.candidates:
             self.join.again = True  # open another join once this one is done
+
+    def skip_table(self, name: tuple[str, str]) -> None:
+        """A table the filter selects has no key: it is not replicated (TiCDC skips
+        ineligible tables the same way), and ``changefeed query`` lists it."""
+        db, table = name
+        message = (
+            "it has no primary key and no NOT NULL unique key, so it is not replicated "
+            "(skipped); to replicate it, add a primary key "
+            f"or a NOT NULL unique key to {db}.{table} (it then joins the changefeed with a "
+            "snapshot), or create the changefeed again with force-replicate=true on the "
+            "upstream URI (rows keyed by their full image)"
+        )
+        if name not in self.state.skipped:
+            log.warning("table %s.%s: %s", db, table, message)
+        self.state.skipped[name] = message
 
     def _finish_join(self) -> None:
         """The stream passed the join point: write the joining tables, save the state."""
@@ -170,25 +225,7 @@ class Puller:
             and self.join.reached(self.state.position)
         )
 
-    # -- streaming --------------------------------------------------------------------
-
-    def _stream(self) -> BinLogStreamReader:
-        if self.info.is_mariadb != (self.state.flavor == "mariadb"):
-            raise PullerError(
-                f"the change log at {self.root} was pulled from a {self.state.flavor} upstream, "
-                f"but the upstream is now {self.info.version}: re-snapshot into a new change log"
-            )
-        kw = self.upstream.connect_kwargs()
-        return BinLogStreamReader(
-            connection_settings={**kw, "charset": "utf8mb4"},
-            server_id=self.upstream.server_id,
-            blocking=True,
-            slave_heartbeat=self.config.heartbeat_s,
-            only_events=[MariadbGtidEvent, GtidEvent, QueryEvent, XidEvent, WriteRowsEvent,
-                         UpdateRowsEvent, DeleteRowsEvent, HeartbeatLogEvent, RotateEvent,
-                         TableMapEvent],
-            **stream_position(self.state),
-        )  # fmt: skip
+    # -- running ----------------------------------------------------------------------
 
     def run(self, stop: Callable[[PullerStats], bool]) -> PullerStats:
         """Pull until ``stop(stats)``, and past it until an open join is done; then flush.
@@ -220,153 +257,160 @@ class Puller:
 
     def _run(self, stop: Callable[[PullerStats], bool]) -> PullerStats:
         self.start()
+        if self.info.is_mariadb != (self.state.flavor == "mariadb"):
+            raise PullerError(
+                f"the change log at {self.root} was pulled from a {self.state.flavor} upstream, "
+                f"but the upstream is now {self.info.version}: re-snapshot into a new change log"
+            )
         retries = 0
         while not stop(self.stats):
-            stream = self._stream()
-            self._reader = stream
             try:
-                while not stop(self.stats):
-                    if self._join_due():
-                        self._finish_join()
-                        continue
-                    ev = stream.fetchone()
-                    if ev is None:
-                        continue
+                stream = BinlogStream(self.upstream, self.state, self.config.heartbeat_s)
+            except UpstreamError as exc:
+                retries = self._lost(retries, exc)
+                continue
+            try:
+                if self._follow(stream, stop):
                     retries = 0
-                    if isinstance(ev, MariadbGtidEvent | GtidEvent):
-                        self.trx, self.trx_gtid = [], ev.gtid
-                        # MariaDB's FL_STANDALONE: a lone statement (DDL); CTAS has rows too
-                        self.trx_standalone = bool(getattr(ev, "flags", 1) & 1)
-                    elif isinstance(ev, WriteRowsEvent | UpdateRowsEvent | DeleteRowsEvent):
-                        self._rows(ev)
-                    elif isinstance(ev, XidEvent):
-                        self._commit(ev.timestamp)
-                    elif isinstance(ev, QueryEvent):
-                        self._query(ev)
-                    elif isinstance(ev, HeartbeatLogEvent) and not self.trx:
-                        self.alloc.issue(time.time())
-                        self.flush()
-                    due = time.monotonic() - self.last_flush >= self.config.flush_interval_s
-                    if due and not self.trx:
-                        self.flush()
             except pymysql.err.OperationalError as exc:
-                code = exc.args[0] if exc.args else None
-                if code == 1236:
-                    raise PullerError(
-                        f"the upstream no longer has the binlog at {self.state.gtid} "
-                        f"({exc.args[1] if len(exc.args) > 1 else exc}): the changes after "
-                        f"that position (the change log's end, commit ts {self.state.last_ts}) "
-                        "up to the oldest binlog the upstream still has were purged before "
-                        "the puller read them, and are lost; re-snapshot: remove the "
-                        f"changefeed and its change log {self.root}, then create the "
-                        "changefeed again (a new initial snapshot), and keep binlogs longer "
-                        "(binlog_expire_logs_seconds / expire_logs_days)"
-                    ) from None
-                retries += 1
-                if retries > 30:
-                    raise PullerBusyError(f"lost the upstream connection 30 times: {exc}") from exc
-                log.warning("upstream connection lost (%r); resuming at %s", exc, self.state.gtid)
-                self.trx = []
-                time.sleep(min(1.0 * retries, 5.0))
+                self._purged(exc)
+                retries = self._lost(retries, exc)
             finally:
                 stream.close()
         self.flush()
         return self.stats
 
-    def _plan(self, tid: int, values: dict[str, Any]) -> _Plan:
-        """How to convert rows whose columns are ``values``' names, in that order (checked
-        once per table and column list: every row of an event has the event's columns)."""
-        names = tuple(values)
-        plans = self._conv.get(tid)
-        if plans is None:
-            plans = self._conv[tid] = {}
-        plan = plans.get(names)
-        if plan is None:
-            t = self.state.tables[tid]
-            by_name = {c.name: c for c in t.columns}
-            if len(names) != len(by_name) or any(n not in by_name for n in names):
-                raise PullerError(
-                    f"the binlog's columns of {t.qualified_name} ({sorted(names)}) differ from "
-                    f"its schema ({sorted(by_name)}): binlog_row_metadata must be FULL, and the "
-                    "puller must not lag more than one DDL behind the upstream catalog"
-                )
-            plan = plans[names] = tuple(
-                (by_name[n].id, converter(by_name[n].type), passthrough(by_name[n].type))
-                for n in names
+    def _lost(self, retries: int, exc: Exception) -> int:
+        """A lost connection: retried from the last committed position, 30 times at most."""
+        retries += 1
+        if retries > 30:
+            raise PullerBusyError(f"lost the upstream connection 30 times: {exc}") from exc
+        log.warning("upstream connection lost (%r); resuming at %s", exc, self.state.gtid)
+        self.trx, self.trx_gtid = [], None
+        self.forget_table_plans(0)
+        time.sleep(min(1.0 * retries, 5.0))
+        return retries
+
+    def _purged(self, exc: pymysql.err.OperationalError) -> None:
+        if exc.args and exc.args[0] == 1236:
+            raise PullerError(
+                f"the upstream no longer has the binlog at {self.state.gtid} "
+                f"({exc.args[1] if len(exc.args) > 1 else exc}): the changes after "
+                f"that position (the change log's end, commit ts {self.state.last_ts}) "
+                "up to the oldest binlog the upstream still has were purged before "
+                "the puller read them, and are lost; re-snapshot: remove the "
+                f"changefeed and its change log {self.root}, then create the "
+                "changefeed again (a new initial snapshot), and keep binlogs longer "
+                "(binlog_expire_logs_seconds / expire_logs_days)"
+            ) from None
+
+    def _follow(self, stream: BinlogStream, stop: Callable[[PullerStats], bool]) -> bool:
+        """Handle events until ``stop``; whether any event came (the connection works)."""
+        seen = False
+        interval = self.config.flush_interval_s
+        for typ, when, server_id, log_pos, body in stream.events():
+            seen = True
+            if typ in ROW_EVENT_OPS:
+                self._row_event(typ, body)
+            elif typ == TABLE_MAP:
+                self._table_map(body)
+            elif typ == MARIADB_GTID:
+                self.trx = []
+                self.trx_domain, self.trx_gtid, self.trx_standalone = mariadb_gtid(server_id, body)
+            elif typ == XID:
+                self._commit(when, log_pos)
+            elif typ == QUERY:
+                self._query(when, log_pos, body)
+            elif typ == MYSQL_GTID:
+                self.trx, self.trx_gtid, self.trx_standalone = [], mysql_gtid(body), True
+            elif typ == HEARTBEAT and not self.trx:
+                self.alloc.issue(time.time())
+                self.flush()
+            elif typ == ROTATE:
+                self.log_file = rotate_event(body)[0]
+            elif typ in REFUSED:
+                raise PullerError(f"the upstream writes events the puller cannot read: "
+                                  f"{REFUSED[typ]}")  # fmt: skip
+            if self.trx_gtid is None and not self.trx:
+                if stop(self.stats):
+                    break
+                if self._join_due():
+                    self._finish_join()
+                if time.monotonic() - self.last_flush >= interval:
+                    self.flush()
+        return seen
+
+    # -- events -------------------------------------------------------------------------
+
+    def _table_map(self, body: bytes) -> None:
+        """Which table a binlog table id is, and whether its columns are the schema's."""
+        try:
+            tid = self._known[body]
+        except KeyError:
+            tid = self.state.table_id(*table_map_name(body))
+            if tid is not None:
+                self._check_columns(tid, body)
+            self._known[body] = tid
+        self._maps[body[:6]] = None if tid is None else (tid, body)
+
+    def _check_columns(self, tid: int, body: bytes) -> None:
+        t = self.state.tables[tid]
+        try:
+            tmap = parse_table_map(body, self.state.flavor.split("_")[0])
+        except BinlogRowsError as exc:
+            raise PullerError(f"table {t.qualified_name}: {exc}") from exc
+        names = sorted(c.name for c in tmap.columns)
+        if names != sorted(c.name for c in t.columns):
+            raise PullerError(
+                f"the binlog's columns of {t.qualified_name} ({names}) differ from its schema "
+                f"({sorted(c.name for c in t.columns)}): binlog_row_metadata must be FULL, and "
+                "the puller must not lag more than one DDL behind the upstream catalog"
             )
-        return plan
 
-    def _convert(self, tid: int, values: dict[str, Any], plan: _Plan | None = None) -> dict:
-        if plan is None:
-            plan = self._plan(tid, values)
-        # a value already of the column's Arrow-ready type is kept without a call
-        return {
-            cid: v if v is None or type(v) is ok else fn(v)
-            for (cid, fn, ok), v in zip(plan, values.values(), strict=True)
-        }
+    def _row_event(self, typ: int, body: bytes) -> None:
+        mapped = self._maps.get(body[:6])
+        if mapped is not None:
+            self.trx.append((mapped[0], ROW_EVENT_OPS[typ], mapped[1], rows_payload(typ, body)))
 
-    def _rows(self, ev: Any) -> None:
-        tid = self.state.table_id(ev.schema, ev.table)
-        if tid is None:
-            return
-        key = self.state.tables[tid].primary_key
-        pads = _binary_pads(ev, self.state.tables[tid])
-        rows = ev.rows
-        if not rows:
-            return
-        conv, trx = self._convert, self.trx
-        if isinstance(ev, UpdateRowsEvent):
-            plan = self._plan(tid, rows[0]["after_values"])
-            for row in rows:
-                if pads:
-                    _pad(row["before_values"], pads)
-                    _pad(row["after_values"], pads)
-                after = conv(tid, row["after_values"], plan)
-                before = conv(tid, row["before_values"], plan)
-                moved = any(before[k] != after[k] for k in key)
-                trx.append((tid, OP_UPDATE, after, before if moved else None))
-            return
-        plan = self._plan(tid, rows[0]["values"])
-        op = OP_DELETE if isinstance(ev, DeleteRowsEvent) else OP_INSERT
-        for row in rows:
-            if pads:
-                _pad(row["values"], pads)
-            values = conv(tid, row["values"], plan)
-            trx.append((tid, op, None, values) if op == OP_DELETE else (tid, op, values, None))
-
-    def _advance(self, gtid: str | None) -> None:
-        """Our position moves past ``gtid`` (and, on MySQL, to the reader's file:pos); so does
-        the reader's own reconnect position with GTIDs (mysql-replication reconnects by itself
-        after a lost connection, from ``auto_position``, which it never updates: without this
-        it would replay). Without GTIDs it reconnects from its own last file:pos itself."""
-        reader = getattr(self, "_reader", None)
-        if self.state.flavor == "mariadb" or reader is None:
-            self.state.advance(gtid)
+    def _advance(self, gtid: str | None, log_pos: int) -> None:
+        """Our position moves past ``gtid`` (and, on MySQL, to file:pos after the event)."""
+        if self.state.flavor == "mariadb":
+            if gtid is not None:
+                self.state.position[self.trx_domain] = gtid
         else:
-            self.state.advance(gtid, reader.log_file or "", int(reader.log_pos or 0))
-        if reader is not None and self.state.flavor != "mysql_file":
-            reader.auto_position = self.state.gtid
+            self.state.advance(gtid, self.log_file, log_pos)
 
-    def _commit(self, event_time: float) -> None:
+    def _commit(self, event_time: float, log_pos: int) -> None:
         if self.trx_gtid is not None or self.state.flavor == "mysql_file":
-            self._advance(self.trx_gtid)
+            self._advance(self.trx_gtid, log_pos)
         if self.trx:
             ts = self.alloc.issue(event_time)
-            for seq, (tid, op, after, before) in enumerate(self.trx):
-                self.buffers.setdefault(tid, []).append((ts, seq, op, after, before))
-            self.buffered += len(self.trx)
-            self.stats.rows += len(self.trx)
+            for seq, (tid, op, tmap, payload) in enumerate(self.trx):
+                buf = self.buffers.get(tid)
+                if buf is None:
+                    buf = self.buffers[tid] = _Buffer()
+                buf.ts.append(ts)
+                buf.seqs.append(seq)
+                buf.ops.append(op)
+                buf.maps.append(tmap)
+                buf.payloads.append(payload)
+                self.buffered += len(payload)
+            self.stats.row_events += len(self.trx)
             self.stats.transactions += 1
+            if self.adopter.history:
+                tids = {c[0] for c in self.trx}
+                self.adopter.note(tids, self.trx_domain, self.trx_gtid or None, ts)
         self.trx, self.trx_gtid = [], None
-        if self.buffered >= self.config.flush_rows:
+        if self.buffered >= self.config.flush_bytes:
             self.flush()
 
-    def _query(self, ev: Any) -> None:
-        q = ev.query.strip()
+    def _query(self, event_time: float, log_pos: int, body: bytes) -> None:
+        db, q = query_event(body)
+        q = q.strip()
         if q.upper() == "BEGIN":
             return
         if q.upper() == "COMMIT":
-            self._commit(ev.timestamp)
+            self._commit(event_time, log_pos)
             return
         if not self.trx_standalone and self.state.flavor == "mariadb":
             # A statement inside a GTID group that ends with a commit (CREATE TABLE ...
@@ -377,198 +421,77 @@ class Puller:
             gtid = self.trx_gtid
             self.trx, self.trx_gtid = [], None
         if not is_ignored(q):
-            db = ev.schema.decode() if isinstance(ev.schema, bytes) else ev.schema
-            self._ddl(q, db or None, ev.timestamp, gtid)
+            self._ddl(q, db or None, event_time, gtid, log_pos)
         elif gtid is not None or self.state.flavor == "mysql_file":
-            self._advance(gtid)
+            self._advance(gtid, log_pos)
 
-    # -- DDL --------------------------------------------------------------------------
-
-    def _ddl(self, query: str, default_db: str | None, event_time: float, gtid: str | None) -> None:
+    def _ddl(
+        self, query: str, default_db: str | None, event_time: float, gtid: str | None, pos: int
+    ) -> None:
         try:
             parsed = parse_ddl(query, default_db)
         except UnsupportedDDLError as exc:
             raise PullerError(f"changefeed stopped at a DDL it cannot replicate: {exc}") from exc
         self.flush()
+        skipped = dict(self.state.skipped)
         conn = connect(self.upstream)
         try:
-            record = self._ddl_record(conn, parsed, query, lambda: self.alloc.issue(event_time))
+            record = ddl_record(self, conn, parsed, query, lambda: self.alloc.issue(event_time))
         finally:
             conn.close()
         if gtid is not None or self.state.flavor == "mysql_file":
-            self._advance(gtid)  # persisted with (not before) the DDL record's state write
+            self._advance(gtid, pos)  # persisted with (not before) the DDL record's state write
         if record is None:
+            if skipped != self.state.skipped:
+                self.flush(force=True)  # the skipped list (changefeed query shows it)
             return
         self.writer.write_ddl(record)
+        self.adopter.note(set(record.tables), self.trx_domain, gtid, record.commit_ts)
         for tid, schema in record.tables.items():
             self.state.set_table(tid, schema, record.commit_ts)
-            self.forget_table_plans(tid)
+        self.forget_table_plans(0)
         self.stats.ddls += 1
         self.flush(force=True)
 
-    def _ddl_record(
-        self, conn: Any, p: ParsedDDL, query: str, issue: Callable[[], int]
-    ) -> DdlRecord | None:
-        st, force = self.state, self.upstream.force_replicate
-        if p.action in ("create_schema", "drop_schema"):
-            assert p.schema is not None
-            if not self.filter(p.schema, "\x00any"):
-                return None
-            if p.action == "create_schema":
-                return DdlRecord(issue(), DDLKind.CREATE_SCHEMA, p.action, query, schema=p.schema)
-            gone = tuple(t for t, s in st.tables.items() if s.database == p.schema)
-            return DdlRecord(issue(), DDLKind.DROP_SCHEMA, p.action, query, gone, drops=gone,
-                             schema=p.schema, tables=dict.fromkeys(gone))  # fmt: skip
-        if p.action == "create_table":
-            (db, name) = p.creates[0]
-            if p.replace and st.table_id(db, name) is not None:
-                raise PullerError(
-                    f"changefeed stopped at {query[:200]!r}: CREATE OR REPLACE of a replicated "
-                    f"table is not supported; use DROP TABLE then CREATE TABLE, or re-snapshot"
-                )
-            if not self.filter(db, name) or st.table_id(db, name) is not None:
-                return None  # outside the filter, or CREATE TABLE IF NOT EXISTS of one we have
-            tid = st.ids.new_table_id()
-            try:
-                schema = created_schema(query, (db, name), tid, st.ids, force, self._mariadb)
-            except NeedsCatalog:
-                raw = read_table(conn, db, name)
-                if raw is None:
-                    return None  # dropped again before we read it: its drop is skipped too
-                schema = build_schema(raw, tid, st.ids, None, force_replicate=force)
-            return DdlRecord(issue(), DDLKind.CREATE_TABLE, p.action, query, creates=(tid,),
-                             tables={tid: schema, **join.replaced(self, db, name)})  # fmt: skip
-        if p.action == "drop_table":
-            ids = tuple(t for t in (st.table_id(*n) for n in p.drops) if t is not None)
-            if not ids:
-                return None
-            return DdlRecord(issue(), DDLKind.DROP_TABLE, p.action, query, ids,
-                             drops=ids, tables=dict.fromkeys(ids))  # fmt: skip
-        if p.action == "rename_table" and p.renames:
-            return self._rename(conn, p, query, issue)
-        tid = st.table_id(*p.tables[0])
-        if tid is None:
-            return None
-        before = st.tables[tid]
-        if p.action == "truncate_table":
-            return DdlRecord(issue(), DDLKind.TRUNCATE_TABLE, p.action, query, (tid,),
-                             tables={tid: before})  # fmt: skip
-        after = self._altered(conn, query, before, p.column_renames)
-        return DdlRecord(issue(), DDLKind.ALTER_TABLE, p.action, query, (tid,),
-                         tables={tid: after})  # fmt: skip
-
-    def _rename(self, conn: Any, p: ParsedDDL, query: str, issue: Callable[[], int]) -> Any:
-        st = self.state
-        touched, creates, drops, tables = [], [], [], {}
-        for src, dst in p.renames:
-            tid = st.table_id(*src)
-            keep = self.filter(*dst)
-            if tid is None and not keep:
-                continue
-            if tid is None:
-                self._need_join(dst)  # its rows so far are not in the binlog we read
-                continue
-            touched.append(tid)
-            if not keep:
-                drops.append(tid)
-                tables[tid] = None
-            else:
-                before = st.tables[tid]
-                if p.is_alter:
-                    tables[tid] = self._altered(conn, query, before, p.column_renames)
-                else:
-                    tables[tid] = renamed(before, *dst)
-        if not touched and not creates:
-            return None
-        kind = DDLKind.RENAME_TABLES if touched else DDLKind.CREATE_TABLE
-        return DdlRecord(issue(), kind, "rename_table" if touched else "create_table", query,
-                         tuple(touched), tuple(creates), tuple(drops), tables=tables)  # fmt: skip
-
-    def _altered(
-        self, conn: Any, query: str, before: TableSchema, renames: dict[str, str]
-    ) -> TableSchema:
-        st, force = self.state, self.upstream.force_replicate
-        try:
-            return altered_schema(query, before, st.ids, force, self._mariadb)
-        except NeedsCatalog:
-            raw = read_table(conn, before.database, before.table)
-            if raw is None:
-                raise PullerError(
-                    f"table {before.qualified_name} vanished after {query!r}"
-                ) from None
-            return build_schema(raw, before.table_id, st.ids, before, renames, force)
-
     def forget_table_plans(self, table_id: int) -> None:
-        """Drop the cached row conversions of a table (its schema changed)."""
-        self._conv.pop(table_id, None)
-
-    @property
-    def _mariadb(self) -> bool:
-        return getattr(self, "info", None) is None or self.info.is_mariadb
+        """Forget which binlog table ids are which tables and which table maps were checked
+        (a table was created, joined, renamed or altered; ``table_id`` is not needed)."""
+        self._maps.clear()
+        self._known.clear()
 
     # -- flush ------------------------------------------------------------------------
 
     def flush(self, force: bool = False) -> None:
         """Data files, then state, then resolved marks (the durability order)."""
         self.last_flush = time.monotonic()
-        if not self.buffered and self.alloc.last == self.state.last_ts and not force:
+        snapshots = dict(self.state.snapshots)
+        idle = not self.buffered and self.alloc.last == self.state.last_ts and not force
+        if idle and not snapshots:
             return
-        for tid, rows in self.buffers.items():
-            if rows:
-                self.writer.write_rows(tid, 0, self.state.versions[tid], self._arrow(tid, rows))
+        flavor = "mariadb" if self.state.flavor == "mariadb" else "mysql"
+        for tid, buf in self.buffers.items():
+            version = self.state.versions[tid]
+            self.writer.write_binlog_events(tid, 0, version, buf.events(version), flavor)
         self.buffers = {}
         self.buffered = 0
+        if snapshots:
+            self.adopter.adopt(self)
+            unchanged = self.alloc.last == self.state.last_ts and snapshots == self.state.snapshots
+            if idle and unchanged and not self.adopter.placed:
+                return
         self.state.last_ts = self.alloc.last
         failpoints.hit(failpoints.PULLER_AFTER_CHANGELOG_WRITE)
         save_state(self.root, self.state)
+        self.adopter.after_save(self.writer.fsync)
         for tid, t in self.state.tables.items():
+            if tid in self.state.snapshots:
+                continue  # held until its snapshot is complete
             for shard in range(t.shards):
                 self.writer.advance_resolved(tid, shard, self.state.last_ts)
         self.writer.advance_ddl_resolved(self.state.last_ts)
         self.stats.flushes += 1
         self.stats.resolved_ts = self.state.last_ts
         self.stats.position = self.state.gtid
-
-    def _arrow(self, tid: int, rows: list[tuple]) -> pa.Table:
-        return change_rows(self.state.tables[tid], self.state.versions[tid], rows)
-
-
-def stream_position(state: PullerState) -> dict[str, Any]:
-    """BinLogStreamReader's arguments that say where to start, per the state's flavor.
-
-    MariaDB: ``auto_position`` = the GTID list (``domain-server-seq``); MySQL with GTIDs:
-    ``auto_position`` = the executed GTID set (COM_BINLOG_DUMP_GTID sends what is not in it);
-    MySQL without: ``log_file``/``log_pos`` with ``resume_stream``.
-    """
-    if state.flavor == "mariadb":
-        return {"is_mariadb": True, "resume_stream": True, "auto_position": state.gtid or None}
-    if state.flavor == "mysql_gtid":
-        if not state.gtid_set:
-            # An empty set would make mysql-replication ask for the current position instead.
-            raise PullerError("the puller state holds an empty MySQL GTID set; re-snapshot")
-        return {"is_mariadb": False, "resume_stream": True, "auto_position": state.gtid_set}
-    if state.flavor == "mysql_file":
-        if not state.log_file:
-            raise PullerError("the puller state holds no binlog file:pos; re-snapshot")
-        return {"is_mariadb": False, "resume_stream": True, "log_file": state.log_file,
-                "log_pos": state.log_pos}  # fmt: skip
-    raise PullerError(f"unknown upstream flavor {state.flavor!r} in the puller state")
-
-
-def _binary_pads(ev: Any, t: TableSchema) -> dict[str, int]:
-    """BINARY(n) columns: the binlog drops their trailing 0x00 padding; n per column name."""
-    binary = {c.name for c in t.columns if c.type == "binary"}
-    cols = ev.table_map[ev.table_id].columns
-    return {c.name: c.max_length for c in cols if c.type == FIELD_TYPE.STRING and c.name in binary}
-
-
-def _pad(values: dict[str, Any], pads: dict[str, int]) -> None:
-    for name, n in pads.items():
-        v = values.get(name)
-        if v == "":  # mysql-replication gives an empty binary string as str
-            v = b""
-        if isinstance(v, bytes) and len(v) < n:
-            values[name] = v.ljust(n, b"\0")
 
 
 def run_puller(

@@ -18,7 +18,7 @@ from cdc_dagster.mysql.catalog import quote_ident as _q
 from cdc_dagster.mysql.changelog_io import change_rows
 from cdc_dagster.mysql.context import PullerContext
 from cdc_dagster.mysql.position import mariadb_snapshot_state, mysql_snapshot_state
-from cdc_dagster.mysql.state import PullerState, TsAllocator, save_state
+from cdc_dagster.mysql.state import PullerState, TsAllocator, parse_gtid_pos, save_state
 from cdc_dagster.mysql.types import converter
 from cdc_dagster.mysql.upstream import connect
 from cdc_dagster.schema import DdlRecord, TableSchema
@@ -73,6 +73,51 @@ def bootstrap(puller: PullerContext) -> PullerState:
         for shard in range(t.shards):
             puller.writer.advance_resolved(tid, shard, snapshot_ts)
     puller.writer.advance_ddl_resolved(snapshot_ts)
+    return state
+
+
+def bootstrap_chunked(puller: PullerContext) -> PullerState:
+    """First start, chunked (MariaDB): create records and the start position, no rows.
+
+    The selected tables' metadata locks are held (an open transaction that opened each:
+    DDL waits, writes do not) while their schemas and the binlog position are read, so the
+    schemas are those at the position. Every table is then snapshotted in chunks
+    (``mysql.snapshots``), its resolved mark held at the changefeed's start ts until done.
+    """
+    lock = connect(puller.upstream)
+    try:
+        names = list_tables(lock, puller.filter)
+        with lock.cursor() as cur:
+            cur.execute("START TRANSACTION")
+            for db, name in names:
+                cur.execute(f"SELECT 1 FROM {_q(db)}.{_q(name)} LIMIT 0")
+        raws = [r for r in (read_table(lock, db, name) for db, name in names) if r is not None]
+        with lock.cursor() as cur:
+            cur.execute("SELECT @@GLOBAL.gtid_binlog_pos")
+            state = PullerState(parse_gtid_pos(cur.fetchone()[0] or ""), 0)
+        lock.rollback()
+    finally:
+        lock.close()
+    alloc, now = TsAllocator(0), time.time()
+    for raw in raws:
+        tid = state.ids.new_table_id()
+        schema = build_schema(raw, tid, state.ids, None,
+                              force_replicate=puller.upstream.force_replicate)  # fmt: skip
+        ts = alloc.issue(now)
+        query = (
+            f"CREATE TABLE {_q(raw.database)}.{_q(raw.table)} /* existing at changefeed start */"
+        )
+        puller.writer.write_ddl(DdlRecord(ts, DDLKind.CREATE_TABLE, "create_table", query,
+                                          creates=(tid,), tables={tid: schema}))  # fmt: skip
+        state.set_table(tid, schema, ts)
+    start_ts = puller.stats.start_ts = alloc.issue(now)
+    state.snapshots = dict.fromkeys(state.tables, start_ts)
+    state.last_ts = start_ts
+    save_state(puller.root, state)
+    for tid, t in state.tables.items():
+        for shard in range(t.shards):
+            puller.writer.advance_resolved(tid, shard, start_ts)
+    puller.writer.advance_ddl_resolved(start_ts)
     return state
 
 

@@ -42,6 +42,12 @@ class PullerState:
     # tables that left the changefeed (the filter stopped selecting them): name -> the id
     # they had; a table created or joining under that name replaces it downstream
     left: dict[tuple[str, str], int] = field(default_factory=dict)
+    # tables being snapshotted in chunks (``mysql.snapshots``): table id -> the ts its
+    # resolved mark is held at until the snapshot is complete (also the generation)
+    snapshots: dict[int, int] = field(default_factory=dict)
+    # tables the filter selects that are not replicated because they have no key (created,
+    # renamed in or joining while the changefeed runs; force-replicate off): name -> why
+    skipped: dict[tuple[str, str], str] = field(default_factory=dict)
     _by_name: dict[tuple[str, str], int] | None = field(default=None, repr=False, compare=False)
 
     @property
@@ -94,6 +100,8 @@ class PullerState:
             "log_pos": self.log_pos,
             "filters": None if self.filters is None else list(self.filters),
             "left": [[d, t, tid] for (d, t), tid in sorted(self.left.items())],
+            "snapshots": {str(k): v for k, v in sorted(self.snapshots.items())},
+            "skipped": [[d, t, why] for (d, t), why in sorted(self.skipped.items())],
         }
 
     @staticmethod
@@ -110,7 +118,21 @@ class PullerState:
             int(obj.get("log_pos", 0)),
             None if obj.get("filters") is None else tuple(obj["filters"]),
             {(d, t): int(tid) for d, t, tid in obj.get("left", ())},
+            {int(k): int(v) for k, v in obj.get("snapshots", {}).items()},
+            {(d, t): why for d, t, why in obj.get("skipped", ())},
         )
+
+
+def skipped_tables(root: str | Path) -> dict[str, str]:
+    """``db.table`` -> why, of the tables a changefeed's puller skips (no key); {} when the
+    change log has no puller state (not pulled yet, or not readable from here)."""
+    try:
+        state = load_state(root)
+    except (OSError, ValueError, KeyError):
+        return {}
+    if state is None:
+        return {}
+    return {f"{d}.{t}": why for (d, t), why in sorted(state.skipped.items())}
 
 
 def state_path(root: str | Path) -> Path:
@@ -141,13 +163,24 @@ def add_mysql_gtid(gtid_set: str, gtid: str) -> str:
     return str(GtidSet(gtid_set or None) + Gtid(gtid))
 
 
+SLOTS = 1 << 10  # every issued TS is a multiple of this: the TSs below one are free slots
+
+
 class TsAllocator:
-    """Strictly increasing commit TS: physical from the event time, never behind one issued."""
+    """Strictly increasing commit TS: physical from the event time, never behind one issued.
+
+    Every TS it issues is a multiple of ``SLOTS``, so the ``SLOTS - 1`` TSs just below each
+    one belong to no transaction: a snapshot chunk read at a binlog position between two
+    transactions is placed there (``mysql.snapshots``), between the rows it must follow and
+    those it must precede. (The logical part has 2^18 values per ms: 256 transactions per
+    ms of event time before a TS runs ahead of its event's clock.)
+    """
 
     def __init__(self, last: int) -> None:
         self.last = last
 
     def issue(self, event_time_s: float) -> int:
         ts = max(compose(int(event_time_s * 1000)), self.last + 1)
+        ts = -(-ts // SLOTS) * SLOTS  # up to the next multiple
         self.last = ts
         return ts

@@ -21,11 +21,12 @@ from __future__ import annotations
 
 import base64
 import datetime as dt
-import json
 import re
 from collections.abc import Callable
 from decimal import Decimal
 from typing import Any
+
+from cdc_dagster.upstream.binlog_rows import json_text
 
 _INTS = {"tinyint": 8, "smallint": 16, "mediumint": 32, "int": 32, "integer": 32, "bigint": 64}
 
@@ -67,25 +68,6 @@ def logical_type(data_type: str, column_type: str) -> str:
     if dtype in ("date", "datetime", "timestamp", "time"):
         return dtype
     raise UnsupportedTypeError(f"column type {column_type!r} is not supported by the change log")
-
-
-def _json_text(v: Any) -> str:
-    def fix(o: Any) -> Any:
-        if isinstance(o, bytes):
-            return o.decode("utf-8", errors="surrogateescape")
-        if isinstance(o, dict):
-            return {fix(k): fix(x) for k, x in o.items()}
-        if isinstance(o, list | tuple):
-            return [fix(x) for x in o]
-        if isinstance(o, Decimal):
-            return float(o)
-        if isinstance(o, dt.date | dt.time | dt.timedelta):
-            return str(o)
-        return o
-
-    if isinstance(v, str):
-        return v
-    return json.dumps(fix(v), ensure_ascii=False, separators=(", ", ": "))
 
 
 def _time_us(v: Any) -> int:
@@ -140,7 +122,7 @@ CONVERTERS: dict[str, Callable[[Any], Any]] = {
     "uint64": _bit64,
     "string": _string,
     "binary": _binary,
-    "json": _json_text,
+    "json": json_text,
     "time": _time_us,
     "date": _date,
     "datetime": _datetime,

@@ -25,12 +25,25 @@ DEFAULT_CONF: Mapping[str, str] = {
 }
 
 
+def connect_server_conf(port: int) -> dict[str, str]:
+    """The settings of a Spark Connect server the data plane's sessions run on (the same
+    defaults as an in-process session, on a loopback port)."""
+    return {
+        **DEFAULT_CONF,
+        "spark.connect.grpc.binding.port": str(port),
+        "spark.connect.grpc.binding.address": "127.0.0.1",
+    }
+
+
 def spark_session(
     master: str | None = None,
     app_name: str = "cdc-dagster",
     conf: Mapping[str, str] | None = None,
+    *,
+    fresh: bool = False,
 ) -> SparkSession:
-    """A session on ``master``: ``local[*]`` by default, ``sc://host:port`` for Spark Connect."""
+    """A session on ``master``: ``local[*]`` by default, ``sc://host:port`` for Spark Connect;
+    ``fresh``: a new Spark Connect session, not the cached one (its server restarted)."""
     from pyspark.sql import SparkSession
 
     master = master or "local[*]"
@@ -46,7 +59,18 @@ def spark_session(
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     for key, value in settings.items():
         builder = builder.config(key, value)
+    if fresh and master.startswith("sc://"):
+        return builder.create()
     return builder.getOrCreate()
+
+
+def session_alive(spark: SparkSession) -> bool:
+    """Whether the session still answers (one round trip for Spark Connect)."""
+    try:
+        spark.conf.get("spark.sql.session.timeZone")
+    except Exception:
+        return False
+    return True
 
 
 def is_connect(spark: object) -> bool:

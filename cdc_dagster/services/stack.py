@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from cdc_dagster.pipeline.engine import connect_server_conf
 from cdc_dagster.services import procs
 from cdc_dagster.services.dagster_home import LOCATION_NAME, WORKSPACE_YAML, grpc_workspace
 from cdc_dagster.services.supervise import (
@@ -103,21 +104,11 @@ def spark_connect_part(state_dir: Path, port: int) -> Part:
         "SPARK_LOCAL_IP": "127.0.0.1",
         "PYSPARK_PYTHON": sys.executable,
     }
-    argv = [
-        "bash",
-        str(home / "sbin" / "start-connect-server.sh"),
-        "--wait",
-        "--master",
-        "local[2]",
-        "--conf",
-        f"spark.connect.grpc.binding.port={port}",
-        "--conf",
-        "spark.connect.grpc.binding.address=127.0.0.1",
-        "--conf",
-        "spark.ui.enabled=false",
-        "--conf",
-        "spark.sql.shuffle.partitions=4",
-    ]
+    argv = ["bash", str(home / "sbin" / "start-connect-server.sh"), "--wait"]
+    # Task slots of the embedded Spark: CDC_DAGSTER_SPARK_CORES (default 2, this machine's)
+    argv += ["--master", f"local[{int(os.environ.get('CDC_DAGSTER_SPARK_CORES', '2'))}]"]
+    for key, value in connect_server_conf(port).items():
+        argv += ["--conf", f"{key}={value}"]
     return Part(
         SPARK,
         lambda: ProcessHandle(procs.launch(SPARK, argv, log, env)),
@@ -326,8 +317,14 @@ class Stack:
         generator: Callable[[], Any] | None = None,
         stop: threading.Event | None = None,
         backoff: Backoff | None = None,
+        cluster_id: str = "default",
+        before_dagster: Callable[[Stack], None] | None = None,
     ) -> None:
         self.state_dir = state_dir.resolve()
+        self.cluster_id = cluster_id
+        # Runs once etcd (and the generator) are up, before the Dagster processes start: what
+        # it puts in etcd (the demo's changefeed) is in the code location's catalog at once.
+        self.before_dagster = before_dagster
         self.kind = kind
         self.external_etcd = etcd or ""
         self.ui_port = ui_port
@@ -378,6 +375,8 @@ class Stack:
             self.supervisor.start(self.stop)
         if self.stop.is_set():
             return  # Ctrl-C while starting: leaving the block stops what started
+        if self.before_dagster is not None:
+            self.before_dagster(self)
         self._add_processes(before)
         self.supervisor.start(self.stop)
         if not self.stop.is_set():
@@ -406,6 +405,7 @@ class Stack:
             env = dagster_env(
                 self.state_dir, self.etcd_endpoints, self.spark_remote, self.changelog
             )
+            env["CDC_DAGSTER_CLUSTER_ID"] = self.cluster_id
             if not any(name in alive for name in DAGSTER_PARTS):
                 prepare_instance(self.state_dir, env)
             parts += dagster_parts(self.state_dir, env, ports[CODE], ports[WEB])
@@ -502,6 +502,7 @@ def serve(
     port: int = 0,
     dagster: bool = True,
     captures: Sequence[str] = DEMO_CAPTURES,
+    cluster_id: str = "default",
 ) -> int:
     """``server start``: etcd, Spark Connect and Dagster, supervised, until stopped; the
     ``captures`` are registered (desired state) once Dagster runs their leases' renewals."""
@@ -510,14 +511,25 @@ def serve(
     try:
         with (
             stop_on_signals() as stop,
-            Stack(state_dir, etcd=etcd, ui_port=port, dagster=dagster, stop=stop) as stack,
+            Stack(
+                state_dir,
+                etcd=etcd,
+                ui_port=port,
+                dagster=dagster,
+                stop=stop,
+                cluster_id=cluster_id,
+            ) as stack,
         ):
             if stop.is_set():
                 return 0
             if stack.ui_url:
                 say(f"Dagster UI at {stack.ui_url}")
             if captures:
-                say(workload.ensure_captures(stack.etcd_endpoints, stack.state_dir, captures))
+                say(
+                    workload.ensure_captures(
+                        stack.etcd_endpoints, stack.state_dir, captures, cluster_id
+                    )
+                )
             say(
                 "running in the foreground, restarting any part that dies; Ctrl-C (or "
                 "`cdc-dagster server stop`) stops everything; `cdc-dagster server start "
@@ -553,22 +565,23 @@ def demo(
             changelog=changelog,
             generator=lambda: workload.GeneratorThread(changelog, tables),
             stop=stop,
+            # Before Dagster starts, so the changefeed's assets are in the catalog it loads
+            # (the captures' leases may lapse before the first runs: the owner heals them).
+            before_dagster=lambda st: say(
+                workload.ensure_demo_changefeed(
+                    st.etcd_endpoints,
+                    st.state_dir,
+                    DEMO_CHANGEFEED,
+                    lake,
+                    captures,
+                    changelog,
+                    st.generator.start_ts,
+                )
+            ),
         ) as stack,
     ):
         if stop.is_set():
             return 0
-        # After Dagster is up: capture leases are renewed by capture runs, which need it.
-        say(
-            workload.ensure_demo_changefeed(
-                stack.etcd_endpoints,
-                stack.state_dir,
-                DEMO_CHANGEFEED,
-                lake,
-                captures,
-                changelog,
-                stack.generator.start_ts,
-            )
-        )
         for line in workload.what_to_look_at(stack.ui_url, DEMO_CHANGEFEED, lake):
             say(line)
         stack.supervise()

@@ -107,12 +107,14 @@ class GeneratorThread:
             self.workload = None
 
 
-def ensure_captures(etcd: str, state_dir: Path, captures: Sequence[str]) -> str:
+def ensure_captures(
+    etcd: str, state_dir: Path, captures: Sequence[str], cluster_id: str = "default"
+) -> str:
     """The captures a server starts with (desired state, registered now); one line."""
     from cdc_dagster import admin
     from cdc_dagster.metastore import connect
 
-    with connect(etcd.split(","), state_dir) as ms:
+    with connect(etcd.split(","), state_dir, cluster_id=cluster_id) as ms:
         added = admin.ensure_captures(ms, captures)
         known = sorted(ms.captures.desired())
     if added:

@@ -92,6 +92,29 @@ def connect_kwargs(uri: str, resolve: bool = True) -> dict[str, Any]:
     return kw
 
 
+def probe(uri: str, timeout_s: int = 5) -> None:
+    """Reach the database before a changefeed is created: connect, the database exists, and
+    the user may create schemas (and so tables in them). SinkError with one line if not."""
+    kw = connect_kwargs(uri)
+    shown = redact_uri(uri)
+    try:
+        conn = psycopg.connect(**kw, connect_timeout=timeout_s, autocommit=True)
+    except psycopg.Error as exc:
+        reason = " ".join(PostgresSink._scrub(str(exc), kw).split())
+        raise SinkError(f"sink {shown}: cannot connect: {reason}") from None
+    with conn:
+        user, db, may_create = conn.execute(
+            "SELECT current_user, current_database(), "
+            "has_database_privilege(current_user, current_database(), 'CREATE')"
+        ).fetchone()  # type: ignore[misc]
+    if not may_create:
+        raise SinkError(
+            f"sink {shown}: user {user!r} may not create schemas in database {db!r}; "
+            f'GRANT CREATE ON DATABASE "{db}" TO "{user}" (the sink creates a schema per '
+            "upstream database and its own cdc_dagster schema)"
+        )
+
+
 class PostgresSink:
     """The PostgreSQL downstream (``postgresql://user:${PW}@host:port/db``); picklable."""
 

@@ -11,8 +11,10 @@ own scheme with :func:`register_sink_scheme` (``cdc_dagster.testing.fake_runtime
 from __future__ import annotations
 
 import urllib.parse
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 from cdc_dagster.secrets import SecretReferenceError, redact_uri, references
 from cdc_dagster.sinks.base import Sink, SinkError
@@ -36,6 +38,11 @@ class SinkScheme:
     example: str
     check: Callable[[str, urllib.parse.SplitResult], None]  # raises InvalidSinkUriError
     open: Callable[[str], Sink]
+    probe: Callable[[str], None] | None = None  # reach it before a changefeed uses it
+
+
+class SinkUnreachableError(InvalidSinkUriError):
+    """A sink URI that is well formed, but whose downstream cannot be used as it is."""
 
 
 def _check_path(uri: str, parts: urllib.parse.SplitResult) -> None:
@@ -64,6 +71,27 @@ def _check_postgres(uri: str, parts: urllib.parse.SplitResult) -> None:
         )
 
 
+def _probe_delta(uri: str) -> None:
+    """The root (or, if it does not exist yet, its nearest existing parent) is a directory
+    this process may write in: a probe file is written there and removed. Nothing is left."""
+    root = Path(delta_root(uri))
+    existing = next((p for p in (root, *root.parents) if p.exists()), Path("/"))
+    if not existing.is_dir():
+        raise SinkUnreachableError(
+            f"sink {uri}: {existing} is not a directory; the Delta root must be one (or be "
+            "created inside one)"
+        )
+    probe = existing / f".cdc-dagster-probe-{uuid.uuid4().hex[:8]}"
+    try:
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as exc:
+        raise SinkUnreachableError(
+            f"sink {uri}: cannot write in {existing} ({exc.strerror}); give a Delta root this "
+            "user may write, or fix the permissions"
+        ) from None
+
+
 def _open_delta(uri: str) -> Sink:
     from cdc_dagster.sinks.delta import DeltaSink  # deltalake: only where a sink is opened
 
@@ -76,6 +104,15 @@ def _open_postgres(uri: str) -> Sink:
     return PostgresSink(uri)
 
 
+def _probe_postgres(uri: str) -> None:
+    from cdc_dagster.sinks.postgres import probe  # psycopg: likewise
+
+    try:
+        probe(uri)
+    except SinkError as exc:
+        raise SinkUnreachableError(str(exc)) from None
+
+
 _SCHEMES: dict[str, SinkScheme] = {}
 
 
@@ -85,13 +122,16 @@ def register_sink_scheme(scheme: SinkScheme) -> None:
         _SCHEMES[name] = scheme
 
 
-register_sink_scheme(SinkScheme(("delta",), "delta:///data/lake", _check_path, _open_delta))
+register_sink_scheme(
+    SinkScheme(("delta",), "delta:///data/lake", _check_path, _open_delta, _probe_delta)
+)
 register_sink_scheme(
     SinkScheme(
         ("postgresql", "postgres"),
         "postgresql://writer:${PG_PW}@db:5432/analytics",
         _check_postgres,
         _open_postgres,
+        _probe_postgres,
     )
 )
 
@@ -128,6 +168,16 @@ def validate_sink_uri(uri: str) -> str:
         supported = ", ".join(s.example for s in dict.fromkeys(_SCHEMES.values()))
         raise UnknownSinkSchemeError(f"sink URI {shown!r} has {what}; supported: {supported}")
     kind.check(uri, urllib.parse.urlsplit(uri))
+    return uri
+
+
+def probe_sink(uri: str) -> str:
+    """Check ``uri`` and reach its downstream (before a changefeed is created on it):
+    InvalidSinkUriError / SinkUnreachableError with one line saying what is wrong."""
+    validate_sink_uri(uri)
+    probe = _SCHEMES[scheme_of(uri)].probe
+    if probe is not None:
+        probe(uri)
     return uri
 
 

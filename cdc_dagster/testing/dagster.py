@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import dagster as dg
+from dagster._serdes import serialize_value
 
 from cdc_dagster.defs.resources import CdcResource
 
@@ -17,8 +18,15 @@ def evaluate_sensor(
     cursor: str | None = None,
     definitions: dg.Definitions | None = None,
 ) -> Any:
-    """One evaluation of ``sensor`` (its result: a ``SensorResult`` or a ``SkipReason``)."""
+    """One evaluation of ``sensor`` (its result: a ``SensorResult`` or a ``SkipReason``), whose
+    asset events and run requests are serialized as the code server serializes them (an event
+    Dagster cannot serialize fails every tick of the real daemon, not an in-process call)."""
     with dg.build_sensor_context(
         instance=instance, cursor=cursor, definitions=definitions, resources={"cdc": CdcResource()}
     ) as ctx:
-        return sensor(ctx)
+        result = sensor(ctx)
+    for item in [*(getattr(result, "asset_events", None) or [])]:
+        serialize_value(item)
+    for request in getattr(result, "run_requests", None) or []:
+        serialize_value(request)
+    return result

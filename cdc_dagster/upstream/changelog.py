@@ -1,9 +1,14 @@
-"""The change log, format version 1 (docs/dataplane.md sections 1-2): reader, writer, GC.
+"""The change log, format version 2 (docs/dataplane.md sections 1-2): reader, writer, GC.
 
 A directory tree of Parquet data files, resolved marks and DDL records. Every file is
 written under a dot-prefixed temporary name in its own directory, fsynced, then renamed
 into place, so a reader never sees a partial file. Readers validate what they read: a
 malformed or vanished file is a typed ``ChangeLogError`` naming the file and what to do.
+
+Data files come in two kinds: rows in the data-file layout (``.parquet``), and binlog row
+events as a thin puller read them (``.binlog.parquet``, version 2), which
+``read_data_file`` mounts into the same layout (``upstream.binlog_rows``). A version 1 log
+(rows only) is read as it is; a writer moves it to version 2 with its first event file.
 """
 
 from __future__ import annotations
@@ -37,6 +42,13 @@ from cdc_dagster.schema import (
     TableSchema,
     arrow_type,
 )
+from cdc_dagster.upstream.binlog_rows import (
+    EVENT_SCHEMA,
+    FLAVOR_KEY,
+    FLAVORS,
+    BinlogRowsError,
+    mount_events,
+)
 from scheduler_core.ts import LOGICAL_BITS, MAX_TS, physical_ms
 
 __all__ = [
@@ -64,12 +76,15 @@ __all__ = [
 ]
 
 FORMAT_NAME = "cdc-dagster-changelog"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+READABLE_VERSIONS = (1, 2)
 OP_INSERT, OP_UPDATE, OP_DELETE = 1, 2, 3
 _MINUTE_MS = 60_000
 _DDL_NAME = re.compile(r"(\d{20})-(\d{4})\.json")
-_DATA_NAME = re.compile(r"(\d{20})-(\d{20})-s(\d+)-([0-9a-f]{8})\.parquet")
+_DATA_NAME = re.compile(r"(\d{20})-(\d{20})-s(\d+)-([0-9a-f]{8})(\.binlog)?\.parquet")
+BINLOG_SUFFIX = ".binlog.parquet"
 _MINUTE_DIR = re.compile(r"minute=(\d+)")
+_TAG = re.compile(r"[0-9a-f]{8}")
 _TEMP_NAME = re.compile(r"\..+\.tmp-[0-9a-f]{32}")
 LOCK_NAME = ".writer.lock"
 _META_COLUMNS: tuple[tuple[str, pa.DataType], ...] = (
@@ -116,13 +131,18 @@ class ChangeLogLockedError(ChangeLogError):
 # ----------------------------------------------------------------------------- records
 @dataclass(frozen=True, slots=True)
 class DataFile:
-    """One data file: rows of one table, shard and schema version with first_ts..last_ts."""
+    """One data file: rows of one table, shard and schema version with first_ts..last_ts
+    (``kind``: "rows" in the data-file layout, or "binlog" row events to mount)."""
 
     path: str
     table_id: int
     shard: int
     first_ts: int
     last_ts: int
+
+    @property
+    def kind(self) -> str:
+        return "binlog" if self.path.endswith(BINLOG_SUFFIX) else "rows"
 
 
 def data_file_schema(table: TableSchema) -> pa.Schema:
@@ -233,12 +253,18 @@ class ChangeLog:
     def _check_format(self) -> None:
         path = self.root / "FORMAT"
         obj = _read_json(path)
-        want = {"format": FORMAT_NAME, "version": FORMAT_VERSION}
-        if obj != want:
+        if not (
+            isinstance(obj, dict)
+            and obj.get("format") == FORMAT_NAME
+            and obj.get("version") in READABLE_VERSIONS
+            and len(obj) == 2
+        ):
             raise CorruptChangeLogError(
-                f"{path} holds {obj!r}, expected {want}: {self.root} is not a change log of "
-                "format version 1; point the reader at the right directory"
+                f"{path} holds {obj!r}, expected {{'format': {FORMAT_NAME!r}, 'version': 1 or "
+                f"2}}: {self.root} is not a change log of format version 1 or 2; point the "
+                "reader at the right directory (or upgrade the reader)"
             )
+        self.version = obj["version"]
 
     # ------------------------------------------------------------------ DDL log
     def ddl_records(self, after_ts: int = 0, upto_ts: int = MAX_TS) -> list[DdlRecord]:
@@ -389,29 +415,55 @@ class ChangeLog:
         if m is None or int(m.group(1)) > int(m.group(2)):
             raise CorruptChangeLogError(
                 f"unexpected file {path} in a data directory (want "
-                "<first_ts:020d>-<last_ts:020d>-s<shard>-<uuid8>.parquet); move it away"
+                "<first_ts:020d>-<last_ts:020d>-s<shard>-<uuid8>[.binlog].parquet); move it away"
             )
         return DataFile(path, table_id, int(m.group(3)), int(m.group(1)), int(m.group(2)))
 
     def read_data_file(self, file: DataFile) -> pa.Table:
-        """The rows of ``file``, validated against its name and the format's meta columns."""
-        try:
-            # ParquetFile, not read_table: no dataset discovery, ~4x faster on small files.
-            with pq.ParquetFile(file.path) as f:
-                table = f.read(use_threads=False)
-        except FileNotFoundError:
-            raise MissingChangeLogFileError(
-                f"data file {file.path} of table {file.table_id} is missing (deleted or GC'd "
-                "below a checkpoint that still needs it); restore it or restart the changefeed "
-                "above the GC safepoint"
-            ) from None
-        except (pa.ArrowException, OSError) as exc:
-            raise CorruptChangeLogError(
-                f"data file {file.path} of table {file.table_id} cannot be read ({exc}); "
-                "restore it from the producer or rewrite that commit-ts range"
-            ) from exc
+        """The rows of ``file`` in the data-file layout, validated against its name and the
+        format's meta columns (binlog event files are mounted here)."""
+        if file.kind == "binlog":
+            events, flavor = self.read_binlog_events(file)
+            table = self._mount(file, events, flavor)
+        else:
+            table = _read_parquet(file)
+            if "_commit_ts" not in table.column_names and file.first_ts == file.last_ts:
+                # a file adopted at one ts (a snapshot chunk): its name says the rows' ts
+                ts = pa.array(np.full(table.num_rows, file.first_ts, np.int64))
+                table = table.add_column(0, "_commit_ts", ts)
         _check_data_file(file, table)
         return table
+
+    def read_binlog_events(self, file: DataFile) -> tuple[pa.Table, str]:
+        """The binlog row events of a ``.binlog.parquet`` file as written, and the upstream's
+        flavor ("mariadb" / "mysql"), validated against the event layout and its name."""
+        table = _read_parquet(file)
+        meta = table.schema.metadata or {}
+        flavor = meta.get(FLAVOR_KEY, b"").decode()
+        if table.schema.remove_metadata() != EVENT_SCHEMA or flavor not in FLAVORS:
+            raise CorruptChangeLogError(
+                f"binlog event file {file.path} of table {file.table_id} has columns "
+                f"{table.schema.names} (flavor {flavor!r}), expected {EVENT_SCHEMA.names} and "
+                f"a flavor of {FLAVORS}; restore it from the producer or rewrite that range"
+            )
+        _check_ts_range(file, table)
+        return table, flavor
+
+    def _mount(self, file: DataFile, events: pa.Table, flavor: str) -> pa.Table:
+        versions = pc.unique(events["_schema_version"]).to_pylist()
+        schema = self.schema_at(file.table_id, versions[0]) if len(versions) == 1 else None
+        if schema is None or self.schema_version_at(file.table_id, versions[0]) != versions[0]:
+            raise CorruptChangeLogError(
+                f"binlog event file {file.path} of table {file.table_id}: schema versions "
+                f"{versions} are not one DDL record's commit ts of that table; rewrite the file"
+            )
+        try:
+            return mount_events(events, schema, flavor)
+        except BinlogRowsError as exc:
+            raise CorruptChangeLogError(
+                f"binlog event file {file.path}: {exc}; fix the schema history or rewrite "
+                "that commit-ts range"
+            ) from exc
 
     # ------------------------------------------------------------------ GC
     def gc_safepoint(self) -> int:
@@ -441,6 +493,52 @@ class ChangeLog:
         return deleted
 
 
+def _read_parquet(file: DataFile) -> pa.Table:
+    try:
+        # ParquetFile, not read_table: no dataset discovery, ~4x faster on small files.
+        with pq.ParquetFile(file.path) as f:
+            return f.read(use_threads=False)
+    except FileNotFoundError:
+        raise MissingChangeLogFileError(
+            f"data file {file.path} of table {file.table_id} is missing (deleted or GC'd "
+            "below a checkpoint that still needs it); restore it or restart the changefeed "
+            "above the GC safepoint"
+        ) from None
+    except (pa.ArrowException, OSError) as exc:
+        raise CorruptChangeLogError(
+            f"data file {file.path} of table {file.table_id} cannot be read ({exc}); "
+            "restore it from the producer or rewrite that commit-ts range"
+        ) from exc
+
+
+def _column_range(meta: pq.FileMetaData, name: str) -> tuple[Any, Any] | None:
+    """(min, max) of a column from a Parquet file's statistics (None: not recorded)."""
+    i = meta.schema.names.index(name)
+    lo = hi = None
+    for g in range(meta.num_row_groups):
+        st = meta.row_group(g).column(i).statistics
+        if st is None or not st.has_min_max:
+            return None
+        lo = st.min if lo is None else min(lo, st.min)
+        hi = st.max if hi is None else max(hi, st.max)
+    return lo, hi
+
+
+def _check_ts_range(file: DataFile, table: pa.Table) -> None:
+    if table.num_rows == 0 or table["_commit_ts"].null_count:
+        raise CorruptChangeLogError(
+            f"data file {file.path} of table {file.table_id}: no rows, or a null _commit_ts; "
+            "restore it from the producer or rewrite that commit-ts range"
+        )
+    lo, hi = pc.min_max(table["_commit_ts"]).values()
+    if lo.as_py() < file.first_ts or hi.as_py() > file.last_ts:
+        raise CorruptChangeLogError(
+            f"data file {file.path} of table {file.table_id}: _commit_ts spans "
+            f"{lo.as_py()}..{hi.as_py()}, outside its name's {file.first_ts}..{file.last_ts}; "
+            "restore it from the producer or rewrite that commit-ts range"
+        )
+
+
 def _check_data_file(file: DataFile, table: pa.Table) -> None:
     def corrupt(what: str) -> CorruptChangeLogError:
         return CorruptChangeLogError(
@@ -453,14 +551,7 @@ def _check_data_file(file: DataFile, table: pa.Table) -> None:
             raise corrupt(f"column {name} missing or not {typ}")
         if table[name].null_count:
             raise corrupt(f"column {name} has nulls")
-    if table.num_rows == 0:
-        raise corrupt("no rows")
-    lo, hi = pc.min_max(table["_commit_ts"]).values()
-    if lo.as_py() < file.first_ts or hi.as_py() > file.last_ts:
-        raise corrupt(
-            f"_commit_ts spans {lo.as_py()}..{hi.as_py()}, outside its name's "
-            f"{file.first_ts}..{file.last_ts}"
-        )
+    _check_ts_range(file, table)
 
 
 # ----------------------------------------------------------------------------- writer
@@ -541,7 +632,11 @@ class ChangeLogWriter:
                 continue
             files = self.log._all_files(int(t.name), physical_ms(ts) // _MINUTE_MS, top_minute)
             for f in [f for f in files if f.last_ts > ts]:
-                if f.first_ts <= ts:
+                if f.first_ts <= ts and f.kind == "binlog":
+                    events, flavor = self.log.read_binlog_events(f)
+                    keep = events.filter(pc.less_equal(events["_commit_ts"], ts))
+                    self._write_file(f.table_id, f.shard, keep, flavor)
+                elif f.first_ts <= ts:
                     rows = self.log.read_data_file(f)
                     keep = rows.filter(pc.less_equal(rows["_commit_ts"], ts))
                     self._write_file(f.table_id, f.shard, keep)
@@ -616,6 +711,80 @@ class ChangeLogWriter:
         self._max_row_ts[table_id] = max(self._max_row_ts.get(table_id, 0), hi)
         return out
 
+    def write_binlog_events(
+        self, table_id: int, shard: int, schema_version: int, events: pa.Table, flavor: str
+    ) -> list[DataFile]:
+        """Write binlog row events of one table, shard and schema version as they were read
+        (``binlog_rows.EVENT_SCHEMA``; one ``.binlog.parquet`` file per minute touched);
+        readers mount them. Moves a version 1 log to version 2 first."""
+        if events.num_rows == 0:
+            return []
+        schema = self._check_target(table_id, shard, schema_version)
+        where = f"table {schema.qualified_name} (id {table_id}) binlog events"
+        if events.schema.remove_metadata() != EVENT_SCHEMA or flavor not in FLAVORS:
+            raise RowSchemaMismatchError(
+                f"{where}: columns {events.schema}, flavor {flavor!r}; expected "
+                f"{EVENT_SCHEMA} and one of {FLAVORS}"
+            )
+        if not pc.all(pc.equal(events["_schema_version"], schema_version)).as_py():
+            raise RowSchemaMismatchError(f"{where}: _schema_version differs from {schema_version}")
+        self._check_rows_in_version(schema, shard, schema_version, events)
+        self._upgrade_format()
+        events = events.sort_by([("_commit_ts", "ascending"), ("_seq", "ascending")])
+        out = [self._write_file(table_id, shard, part, flavor) for part in _split_by_minute(events)]
+        self._max_row_ts[table_id] = max(self._max_row_ts.get(table_id, 0), out[-1].last_ts)
+        return out
+
+    def _upgrade_format(self) -> None:
+        if self.log.version < 2:  # binlog event files need a version 2 reader
+            write_json(self.root / "FORMAT", {"format": FORMAT_NAME, "version": 2})
+            self.log.version = 2
+
+    def adopt_rows(
+        self, table_id: int, shard: int, ts: int, path: Path, tag: str, link: bool = False
+    ) -> DataFile:
+        """Move a rows file written elsewhere into the log as rows at ``ts`` (a snapshot
+        chunk read at a binlog position, placed in the stream by its one writer). The file
+        has the data-file layout of the schema valid at ``ts`` without ``_commit_ts``; it
+        becomes ``<ts>-<ts>-s<shard>-<tag>.parquet`` by a rename, or a hard link (``link``:
+        the source stays until its producer is told), never a copy."""
+        version = self.log.schema_version_at(table_id, ts)
+        if version is None:
+            raise RowSchemaMismatchError(f"table {table_id} does not exist at ts {ts}")
+        schema = self._check_target(table_id, shard, version)
+        where = f"table {schema.qualified_name} (id {table_id}) file {path}"
+        meta = pq.read_metadata(path)
+        want = [(f.name, f.type) for f in data_file_schema(schema).remove(0)]  # no _commit_ts
+        if [(f.name, f.type) for f in meta.schema.to_arrow_schema()] != want:
+            raise RowSchemaMismatchError(
+                f"{where}: layout {meta.schema.to_arrow_schema()} is not the table's at ts "
+                f"{ts} (schema version {version}) without _commit_ts: {want}"
+            )
+        versions = _column_range(meta, "_schema_version")
+        if versions != (version, version) or meta.num_rows == 0:
+            raise RowSchemaMismatchError(
+                f"{where}: rows of schema versions {versions}, expected {version} (the one "
+                f"valid at ts {ts}), and at least one row"
+            )
+        resolved = self.log.shard_resolved_ts(table_id, shard)
+        if ts <= resolved or not _TAG.fullmatch(tag):
+            raise RowSchemaMismatchError(
+                f"{where}: ts {ts} is at or below the shard's resolved ts {resolved}, or tag "
+                f"{tag!r} is not 8 hex digits"
+            )
+        minute = physical_ms(ts) // _MINUTE_MS
+        target = self.root / "tables" / str(table_id) / "data" / f"minute={minute}"
+        target.mkdir(parents=True, exist_ok=True)
+        name = target / f"{ts:020d}-{ts:020d}-s{shard}-{tag}.parquet"
+        if link:
+            os.link(path, name)
+        else:
+            os.replace(path, name)
+        if self.fsync:
+            _fsync_dir(target)
+        self._max_row_ts[table_id] = max(self._max_row_ts.get(table_id, 0), ts)
+        return DataFile(str(name), table_id, shard, ts, ts)
+
     def _check_target(self, table_id: int, shard: int, schema_version: int) -> TableSchema:
         shards = self.log.shards(table_id)
         if type(shard) is not int or not 0 <= shard < shards:
@@ -652,11 +821,17 @@ class ChangeLogWriter:
                 f"{resolved}; a resolved mark promises no more rows there"
             )
 
-    def _write_file(self, table_id: int, shard: int, rows: pa.Table) -> DataFile:
+    def _write_file(
+        self, table_id: int, shard: int, rows: pa.Table, flavor: str | None = None
+    ) -> DataFile:
+        """One data file of sorted rows (``flavor`` given: binlog events of that upstream)."""
         first, last = rows["_commit_ts"][0].as_py(), rows["_commit_ts"][-1].as_py()
         minute = physical_ms(first) // _MINUTE_MS
-        name = f"{first:020d}-{last:020d}-s{shard}-{uuid.uuid4().hex[:8]}.parquet"
+        suffix = ".parquet" if flavor is None else BINLOG_SUFFIX
+        name = f"{first:020d}-{last:020d}-s{shard}-{uuid.uuid4().hex[:8]}{suffix}"
         path = self.root / "tables" / str(table_id) / "data" / f"minute={minute}" / name
+        if flavor is not None:
+            rows = rows.replace_schema_metadata({FLAVOR_KEY: flavor.encode()})
         buf = io.BytesIO()
         pq.write_table(rows, buf)
         _atomic_write(path, buf.getvalue(), fsync=self.fsync)

@@ -117,7 +117,7 @@ def capture_tick(
         work,
         staging_root=settings.staging_dir(),
         executor_factory=spark_executor_factory(
-            spark.spark_session, local_max_bytes=settings.local_tick_bytes
+            spark.live_session(), local_max_bytes=settings.local_tick_bytes
         ),
         lease_ttl_s=settings.capture_ttl_s,
     )

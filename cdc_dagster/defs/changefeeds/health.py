@@ -57,7 +57,8 @@ def verdict(
         passed=passed,
         severity=severity,
         description=message or f"{state}: replicating",
-        metadata={"state": state, **metadata},
+        # str(): a ChangefeedState (an enum) in metadata fails the sensor tick's serialization
+        metadata={"state": str(state), **metadata},
     )
 
 
@@ -133,5 +134,5 @@ def _result(key: dg.AssetKey, state: str, message: str) -> dg.AssetCheckResult:
         passed=evaluation.passed,
         severity=evaluation.severity,
         description=evaluation.description,
-        metadata={"state": state},
+        metadata={"state": str(state)},
     )

@@ -1,6 +1,7 @@
 """MySQL/MariaDB upstreams under Dagster: the puller job and the owner sensor's run requests."""
 
 from cdc_dagster.defs.mysql.job import mysql_puller
-from cdc_dagster.defs.mysql.requests import PULLER_JOB, puller_requests
+from cdc_dagster.defs.mysql.requests import PULLER_JOB, SNAPSHOT_JOB, puller_requests
+from cdc_dagster.defs.mysql.snapshot_job import mysql_snapshot
 
-__all__ = ["PULLER_JOB", "mysql_puller", "puller_requests"]
+__all__ = ["PULLER_JOB", "SNAPSHOT_JOB", "mysql_puller", "mysql_snapshot", "puller_requests"]

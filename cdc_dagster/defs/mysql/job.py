@@ -1,10 +1,15 @@
-"""The binlog puller as a Dagster job: one bounded pull of one changefeed's upstream.
+"""The binlog puller as a Dagster job: one changefeed's upstream, followed for a while.
 
-The run pulls until ``max_seconds`` or ``max_rows`` (the puller flushes every second, so
-captures see progress during the run), persists its position and exits; the next owner
+A run follows the binlog for ``max_seconds`` (``CDC_DAGSTER_MYSQL_PULL_S``, 600 s: one run
+launch and one reconnect per ten minutes); it flushes at least every
+second while rows flow and, with an idle upstream, on the server's heartbeats, so captures
+see progress and resolved ts follow the clock during the run. It looks at its changefeed
+in etcd once a second and stops within a few seconds when the changefeed is no longer
+normal (paused, failed, removed). Then it persists its position and exits; the next owner
 tick launches the next run, which resumes from the persisted GTID / file:pos. Progress is
-an asset observation per changefeed (``mysql_binlog/<changefeed>``: rows/s, rows,
-resolved ts and lag, binlog position) and run tags (position, rows/s) in the runs list.
+an asset observation per changefeed (``mysql_binlog/<changefeed>``: row events and their
+rate, resolved ts and lag, binlog position) and run tags (position, row events/s) in the
+runs list. (The puller writes row events as read; the data plane counts rows.)
 """
 
 import time
@@ -13,7 +18,7 @@ from typing import Any
 import dagster as dg
 
 from cdc_dagster.defs.catalog import _segment
-from cdc_dagster.defs.mysql.requests import DEFAULT_PULL_ROWS, DEFAULT_PULL_S, PULLER_JOB
+from cdc_dagster.defs.mysql.requests import DEFAULT_PULL_S, PULLER_JOB
 from cdc_dagster.defs.resources import CdcResource
 from cdc_dagster.metastore.changefeeds import wall_ms
 from cdc_dagster.metastore.problems import PULLER
@@ -21,6 +26,7 @@ from cdc_dagster.secrets import redact_text
 
 BINLOG_ASSET_PREFIX = "mysql_binlog"
 MAX_TAG_CHARS = 200
+CHANGEFEED_CHECK_S = 1.0  # a following run looks whether its changefeed is still normal
 
 
 class PullConfig(dg.Config):
@@ -28,7 +34,6 @@ class PullConfig(dg.Config):
 
     changefeed_id: str
     max_seconds: float = DEFAULT_PULL_S
-    max_rows: int = DEFAULT_PULL_ROWS
 
 
 def binlog_asset_key(changefeed_id: str) -> dg.AssetKey:
@@ -42,8 +47,8 @@ def puller_metadata(stats: Any, seconds: float, now_s: float) -> dict[str, dg.Me
 
     lag = max(now_s - physical_ms(stats.resolved_ts) / 1000.0, 0.0) if stats.resolved_ts else 0.0
     return {
-        "rows": dg.MetadataValue.int(stats.rows),
-        "rows_per_s": dg.MetadataValue.float(float(stats.rows / max(seconds, 1e-9))),
+        "row_events": dg.MetadataValue.int(stats.row_events),
+        "row_events_per_s": dg.MetadataValue.float(float(stats.row_events / max(seconds, 1e-9))),
         "transactions": dg.MetadataValue.int(stats.transactions),
         "ddls": dg.MetadataValue.int(stats.ddls),
         "snapshot_rows": dg.MetadataValue.int(stats.snapshot_rows),
@@ -65,19 +70,50 @@ def _report_problem(ms: Any, changefeed_id: str, message: str, *, fatal: bool) -
     )
 
 
+class FollowStop:
+    """When a following puller run stops: its time is up, or its changefeed is no longer
+    normal (looked up in etcd at most once per ``check_s``)."""
+
+    def __init__(self, config: PullConfig, ms: Any, check_s: float = CHANGEFEED_CHECK_S) -> None:
+        self.config, self.ms, self.check_s = config, ms, check_s
+        self.started = time.monotonic()
+        self.checked = self.started
+        self.why = ""
+
+    def __call__(self, stats: Any) -> bool:
+        now = time.monotonic()
+        if now - self.started >= self.config.max_seconds:
+            self.why = f"followed the binlog for {self.config.max_seconds:.0f} s"
+        elif now - self.checked >= self.check_s:
+            self.checked = now
+            self.why = self._changefeed_gone()
+        return bool(self.why)
+
+    def _changefeed_gone(self) -> str:
+        from cdc_dagster.metastore.errors import ChangefeedNotFoundError, MetastoreError
+
+        try:
+            state = self.ms.changefeeds.get(self.config.changefeed_id).status.state
+        except ChangefeedNotFoundError:
+            return f"changefeed {self.config.changefeed_id} was removed"
+        except MetastoreError:
+            return ""  # etcd unreachable for a moment: keep pulling, look again
+        if not state.running:
+            return f"changefeed {self.config.changefeed_id} is {state.value}"
+        return ""
+
+
 def _pull(context: dg.OpExecutionContext, config: PullConfig, ms: Any, cf: Any) -> Any:
     from cdc_dagster.mysql.puller import PullerConfig, PullerError, run_puller
     from cdc_dagster.upstream.uri import UpstreamError, changelog_path
 
-    started = time.monotonic()
-
-    def stop(stats: Any) -> bool:
-        return time.monotonic() - started >= config.max_seconds or stats.rows >= config.max_rows
-
+    stop = FollowStop(config, ms)
     try:
         uri = cf.info.upstream_uri
         pcfg = PullerConfig(uri, changelog_path(uri), tuple(cf.info.table_filter))
-        return run_puller(pcfg, stop_after=stop)
+        stats = run_puller(pcfg, stop_after=stop)
+        context.log.info("puller stopped: %s", stop.why or "done")
+        return stats
     except PullerError as exc:
         message = f"binlog puller: {redact_text(' '.join(str(exc).split()))}"
         then = _report_problem(ms, config.changefeed_id, message, fatal=not exc.retryable)
@@ -88,9 +124,16 @@ def _pull(context: dg.OpExecutionContext, config: PullConfig, ms: Any, cf: Any) 
         raise dg.Failure(f"{message} ({then})", allow_retries=False) from None
 
 
+def _skipped(cf: Any) -> dict[str, str]:
+    from cdc_dagster.mysql.state import skipped_tables
+    from cdc_dagster.upstream.uri import changelog_path
+
+    return skipped_tables(changelog_path(cf.info.upstream_uri))
+
+
 @dg.op(name="pull_binlog")
 def pull_binlog(context: dg.OpExecutionContext, config: PullConfig, cdc: CdcResource) -> None:
-    """Pull the changefeed's binlog into its change log for a bounded time, then persist."""
+    """Follow the changefeed's binlog into its change log for a while, then persist."""
     from cdc_dagster.metastore.errors import MetastoreError
 
     try:
@@ -106,6 +149,10 @@ def pull_binlog(context: dg.OpExecutionContext, config: PullConfig, cdc: CdcReso
     ms.problems.clear(cf.changefeed_id, PULLER)
     seconds = time.monotonic() - started
     metadata = puller_metadata(stats, seconds, time.time())
+    skipped = _skipped(cf)
+    for name, why in skipped.items():
+        context.log.warning("table %s is not replicated: %s", name, why)
+    metadata["skipped_tables"] = dg.MetadataValue.text(", ".join(skipped) or "none")
     context.log_event(
         dg.AssetObservation(asset_key=binlog_asset_key(cf.changefeed_id), metadata=metadata)
     )
@@ -113,18 +160,18 @@ def pull_binlog(context: dg.OpExecutionContext, config: PullConfig, cdc: CdcReso
         context.run_id,
         {
             "cdc/binlog_position": stats.position[:MAX_TAG_CHARS],
-            "cdc/rows_per_s": f"{stats.rows / max(seconds, 1e-9):.0f}",
+            "cdc/row_events_per_s": f"{stats.row_events / max(seconds, 1e-9):.0f}",
         },
     )
     context.log.info(
-        "changefeed %s: %d rows in %d transactions, %d DDLs in %.1f s (%.0f rows/s); "
+        "changefeed %s: %d row events in %d transactions, %d DDLs in %.1f s (%.0f events/s); "
         "binlog position %s",
         cf.changefeed_id,
-        stats.rows,
+        stats.row_events,
         stats.transactions,
         stats.ddls,
         seconds,
-        stats.rows / max(seconds, 1e-9),
+        stats.row_events / max(seconds, 1e-9),
         stats.position,
     )
 
@@ -133,8 +180,9 @@ def pull_binlog(context: dg.OpExecutionContext, config: PullConfig, cdc: CdcReso
     name=PULLER_JOB,
     executor_def=dg.in_process_executor,
     description=(
-        "One bounded binlog pull of a mysql:// changefeed into its change log, launched by "
-        "the owner sensor; at most one at a time per upstream (tag cdc/upstream)."
+        "Follows a mysql:// changefeed's binlog into its change log for a while (stops when "
+        "the changefeed is paused), launched by the owner sensor; at most one at a time per "
+        "upstream (tag cdc/upstream)."
     ),
 )
 def mysql_puller() -> None:

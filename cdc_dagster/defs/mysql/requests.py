@@ -1,6 +1,6 @@
 """Which binlog puller runs the owner sensor requests this tick (pure planning + one adapter).
 
-One bounded puller run per changefeed whose upstream is ``mysql://``/``mariadb://`` and
+One following puller run per changefeed whose upstream is ``mysql://``/``mariadb://`` and
 whose state is normal, unless one is already queued or running for it. Runs carry
 ``cdc/upstream = host:port/server-id``; ``dagster.yaml`` limits that tag to one run per
 value, so pullers sharing an upstream and server id never run at once (they would
@@ -24,10 +24,12 @@ from cdc_dagster.metastore.problems import PULLER
 from cdc_dagster.upstream.uri import UpstreamError, is_mysql_uri, parse_uri
 
 PULLER_JOB = "mysql_puller"
+SNAPSHOT_JOB = "mysql_snapshot"
 UPSTREAM_TAG = "cdc/upstream"
 CHANGEFEED_TAG = "cdc/changefeed"
-DEFAULT_PULL_S = 30.0
-DEFAULT_PULL_ROWS = 500_000
+DEFAULT_PULL_S = 600.0  # a run follows the binlog this long (one launch per ten minutes)
+MAX_RUNTIME_TAG = "dagster/max_runtime"
+HUNG_AFTER_S = 600  # past its follow time (a join may finish first): hung
 IN_FLIGHT = [
     dg.DagsterRunStatus.QUEUED,
     dg.DagsterRunStatus.NOT_STARTED,
@@ -38,19 +40,15 @@ IN_FLIGHT = [
 
 @dataclass(frozen=True, slots=True)
 class PullBounds:
-    """How long one puller run pulls before it persists and exits."""
+    """How long one puller run follows the binlog before it persists and exits."""
 
     max_seconds: float = DEFAULT_PULL_S
-    max_rows: int = DEFAULT_PULL_ROWS
 
     @staticmethod
     def from_env(environ: Mapping[str, str] | None = None) -> PullBounds:
-        """``CDC_DAGSTER_MYSQL_PULL_S`` / ``CDC_DAGSTER_MYSQL_PULL_ROWS`` (read at tick time)."""
+        """``CDC_DAGSTER_MYSQL_PULL_S`` (read at tick time)."""
         env = os.environ if environ is None else environ
-        return PullBounds(
-            float(env.get("CDC_DAGSTER_MYSQL_PULL_S", DEFAULT_PULL_S)),
-            int(env.get("CDC_DAGSTER_MYSQL_PULL_ROWS", DEFAULT_PULL_ROWS)),
-        )
+        return PullBounds(float(env.get("CDC_DAGSTER_MYSQL_PULL_S", DEFAULT_PULL_S)))
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,12 +82,8 @@ def pullers_to_run(
 def puller_run_request(
     target: PullerTarget, owner_rev: int, tick: int, bounds: PullBounds
 ) -> dg.RunRequest:
-    """One bounded puller run (its run key is new every tick: Dagster dedupes them forever)."""
-    config = {
-        "changefeed_id": target.changefeed_id,
-        "max_seconds": bounds.max_seconds,
-        "max_rows": bounds.max_rows,
-    }
+    """One following puller run (its run key is new every tick: Dagster dedupes them forever)."""
+    config = {"changefeed_id": target.changefeed_id, "max_seconds": bounds.max_seconds}
     return dg.RunRequest(
         run_key=f"mysql:{target.changefeed_id}:{owner_rev}:{tick}",
         job_name=PULLER_JOB,
@@ -98,16 +92,46 @@ def puller_run_request(
             UPSTREAM_TAG: target.upstream_key,
             CHANGEFEED_TAG: target.changefeed_id,
             "cdc/owner_rev": str(owner_rev),
+            # run monitoring fails a run hung past this, so it frees its upstream's slot
+            MAX_RUNTIME_TAG: str(int(bounds.max_seconds + HUNG_AFTER_S)),
         },
     )
 
 
-def in_flight_pullers(instance: dg.DagsterInstance) -> set[str]:
-    """Changefeeds with a puller run queued or running (one query per tick)."""
-    records = instance.get_run_records(
-        dg.RunsFilter(job_name=PULLER_JOB, statuses=IN_FLIGHT), limit=1000
-    )
+def in_flight_pullers(instance: dg.DagsterInstance, job: str = PULLER_JOB) -> set[str]:
+    """Changefeeds with a run of ``job`` queued or running (one query per tick)."""
+    records = instance.get_run_records(dg.RunsFilter(job_name=job, statuses=IN_FLIGHT), limit=1000)
     return {r.dagster_run.tags.get(CHANGEFEED_TAG, "") for r in records}
+
+
+def snapshot_requests(
+    instance: dg.DagsterInstance, metastore: Any, owner_rev: int, tick: int
+) -> list[dg.RunRequest]:
+    """A snapshot run per running mysql:// changefeed with snapshots pending in its change
+    log (the puller state lists them) and none in flight."""
+    from cdc_dagster.mysql.state import load_state
+    from cdc_dagster.upstream.uri import UpstreamError, changelog_path
+
+    feeds = {cf.changefeed_id: cf for cf in metastore.changefeeds.list()}
+    out = []
+    for t in pullers_to_run(feeds.values(), in_flight_pullers(instance, SNAPSHOT_JOB)):
+        try:
+            state = load_state(changelog_path(feeds[t.changefeed_id].info.upstream_uri))
+        except (UpstreamError, OSError, ValueError):
+            continue  # the puller run reports what is wrong with its change log
+        if state is None or not state.snapshots:
+            continue
+        out.append(
+            dg.RunRequest(
+                run_key=f"snapshot:{t.changefeed_id}:{owner_rev}:{tick}",
+                job_name=SNAPSHOT_JOB,
+                run_config={
+                    "ops": {"read_snapshots": {"config": {"changefeed_id": t.changefeed_id}}}
+                },
+                tags={CHANGEFEED_TAG: t.changefeed_id, "cdc/owner_rev": str(owner_rev)},
+            )
+        )
+    return out
 
 
 def puller_requests(
@@ -138,6 +162,7 @@ def with_puller_runs(
     """The owner's ``result`` plus this tick's puller runs (etcd read failing: none this tick)."""
     try:
         runs = puller_requests(instance, ms, owner_rev, tick)
+        runs += snapshot_requests(instance, ms, owner_rev, tick)
     except MetastoreError as exc:
         logging.getLogger(__name__).warning("no puller runs this tick: %s", exc)
         return result

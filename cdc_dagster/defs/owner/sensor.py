@@ -30,6 +30,7 @@ SENSOR_NAME = "cdc_owner"
 MIN_INTERVAL_S = 1
 # Asset observations per tick: each is one event-log write in the daemon (~12 ms on SQLite).
 OBSERVATIONS_PER_TICK = 50
+LAG_REFRESH_S = 600.0
 
 
 NOT_STARTED = [dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.NOT_STARTED]
@@ -46,9 +47,21 @@ def queued_captures(instance: dg.DagsterInstance, in_progress: bool = False) -> 
     return {p for r in records if (p := r.dagster_run.tags.get("dagster/partition"))}
 
 
-def _log_step(context: dg.SensorEvaluationContext, step: OwnerStep, tick: int, runs: int) -> None:
+def _log_step(
+    context: dg.SensorEvaluationContext, catalog: Catalog, step: OwnerStep, tick: int, runs: int
+) -> None:
     for cf, line in progress_lines(step).items():
         context.log.info("changefeed %s: %s", cf, line)
+    for cf, health in sorted(step.tick.health.items()):
+        if health.message:
+            state = "failed" if health.failed else "warning"
+            context.log.warning("changefeed %s is %s: %s", cf, state, health.message)
+        if cf not in catalog.changefeeds:
+            context.log.info(
+                "changefeed %s has no asset yet (created after this code location loaded): "
+                "reload the code location to see its health check and tables",
+                cf,
+            )
     for note in step.notes:
         context.log.info(note)
     context.log.info(
@@ -106,7 +119,9 @@ def build_owner_sensor(
     # These live as long as the code server (losing them only reports everything again).
     budgets = (
         ObservationBudget(observations_per_tick),
-        ObservationBudget(observations_per_tick),
+        # A lag verdict that did not change is evaluated again only every ten minutes: each
+        # evaluation is an event-log write in the daemon; a flip is reported at once.
+        ObservationBudget(observations_per_tick, refresh_s=LAG_REFRESH_S),
         HealthReporter(),
     )
     checks_job = any(j.name == SYNCPOINT_CHECKS_JOB for j in jobs)
@@ -164,7 +179,7 @@ def build_owner_sensor(
                 dynamic_partitions_requests=result.dynamic_partitions_requests,
                 cursor=result.cursor,
             )
-        _log_step(context, step, tick, len(result.run_requests or []))
+        _log_step(context, catalog, step, tick, len(result.run_requests or []))
         if queued:  # one line, no etcd read per capture
             context.log.info(
                 "run queued or following its mailbox (their messages wait there): %s",

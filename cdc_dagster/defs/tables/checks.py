@@ -124,7 +124,7 @@ def syncpoint_checks(catalog: Catalog) -> list[dg.AssetChecksDefinition]:
     return checks
 
 
-SYNCPOINT_CHECKS_JOB = "replica_syncpoint_checks"
+SYNCPOINT_CHECKS_JOB = "check_at_syncpoint"
 
 
 def syncpoint_checks_job(checks: list[dg.AssetChecksDefinition]) -> UnresolvedAssetJobDefinition:

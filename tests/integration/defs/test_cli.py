@@ -6,10 +6,12 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
+import psycopg
 import pytest
 
 from cdc_dagster.cli import main
 from cdc_dagster.metastore import Metastore
+from cdc_dagster.testing.servers import PrivatePostgres
 
 Run = Callable[..., tuple[int, str, str]]
 
@@ -61,18 +63,47 @@ def test_changefeed_lifecycle_create_list_query_pause_update_resume_remove(
     assert json.loads(cli("changefeed", "list")[1]) == []
 
 
-def test_literal_password_is_never_printed(cli: Run) -> None:
-    uri = "postgresql://etl:hunter2@db:5432/wh"
+def test_literal_password_is_never_printed(cli: Run, pg_server: PrivatePostgres) -> None:
+    uri = pg_server.uri(password="hunter2")  # the private server trusts every password
     code, out, err = cli("changefeed", "create", "-c", "pg", "--sink-uri", uri)
     assert code == 0, err
     code, out, err = cli("changefeed", "query", "-c", "pg")
-    assert "hunter2" not in out + err and "etl:***@db" in out
+    assert "hunter2" not in out + err and "postgres:***@127.0.0.1" in out
 
 
-def test_env_reference_in_uri_is_kept_visible(cli: Run) -> None:
-    uri = "postgresql://etl:${PG_PASSWORD}@db:5432/wh"
+def test_env_reference_in_uri_is_kept_visible(
+    cli: Run, pg_server: PrivatePostgres, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PG_PASSWORD", "s3cret")  # resolved where the sink is reached
+    uri = pg_server.uri(password="${PG_PASSWORD}")
     assert cli("changefeed", "create", "-c", "pg2", "--sink-uri", uri)[0] == 0
     assert "${PG_PASSWORD}" in cli("changefeed", "query", "-c", "pg2")[1]
+
+
+@pytest.mark.parametrize(
+    ("sink", "says"),
+    [
+        ("delta://relative/lake", "no directory given as an absolute path"),
+        ("delta:///proc/nope/lake", "cannot write in /proc"),
+        ("postgresql://postgres@127.0.0.1:1/downstream", "cannot connect"),
+        ("PG/nosuchdb", 'database "nosuchdb" does not exist'),
+        ("PG-READER", "may not create schemas"),
+    ],
+)
+def test_a_sink_that_cannot_be_used_is_refused_at_create_and_nothing_is_stored(
+    cli: Run, pg_server: PrivatePostgres, sink: str, says: str
+) -> None:
+    if sink == "PG/nosuchdb":
+        sink = pg_server.uri(dbname="nosuchdb")
+    elif sink == "PG-READER":
+        with psycopg.connect(pg_server.dsn(), autocommit=True) as conn:
+            conn.execute("DROP ROLE IF EXISTS reader")
+            conn.execute("CREATE ROLE reader LOGIN")
+        sink = pg_server.uri(user="reader")
+    code, _, err = cli("changefeed", "create", "-c", "bad", "--sink-uri", sink)
+    assert code == 1 and says in err, err
+    assert len(err.strip().splitlines()) == 1  # one line
+    assert json.loads(cli("changefeed", "list")[1]) == []
 
 
 @pytest.mark.parametrize(

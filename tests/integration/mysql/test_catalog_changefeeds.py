@@ -25,7 +25,6 @@ from cdc_dagster.upstream.changelog import ChangeLogWriter
 from scheduler_core.ddl import DDLKind
 from scheduler_core.ts import compose
 
-SINK = "postgresql://writer:${PG_PW}@127.0.0.1:1/analytics"
 TABLES = [(1, "bank", "accounts_0"), (2, "bank", "accounts_1"), (3, "shop", "orders")]
 
 
@@ -60,7 +59,7 @@ def test_defs_list_every_changefeeds_tables_and_keep_colliding_ids_apart(
             "CREATE TABLE tmp_scratch (id INT PRIMARY KEY)")  # fmt: skip
     root = tmp_path / "mysql-cl"
     admin.create_changefeed(
-        metastore, "shop", SINK, table_filter=(f"{mydb}.*", f"!{mydb}.tmp_*"),
+        metastore, "shop", f"delta://{tmp_path / 'lake'}", table_filter=(f"{mydb}.*", f"!{mydb}.tmp_*"),
         upstream_uri=mariadb.uri(query="server-id=4242"), changelog_root=str(root),
     )  # fmt: skip
     # the embedded demo's log, read by another changefeed: its ids count from 1 too

@@ -13,21 +13,24 @@ from pathlib import Path
 
 import psycopg
 import pyarrow as pa
-import pyarrow.parquet as pq
 from test_binlog_puller import ddls, execute, pull_until_caught_up
 
 from cdc_dagster.schema import TableSchema
 from cdc_dagster.sinks.base import COMMIT_TS_COLUMN, OP_COLUMN
 from cdc_dagster.sinks.postgres import PostgresSink
+from cdc_dagster.upstream.changelog import ChangeLog
+from scheduler_core.ts import MAX_TS
 
 CF = "e2e"
 
 
 def _rows(root: Path, tid: int) -> list[dict]:
-    files = sorted((root / "tables" / str(tid) / "data").glob("*/*.parquet"))
+    """The table's change-log rows (binlog event files mounted), in (ts, seq) order."""
+    log = ChangeLog(root)
+    files = log.data_files(tid, 0, MAX_TS) if (root / "tables" / str(tid)).exists() else []
     if not files:
         return []
-    t = pa.concat_tables([pq.read_table(f) for f in files], promote_options="permissive")
+    t = pa.concat_tables([log.read_data_file(f) for f in files], promote_options="permissive")
     return sorted(t.to_pylist(), key=lambda r: (r["_commit_ts"], r["_seq"]))
 
 

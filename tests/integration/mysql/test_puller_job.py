@@ -4,6 +4,8 @@ fail the way docs/mysql-postgres.md says."""
 
 from __future__ import annotations
 
+import threading
+import time
 from pathlib import Path
 
 import dagster as dg
@@ -15,11 +17,15 @@ from cdc_dagster import admin
 from cdc_dagster.defs import build_definitions
 from cdc_dagster.defs.catalog import Catalog
 from cdc_dagster.defs.mysql.job import binlog_asset_key
-from cdc_dagster.defs.mysql.requests import CHANGEFEED_TAG, PULLER_JOB, UPSTREAM_TAG
+from cdc_dagster.defs.mysql.requests import (
+    CHANGEFEED_TAG,
+    PULLER_JOB,
+    SNAPSHOT_JOB,
+    UPSTREAM_TAG,
+)
 from cdc_dagster.metastore.changefeeds import ChangefeedState
+from cdc_dagster.mysql.snapshot_runner import run_snapshots
 from cdc_dagster.testing.dagster import evaluate_sensor
-
-SINK = "postgresql://writer:${PG_PW}@127.0.0.1:1/analytics"
 
 
 @pytest.fixture
@@ -48,7 +54,7 @@ def _execute(defs: dg.Definitions, instance: dg.DagsterInstance, req: dg.RunRequ
 
 def _create(metastore, mariadb, db: str, root: Path, cf: str = "shop") -> object:
     return admin.create_changefeed(
-        metastore, cf, SINK, table_filter=(f"{db}.*",),
+        metastore, cf, f"delta://{root.parent / 'lake'}", table_filter=(f"{db}.*",),
         upstream_uri=mariadb.uri(query="server-id=4242"), changelog_root=str(root),
     )  # fmt: skip
 
@@ -62,23 +68,31 @@ def test_owner_sensor_launches_bounded_puller_runs_that_resume_and_report(
     root = tmp_path / "cl"
     cf = _create(metastore, mariadb, mydb, root)
     tid = table_id(root, "t")
-    assert [r["c1"] for r in changes(root, tid)] == [1, 2]  # the snapshot, at create
+    assert changes(root, tid) == []  # create returns at once: no rows yet
     execute(mariadb, mydb, "INSERT INTO t VALUES (3, 3)", "UPDATE t SET v = 20 WHERE id = 2")
     with dg.instance_for_test() as instance:
-        (req,) = _pullers(_tick(defs, instance, None))
+        first = _tick(defs, instance, None)
+        (snap,) = [r for r in first.run_requests or [] if r.job_name == SNAPSHOT_JOB]
+        assert snap.tags[CHANGEFEED_TAG] == "shop"
+        # the snapshot's chunks (read here, not as Spark tasks), placed by the puller run
+        run_snapshots(cf.info.upstream_uri, str(root), parallelism=1)
+        (req,) = _pullers(first)
         assert req.tags[UPSTREAM_TAG] == f"127.0.0.1:{mariadb.port}/4242"
         assert req.tags[CHANGEFEED_TAG] == "shop"
         out = _execute(defs, instance, req)
         assert out.success, [e.message for e in out.all_events if e.is_failure]
         rows = changes(root, tid)
-        assert [(r["_op"], r["c1"], r["c2"]) for r in rows[2:]] == [(1, 3, 3), (2, 2, 20)]
+        # the chunk was read after both writes: placed after them, what the rows held then
+        assert [(r["_op"], r["c1"], r["c2"]) for r in rows] == [
+            (1, 3, 3), (2, 2, 20), (1, 1, 1), (1, 2, 20), (1, 3, 3)
+        ]  # fmt: skip
 
         # Progress: an observation per run, and tags in the runs list.
         (event,) = instance.fetch_observations(binlog_asset_key("shop"), limit=10).records
         obs = event.asset_observation
-        assert obs.metadata["rows"].value == 2
+        assert obs.metadata["row_events"].value == 2  # two single-row statements
         assert obs.metadata["binlog_position"].value == gtid_now(mariadb)
-        assert isinstance(obs.metadata["rows_per_s"].value, float)
+        assert isinstance(obs.metadata["row_events_per_s"].value, float)
         assert obs.metadata["resolved_ts_raw"].value > cf.info.start_ts
         run = instance.get_run_by_id(out.run_id)
         assert run.tags["cdc/binlog_position"] == gtid_now(mariadb)
@@ -95,7 +109,7 @@ def test_owner_sensor_launches_bounded_puller_runs_that_resume_and_report(
         (req,) = _pullers(_tick(defs, instance, "2"))
         assert _execute(defs, instance, req).success
         rows = changes(root, tid)
-        assert [(r["_op"], r["c1"]) for r in rows[2:]] == [(1, 3), (2, 2), (3, None)]
+        assert [(r["_op"], r["c1"]) for r in rows[5:]] == [(3, None)]
         assert [r["b1"] for r in rows if r["_op"] == 3] == [1]
 
         # Paused: no puller runs.
@@ -123,3 +137,47 @@ def test_puller_run_that_cannot_go_on_fails_the_changefeed_with_the_reason(
         assert "binlog puller" in status.last_error and "PARTITION" in status.last_error
         assert "resume" in status.last_error
         assert _pullers(_tick(defs, instance, "2")) == []  # no relaunch until resumed
+
+
+def test_following_puller_run_stops_within_seconds_of_a_pause(
+    mariadb, mydb, metastore, dagster_env, defs, tmp_path, monkeypatch
+):
+    monkeypatch.setenv("CDC_DAGSTER_MYSQL_PULL_S", "120")
+    execute(mariadb, mydb, "CREATE TABLE t (id INT PRIMARY KEY, v INT)")
+    root = tmp_path / "cl"
+    _create(metastore, mariadb, mydb, root)
+    tid = table_id(root, "t")
+    with dg.instance_for_test() as instance:
+        (req,) = _pullers(_tick(defs, instance, None))
+        assert req.tags["dagster/max_runtime"] == str(120 + 600)
+        done: list = []
+        runner = threading.Thread(target=lambda: done.append(_execute(defs, instance, req)))
+        runner.start()
+        deadline = time.monotonic() + 60
+        while not changes(root, tid) and time.monotonic() < deadline:  # the run follows
+            execute(mariadb, mydb, f"INSERT INTO t VALUES ({int(time.monotonic() * 1000)}, 1)")
+            time.sleep(0.5)
+        assert changes(root, tid), "the following run wrote nothing in 60 s"
+        metastore.changefeeds.pause("shop")
+        paused = time.monotonic()
+        runner.join(timeout=30)
+        assert not runner.is_alive() and done[0].success
+        assert time.monotonic() - paused < 5.0
+
+
+def test_remove_deletes_the_pullers_change_log_and_staging_unless_asked_to_keep_them(
+    mariadb, mydb, metastore, tmp_path
+):
+    execute(mariadb, mydb, "CREATE TABLE r (id INT PRIMARY KEY)")
+    kept, gone = tmp_path / "kept", tmp_path / "gone"
+    _create(metastore, mariadb, mydb, kept, cf="keep")
+    _create(metastore, mariadb, mydb, gone, cf="drop")
+    staging = tmp_path / "staging"
+    (staging / "drop" / "capture-1").mkdir(parents=True)
+    assert (gone / "FORMAT").exists() and (kept / "FORMAT").exists()
+    removed = admin.remove_changefeed(metastore, "drop", staging_root=staging)
+    assert set(removed) == {gone, staging / "drop"}
+    assert not gone.exists() and not (staging / "drop").exists()
+    assert admin.remove_changefeed(metastore, "keep", keep_state=True, staging_root=staging) == []
+    assert (kept / "FORMAT").exists()
+    assert metastore.changefeeds.list() == []

@@ -15,7 +15,7 @@ import pytest
 from test_binlog_puller import _late, changes, ddls, execute, gtid_now, replay, table_id
 from test_mysql_to_pg import replicate
 
-from cdc_dagster.mysql.puller import PullerConfig, PullerError, PullerStats, run_puller
+from cdc_dagster.mysql.puller import PullerConfig, PullerStats, run_puller
 from cdc_dagster.mysql.state import load_state
 from cdc_dagster.sinks.postgres import PostgresSink
 
@@ -205,12 +205,13 @@ def test_a_join_cut_short_leaves_nothing_and_the_next_run_joins(mariadb, mydb, t
     assert len(changes(root, y)) == 501
 
 
-def test_a_keyless_table_joining_is_a_clear_error_naming_it(mariadb, mydb, tmp_path):
+def test_a_keyless_table_joining_is_skipped_naming_it(mariadb, mydb, tmp_path):
+    # issue 18 item 4: skipped with a warning, not an error (tests/.../test_keyless_tables.py)
     root = tmp_path / "cl"
     execute(mariadb, mydb, "CREATE TABLE k (id INT PRIMARY KEY)", "CREATE TABLE nokey (a INT)")
     pull(mariadb, root, (f"{mydb}.k",))
-    with pytest.raises(PullerError, match=rf"{mydb}\.nokey joins the changefeed .* no primary key"):
-        pull(mariadb, root, (f"{mydb}.*",))
+    pull(mariadb, root, (f"{mydb}.*",))
+    assert "no primary key" in load_state(root).skipped[(mydb, "nokey")]
 
 
 def test_create_table_select_rows_survive_a_stop_between_create_and_commit(mariadb, mydb, tmp_path):
@@ -231,7 +232,7 @@ def test_changefeed_update_widening_the_filter_joins_the_table_in_the_next_pulle
     mariadb, mydb, metastore, dagster_env, tmp_path, monkeypatch
 ):
     import dagster as dg
-    from test_puller_job import SINK, _execute, _pullers, _tick
+    from test_puller_job import _execute, _pullers, _tick
 
     from cdc_dagster import admin
     from cdc_dagster.defs import build_definitions
@@ -243,7 +244,7 @@ def test_changefeed_update_widening_the_filter_joins_the_table_in_the_next_pulle
             "INSERT INTO extra VALUES (1, 1), (2, 2)")  # fmt: skip
     root = tmp_path / "cl"
     admin.create_changefeed(
-        metastore, "shop", SINK, table_filter=(f"{mydb}.t",),
+        metastore, "shop", f"delta://{tmp_path / 'lake'}", table_filter=(f"{mydb}.t",),
         upstream_uri=mariadb.uri(query="server-id=4242"), changelog_root=str(root),
     )  # fmt: skip
     assert [s.table for r in ddls(root) for s in r.tables.values()] == ["t"]

@@ -200,7 +200,7 @@ def test_changefeed_update_narrowing_then_widening_re_joins_through_the_puller_r
     mariadb, mydb, metastore, dagster_env, tmp_path, monkeypatch
 ):
     import dagster as dg
-    from test_puller_job import SINK, _execute, _pullers, _tick
+    from test_puller_job import _execute, _pullers, _tick
 
     from cdc_dagster import admin
     from cdc_dagster.defs import build_definitions
@@ -212,7 +212,7 @@ def test_changefeed_update_narrowing_then_widening_re_joins_through_the_puller_r
             "INSERT INTO extra VALUES (1, 1), (2, 2), (3, 3)")  # fmt: skip
     root = tmp_path / "cl"
     admin.create_changefeed(
-        metastore, "shop", SINK, table_filter=(f"{mydb}.*",),
+        metastore, "shop", f"delta://{tmp_path / 'lake'}", table_filter=(f"{mydb}.*",),
         upstream_uri=mariadb.uri(query="server-id=4242"), changelog_root=str(root),
     )  # fmt: skip
     old = table_id(root, "extra")

@@ -151,14 +151,25 @@ def test_killed_spark_connect_comes_back_on_its_port_and_runs_a_query(state: Pat
         ),
     )
     assert parts(state)[stack.SPARK].address == before.address
+    # "running" is the process; its gRPC port answers a moment later. A new session each try
+    # (create(), never a global default another test left behind).
+    wait_until("a query on the restarted spark-connect", lambda: _count_on(before.address) == 5)
+    assert "exit code 137 (128+SIGKILL)" in (state / stack.SERVER_LOG).read_text()
+
+
+def _count_on(address: str) -> int | None:
     from pyspark.sql import SparkSession
 
-    spark = SparkSession.builder.remote(before.address).getOrCreate()
     try:
-        assert spark.range(5).count() == 5
+        spark = SparkSession.builder.remote(address).create()
+    except Exception:  # noqa: BLE001 - not answering yet
+        return None
+    try:
+        return spark.range(5).count()
+    except Exception:  # noqa: BLE001 - not answering yet
+        return None
     finally:
         spark.stop()
-    assert "exit code 137 (128+SIGKILL)" in (state / stack.SERVER_LOG).read_text()
 
 
 def test_killed_private_etcd_comes_back_on_its_port_with_its_data(state: Path) -> None:

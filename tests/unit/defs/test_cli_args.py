@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from cdc_dagster.cli import CliError, build_parser, load_changefeed_config, parse_duration_s
+from cdc_dagster.cli import build_parser
+from cdc_dagster.cli_args import CliError, load_changefeed_config, parse_duration_s
 
 
 @pytest.mark.parametrize(
@@ -57,3 +58,17 @@ def test_missing_sink_uri_is_a_usage_error() -> None:
     with pytest.raises(SystemExit) as exc:
         build_parser().parse_args(["changefeed", "create", "-c", "x"])
     assert exc.value.code == 2
+
+
+def test_a_config_that_is_not_utf8_text_is_refused_naming_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "cf.toml"
+    path.write_bytes(b"\x89PNG\r\n\x1a\n" + bytes(range(256)) * 64)
+    with pytest.raises(CliError, match=rf"config {path} is not UTF-8 text \(byte 0 is 0x89\)"):
+        load_changefeed_config(path)
+
+
+def test_a_huge_config_is_refused_before_it_is_parsed(tmp_path: Path) -> None:
+    path = tmp_path / "big.toml"
+    path.write_bytes(b"#" * (10 << 20))
+    with pytest.raises(CliError, match=rf"config {path} is 10485760 bytes"):
+        load_changefeed_config(path)

@@ -41,7 +41,9 @@ def test_production_definitions_from_the_change_log(
     monkeypatch: pytest.MonkeyPatch, changelog: Path
 ) -> None:
     monkeypatch.setenv("CDC_DAGSTER_CHANGELOG", str(changelog))
-    repo = defs().get_repository_def()
+    production = defs()
+    dg.Definitions.validate_loadable(production)  # what the code server does: every name unique
+    repo = production.get_repository_def()
     keys = {k.to_user_string() for k in repo.asset_graph.get_all_asset_keys()}
     assert keys == {
         "upstream/bank/accounts_0",
@@ -57,7 +59,8 @@ def test_production_definitions_from_the_change_log(
         "apply_ddl",
         "dbt_build",
         "mysql_puller",
-        "replica_syncpoint_checks",
+        "mysql_snapshot",
+        "check_at_syncpoint",
         *ADMIN_JOBS,
     }
     assert [s.name for s in repo.sensor_defs] == ["cdc_owner", "dbt_syncpoint_sensor"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from cdc_dagster.mysql.ddl import UnsupportedDDLError, is_ignored, parse_ddl
-from cdc_dagster.mysql.state import TsAllocator
+from cdc_dagster.mysql.state import SLOTS, TsAllocator
 from cdc_dagster.mysql.types import default_text, logical_type
 from scheduler_core.ts import compose, split
 
@@ -57,12 +57,13 @@ def test_ignored_statements():
     assert not is_ignored("ALTER TABLE t ADD COLUMN a int")
 
 
-def test_ts_allocator_strictly_increases_and_never_goes_behind():
+def test_ts_allocator_strictly_increases_never_goes_behind_and_leaves_slots_below_each_ts():
     a = TsAllocator(0)
     t1, t2 = a.issue(100.0), a.issue(100.0)
-    assert split(t1) == (100_000, 0) and split(t2) == (100_000, 1)
-    assert a.issue(99.0) == t2 + 1  # an older event time never goes back
+    assert split(t1) == (100_000, 0) and split(t2) == (100_000, SLOTS)
+    assert a.issue(99.0) == t2 + SLOTS  # an older event time never goes back
     assert a.issue(101.0) == compose(101_000)
+    assert TsAllocator(t1 + 1).issue(100.0) == t2  # from any last TS: the next multiple
 
 
 def test_type_map_edges():

@@ -2,20 +2,28 @@
 
 No MySQL server can be installed here (Debian ships only MariaDB; docs/mysql-postgres.md
 says what stays untested). These pin the parts that need no server: the start state from
-MySQL's binary log status, the stream arguments, how a committed transaction moves the
-position, the snapshot's statement order, and the start-up checks.
+MySQL's binary log status, the dump request and session settings per flavor, how a
+committed transaction moves the position, the snapshot's statement order, and the
+start-up checks.
 """
 
 from __future__ import annotations
 
-from types import SimpleNamespace
+import struct
 from typing import Any
 
 import pymysql
 import pytest
+from pymysqlreplication.gtid import GtidSet
 
+from cdc_dagster.mysql.binlog_wire import (
+    COM_BINLOG_DUMP,
+    COM_BINLOG_DUMP_GTID,
+    dump_request,
+    session_settings,
+)
 from cdc_dagster.mysql.position import binary_log_status, mysql_snapshot_state, mysql_state_at
-from cdc_dagster.mysql.puller import Puller, PullerConfig, PullerError, stream_position
+from cdc_dagster.mysql.puller import Puller, PullerConfig, PullerError
 from cdc_dagster.mysql.state import PullerState, TsAllocator, add_mysql_gtid
 from cdc_dagster.mysql.upstream import upstream_problems
 
@@ -34,11 +42,11 @@ def test_gtid_mode_on_with_executed_set_resumes_by_gtid_set() -> None:
     state = mysql_state_at(status, "ON")
     assert state.flavor == "mysql_gtid"
     assert state.gtid == f"{UUID_A}:1-42,{UUID_B}:1-3"  # MySQL breaks long sets with newlines
-    assert stream_position(state) == {
-        "is_mariadb": False,
-        "resume_stream": True,
-        "auto_position": f"{UUID_A}:1-42,{UUID_B}:1-3",
-    }
+    req = dump_request(state, 4242)
+    assert req[4] == COM_BINLOG_DUMP_GTID
+    assert struct.unpack_from("<HIIQI", req, 5)[:4] == (0x04, 4242, 0, 4)
+    assert req[27:] == GtidSet(f"{UUID_A}:1-42,{UUID_B}:1-3").encoded()
+    assert int.from_bytes(req[:3], "little") == len(req) - 4
 
 
 @pytest.mark.parametrize("mode,gtids", [("OFF", ""), ("ON", ""), ("OFF_PERMISSIVE", f"{UUID_A}:1")])
@@ -47,26 +55,27 @@ def test_without_usable_gtids_resumes_by_file_and_position(mode: str, gtids: str
         {"File": "binlog.000002", "Position": 4711, "Executed_Gtid_Set": gtids}, mode
     )
     assert state.flavor == "mysql_file" and state.gtid == "binlog.000002:4711"
-    assert stream_position(state) == {
-        "is_mariadb": False,
-        "resume_stream": True,
-        "log_file": "binlog.000002",
-        "log_pos": 4711,
-    }
+    req = dump_request(state, 7)
+    assert req[4] == COM_BINLOG_DUMP
+    assert struct.unpack_from("<IHI", req, 5) == (4711, 0, 7)
+    assert req[15:] == b"binlog.000002"
 
 
 def test_mariadb_state_streams_by_domain_server_seq() -> None:
     state = PullerState({0: "0-1-5", 1: "1-2-9"}, 0)
-    assert stream_position(state) == {
-        "is_mariadb": True,
-        "resume_stream": True,
-        "auto_position": "0-1-5,1-2-9",
-    }
+    req = dump_request(state, 4242)
+    assert req[4] == COM_BINLOG_DUMP and struct.unpack_from("<IHI", req, 5) == (4, 0, 4242)
+    assert len(req) == 4 + 11  # no file name: MariaDB starts from @slave_connect_state
+    settings = dict(session_settings(state, 1.0))
+    assert settings["SET @slave_connect_state = %s"] == ("0-1-5,1-2-9",)
+    assert settings["SET @master_heartbeat_period = %s"] == (1_000_000_000,)
+    mysql = dict(session_settings(PullerState({}, 0, flavor="mysql_gtid", gtid_set="x:1"), 1.0))
+    assert "SET @slave_connect_state = %s" not in mysql
 
 
 def test_an_empty_gtid_set_is_refused_not_read_as_start_from_now() -> None:
     with pytest.raises(PullerError, match="empty MySQL GTID set"):
-        stream_position(PullerState({}, 0, flavor="mysql_gtid"))
+        dump_request(PullerState({}, 0, flavor="mysql_gtid"), 1)
 
 
 def test_gtid_set_grows_by_one_transaction_and_merges_intervals() -> None:
@@ -85,34 +94,26 @@ def test_mysql_state_round_trips_and_old_states_read_as_mariadb() -> None:
     assert PullerState.from_json(old).gtid == "0-1-5"
 
 
-def _puller(tmp_path: Any, state: PullerState, reader: Any) -> Puller:
+def _puller(tmp_path: Any, state: PullerState, log_file: str = "") -> Puller:
     p = Puller(PullerConfig("mysql://cdc@127.0.0.1:1/?server-id=9", str(tmp_path)))
-    p.state, p.alloc, p._reader = state, TsAllocator(0), reader
+    p.state, p.alloc, p.log_file = state, TsAllocator(0), log_file
     return p
 
 
-def test_committed_transaction_moves_the_file_position_to_the_readers(tmp_path: Any) -> None:
-    reader = SimpleNamespace(log_file="binlog.000004", log_pos=1234, auto_position=None)
-    p = _puller(
-        tmp_path,
-        PullerState({}, 0, flavor="mysql_file", log_file="binlog.000004", log_pos=4),
-        reader,
-    )
-    p.trx = [(1, 1, {1: 1}, None)]
-    p._commit(1_700_000_000.0)
-    assert p.state.gtid == "binlog.000004:1234"
-    assert reader.auto_position is None  # file:pos: the reader reconnects from its own position
+def test_committed_transaction_moves_the_file_position_past_its_xid(tmp_path: Any) -> None:
+    state = PullerState({}, 0, flavor="mysql_file", log_file="binlog.000004", log_pos=4)
+    p = _puller(tmp_path, state, log_file="binlog.000004")
+    p._commit(1_700_000_000.0, log_pos=1234)  # the XID event's header: the next position
+    assert p.state.gtid == "binlog.000004:1234"  # a reconnect starts there: nothing replayed
 
 
-def test_committed_transaction_adds_its_gtid_and_moves_the_readers_reconnect_point(
-    tmp_path: Any,
-) -> None:
-    reader = SimpleNamespace(log_file="binlog.000004", log_pos=900, auto_position=f"{UUID_A}:1-5")
-    p = _puller(tmp_path, PullerState({}, 0, flavor="mysql_gtid", gtid_set=f"{UUID_A}:1-5"), reader)
-    p.trx, p.trx_gtid = [(1, 1, {1: 1}, None)], f"{UUID_A}:6"
-    p._commit(1_700_000_000.0)
+def test_committed_transaction_adds_its_gtid_to_the_set_a_reconnect_sends(tmp_path: Any) -> None:
+    state = PullerState({}, 0, flavor="mysql_gtid", gtid_set=f"{UUID_A}:1-5")
+    p = _puller(tmp_path, state, log_file="binlog.000004")
+    p.trx_gtid = f"{UUID_A}:6"
+    p._commit(1_700_000_000.0, log_pos=900)
     assert p.state.gtid == f"{UUID_A}:1-6"
-    assert reader.auto_position == f"{UUID_A}:1-6"  # a reconnect does not replay transaction 6
+    assert dump_request(p.state, 9)[27:] == GtidSet(f"{UUID_A}:1-6").encoded()
     assert (p.state.log_file, p.state.log_pos) == ("binlog.000004", 900)
 
 

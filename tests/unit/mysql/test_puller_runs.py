@@ -54,31 +54,26 @@ def test_only_running_mysql_changefeeds_without_a_run_in_flight_or_a_backoff_get
 def test_run_request_is_tagged_per_upstream_without_credentials() -> None:
     literal = "mysql://cdc:s3cret@db1:3306/?server-id=4242&changelog=/x"
     (target,) = pullers_to_run([_cf("shop", literal)], busy=set())
-    req = puller_run_request(target, owner_rev=12, tick=40, bounds=PullBounds(20.0, 1000))
+    req = puller_run_request(target, owner_rev=12, tick=40, bounds=PullBounds(20.0))
     assert req.job_name == PULLER_JOB and req.run_key == "mysql:shop:12:40"
     assert req.tags[UPSTREAM_TAG] == "db1:3306/4242" and req.tags[CHANGEFEED_TAG] == "shop"
     assert req.run_config == {
-        "ops": {
-            "pull_binlog": {
-                "config": {"changefeed_id": "shop", "max_seconds": 20.0, "max_rows": 1000}
-            }
-        }
+        "ops": {"pull_binlog": {"config": {"changefeed_id": "shop", "max_seconds": 20.0}}}
     }
     assert "s3cret" not in repr(req)
 
 
 def test_pull_bounds_from_the_environment() -> None:
     assert PullBounds.from_env({}) == PullBounds()
-    env = {"CDC_DAGSTER_MYSQL_PULL_S": "5", "CDC_DAGSTER_MYSQL_PULL_ROWS": "100"}
-    assert PullBounds.from_env(env) == PullBounds(5.0, 100)
+    assert PullBounds.from_env({"CDC_DAGSTER_MYSQL_PULL_S": "5"}) == PullBounds(5.0)
 
 
 def test_run_metadata_is_plottable() -> None:
-    stats = SimpleNamespace(rows=500, transactions=5, ddls=1, snapshot_rows=0,
+    stats = SimpleNamespace(row_events=500, transactions=5, ddls=1, snapshot_rows=0,
                             resolved_ts=compose(1_700_000_000_000), position="0-1-99")  # fmt: skip
     md = puller_metadata(stats, seconds=2.0, now_s=1_700_000_003.5)
-    assert md["rows_per_s"].value == 250.0 and md["resolved_lag_seconds"].value == 3.5
-    assert md["binlog_position"].value == "0-1-99" and md["rows"].value == 500
+    assert md["row_events_per_s"].value == 250.0 and md["resolved_lag_seconds"].value == 3.5
+    assert md["binlog_position"].value == "0-1-99" and md["row_events"].value == 500
     assert binlog_asset_key("shop-1") == dg.AssetKey(["mysql_binlog", "shop_1"])
 
 

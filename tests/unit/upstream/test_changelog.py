@@ -396,3 +396,30 @@ def test_an_unreachable_writer_in_a_reference_cycle_does_not_keep_the_log(tmp_pa
     w.cycle = w  # type: ignore[attr-defined]  # only the cycle collector frees it
     del w
     ChangeLogWriter(tmp_path).close()
+
+
+def test_a_rows_file_adopted_at_one_ts_is_renamed_in_and_read_with_that_ts(tmp_path: Path) -> None:
+    import pyarrow.parquet as pq
+
+    schema = accounts(shards=1)
+    with ChangeLogWriter(tmp_path / "log", fsync=False) as w:
+        w.write_ddl(create(ts(1), schema))
+        w.write_rows(7, 0, ts(1), rows(schema, ts(1), [(ts(5), 1, 1, 100)]))
+        w.advance_resolved(7, 0, ts(2))
+        chunk = rows(schema, ts(1), [(0, 1, 2, 200), (0, 1, 3, 300)]).drop_columns("_commit_ts")
+        src = tmp_path / "chunk.parquet"
+        pq.write_table(chunk, src)
+        f = w.adopt_rows(7, 0, ts(3), src, "0123abcd")  # between the mark and the row at ts(5)
+        assert not src.exists() and f.first_ts == f.last_ts == ts(3)
+        with pytest.raises(RowSchemaMismatchError, match="at or below the shard's resolved"):
+            pq.write_table(chunk, src)
+            w.adopt_rows(7, 0, ts(2), src, "0123abcd")
+        with pytest.raises(RowSchemaMismatchError, match="schema versions"):
+            pq.write_table(
+                chunk.set_column(2, "_schema_version", pa.array([9, 9], pa.int64())), src
+            )
+            w.adopt_rows(7, 0, ts(4), src, "0123abcd")
+    log = ChangeLog(tmp_path / "log")
+    got = [log.read_data_file(d) for d in log.data_files(7, 0, ts(9))]
+    assert [t.column("_commit_ts").to_pylist() for t in got] == [[ts(3), ts(3)], [ts(5)]]
+    assert got[0].column("c1").to_pylist() == [2, 3]

@@ -1,0 +1,761 @@
+"""Throughput of the upstream side: a binlog backlog drained, and initial snapshots taken.
+
+    python bench/throughput_bench.py [--quick] [--spark-cores 1,2] [--sink delta]
+
+A private MariaDB with sysbench's tables (``sysbench oltp_read_write``: ~200-byte rows,
+updates carrying both row images). For each Spark core count:
+
+(a) **Backlog drain.** A changefeed into Delta is created and replicated; then, as if
+    paused (no puller, no capture ticks), sysbench runs unthrottled for ``--backlog-s``;
+    then "resume": the binlog puller (a thread, as a puller run follows the binlog) and the
+    data plane (the in-process driver: the real owner tick, capture halves, Spark on
+    ``local[N]``) run until every table's checkpoint has passed the backlog. Rows/s from
+    resume until then; every table is then compared with the upstream (fingerprints).
+    Baselines from the same backlog: ``mariadb-binlog`` decoding it, the bare puller (binlog
+    -> change log), and mounting the events (change log -> rows, one process).
+(b) **Snapshot.** Tables made with sysbench's layout (``--snapshot-tables`` x
+    ``--snapshot-rows``), a changefeed created (create records only), the puller following
+    in its own process, and the snapshot runner reading every table's key ranges as Spark
+    tasks on ``local[N]``: rows/s from the start of the reads until the puller has placed
+    every chunk and released every table (the rows are in the change log). Baseline in the
+    same run: a bare chunked ``SELECT`` of the same ranges, same chunk size and tasks, into
+    Parquet files (no snapshot positions, no metadata lock, no puller).
+
+It ends with one line: ``drain_rows_per_s=... drain_ratio=... snapshot_rows_per_s=...
+snapshot_ratio=...`` (drain_ratio: the drain's rate over the bare puller's; snapshot_ratio:
+the snapshot's rate over a bare parallel chunked read of the same tables into Parquet).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from cdc_dagster.mysql.changefeed import take_initial_snapshot
+from cdc_dagster.mysql.puller import Puller, PullerConfig
+from cdc_dagster.pipeline.engine import spark_session
+from cdc_dagster.runtime.spark import spark_executor_factory
+from cdc_dagster.sinks.delta import read_table_at
+from cdc_dagster.testing.driver import Driver
+from cdc_dagster.testing.etcd import EmbeddedEtcd, EtcdTuning
+from cdc_dagster.testing.servers import PrivateMariaDB
+from cdc_dagster.upstream.changelog import ChangeLog
+from cdc_dagster.upstream.oracle import fingerprint
+from scheduler_core.ts import MAX_TS
+
+DB = "sbtest"
+
+
+def say(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+@dataclass(frozen=True, slots=True)
+class Sizes:
+    tables: int
+    table_size: int
+    backlog_s: int
+    threads: int
+
+
+def sysbench(my: PrivateMariaDB, sizes: Sizes, command: str, *extra: str) -> str:
+    """Run sysbench oltp_read_write against the private MariaDB; its output."""
+    args = [
+        "sysbench", "oltp_read_write", "--db-driver=mysql", "--mysql-host=127.0.0.1",
+        f"--mysql-port={my.port}", "--mysql-user=root", f"--mysql-db={DB}",
+        f"--tables={sizes.tables}", f"--table-size={sizes.table_size}", *extra, command,
+    ]  # fmt: skip
+    out = subprocess.run(args, capture_output=True, text=True, check=True)
+    return out.stdout
+
+
+def gtid_now(my: PrivateMariaDB) -> str:
+    c = my.connect()
+    with c.cursor() as cur:
+        cur.execute("SELECT @@gtid_binlog_pos")
+        pos = cur.fetchone()[0]
+    c.close()
+    return pos
+
+
+def upstream_fingerprints(my: PrivateMariaDB, tables: int) -> dict[str, Any]:
+    c = my.connect(database=DB)
+    out = {}
+    with c.cursor() as cur:
+        for i in range(1, tables + 1):
+            cur.execute(f"SELECT id, k, c, pad FROM sbtest{i} ORDER BY id")
+            rows = cur.fetchall()
+            cols = {n: [r[j] for r in rows] for j, n in enumerate(["id", "k", "c", "pad"])}
+            out[f"sbtest{i}"] = fingerprint(pa.table(cols))
+    c.close()
+    return out
+
+
+def downstream_fingerprints(lake: Path, root: Path) -> dict[str, Any]:
+    log = ChangeLog(root)
+    out = {}
+    for schema in log.tables_at(MAX_TS).values():
+        t = read_table_at(str(lake), schema).select(["id", "k", "c", "pad"]).sort_by("id")
+        out[schema.table] = fingerprint(t)
+    return out
+
+
+def mariadb_binlog_s(my: PrivateMariaDB, start: str, stop: str) -> float:
+    """Seconds ``mariadb-binlog -v`` takes to decode the binlog between two GTID positions."""
+    tool = shutil.which("mariadb-binlog") or shutil.which("mysqlbinlog")
+    files = sorted(str(p) for p in my.datadir.glob("binlog.[0-9]*"))
+    t0 = time.perf_counter()
+    subprocess.run([tool, "--no-defaults", "--base64-output=decode-rows", "-v",
+                    f"--start-position={start}", f"--stop-position={stop}", *files],
+                   stdout=subprocess.DEVNULL, check=True)  # fmt: skip
+    return time.perf_counter() - t0
+
+
+def pull_until(cfg: PullerConfig, target: str) -> tuple[Puller, float]:
+    """A puller run from the change log's state until ``target``; it and its seconds."""
+    p = Puller(cfg)
+    t0 = time.perf_counter()
+    p.run(lambda s: s.position == target)
+    return p, time.perf_counter() - t0
+
+
+def mount_s(root: Path, after_ts: int) -> tuple[int, float]:
+    """Rows and seconds to mount every binlog event file above ``after_ts`` in one process."""
+    log = ChangeLog(root)
+    rows, t0 = 0, time.perf_counter()
+    for tid in log.tables_at(MAX_TS):
+        for f in log.data_files(tid, after_ts, MAX_TS):
+            rows += log.read_data_file(f).num_rows
+    return rows, time.perf_counter() - t0
+
+
+def drain_in_process(
+    base: Path, my: PrivateMariaDB, etcd: EmbeddedEtcd, sizes: Sizes, cores: int
+) -> dict[str, float]:
+    """Scenario (a) through the in-process driver on ``local[cores]`` (``--in-process``)."""
+    work = base / f"drain-{cores}"
+    root, lake = work / "changelog", work / "lake"
+    uri = my.uri(query="server-id=4243")
+    snap = take_initial_snapshot(uri, root, (f"{DB}.sbtest*",))
+    spark = spark_session(f"local[{cores}]", conf={"spark.sql.shuffle.partitions": str(cores)})
+    _snapshot_now(uri, root, spark, cores, (f"{DB}.sbtest*",))
+    say(f"[{cores} core(s)] snapshot in the change log; replicating it")
+    driver = Driver(work / "state", root, f"delta://{lake}", 1, spark_executor_factory(spark),
+                    endpoints=etcd.endpoints, cluster_id=f"drain{cores}", start_ts=snap.start_ts,
+                    table_filter=(f"{DB}.sbtest*",), lease_ttl_s=600)  # fmt: skip
+    try:
+        resolved = ChangeLog(root).ddl_resolved_ts()
+        driver.run_until(lambda t: driver.caught_up(t, resolved), max_ticks=200)
+        bare_root = work / "bare"
+        shutil.copytree(root, bare_root)  # the bare puller drains the same backlog later
+        start = gtid_now(my)
+        say(f"[{cores} core(s)] paused; sysbench oltp_read_write for {sizes.backlog_s} s")
+        out = sysbench(my, sizes, "run", f"--threads={sizes.threads}", f"--time={sizes.backlog_s}")
+        changes = int(re.search(r"write:\s+(\d+)", out).group(1))
+        target = gtid_now(my)
+        say(f"[{cores} core(s)] backlog of {changes} row changes; resume")
+        result = _resume(driver, uri, root, target)
+        say(f"[{cores} core(s)] drained in {result['drain_s']:.1f} s; comparing with upstream")
+        assert downstream_fingerprints(lake, root) == upstream_fingerprints(my, sizes.tables), (
+            "the downstream differs from the upstream after the drain"
+        )
+        _, puller_s = pull_until(PullerConfig(uri, str(bare_root), (f"{DB}.sbtest*",)), target)
+        rows, mounted_s = mount_s(bare_root, resolved)
+        tool_s = mariadb_binlog_s(my, start, target)
+    finally:
+        driver.close()
+        spark.stop()
+    return {
+        "cores": cores,
+        "changes": changes,
+        "drain_rows_per_s": changes / result["drain_s"],
+        "puller_rows_per_s": changes / puller_s,
+        "mount_rows_per_s": rows / mounted_s,
+        "mariadb_binlog_rows_per_s": changes / tool_s,
+        "ticks": result["ticks"],
+    }
+
+
+def _puller_process(uri: str, root: str, target: str, reached: str, stop: str) -> None:
+    """A puller in a process of its own (as a Dagster puller run is): follows the binlog,
+    writes its resolved ts to ``reached`` once at ``target``, stops when ``stop`` exists."""
+    marker = Path(reached)
+
+    def done(s: Any) -> bool:
+        if s.position == target and not marker.exists():
+            marker.write_text(str(s.resolved_ts))
+        return Path(stop).exists()
+
+    Puller(PullerConfig(uri, root, (f"{DB}.sbtest*",))).run(done)
+
+
+def _resume(driver: Driver, uri: str, root: Path, target: str) -> dict[str, float]:
+    """The puller (its own process) and the driver until every table passed the backlog."""
+    reached, stop = root.parent / "reached", root.parent / "stop"
+    proc = mp.get_context("spawn").Process(
+        target=_puller_process, args=(uri, str(root), target, str(reached), str(stop))
+    )
+    t0 = time.perf_counter()
+    proc.start()
+    ticks = 0
+    try:
+        while True:
+            tick = driver.tick()
+            ticks += 1
+            if reached.exists() and driver.caught_up(tick, int(reached.read_text())):
+                break
+            if not proc.is_alive():
+                raise RuntimeError("the puller stopped before the backlog was drained")
+    finally:
+        elapsed = time.perf_counter() - t0
+        stop.touch()
+        proc.join(60)
+    return {"drain_s": elapsed, "ticks": ticks}
+
+
+def _bare_partition(batches: Any) -> Any:
+    """mapInArrow body of the bare baseline: read each range in keyset chunks into Parquet."""
+    import pyarrow.parquet as pq
+
+    from cdc_dagster.mysql.catalog import quote_ident as q
+    from cdc_dagster.mysql.chunk_reader import _compare, chunk_table
+    from cdc_dagster.mysql.snapshots import decode_key
+    from cdc_dagster.mysql.upstream import connect
+    from cdc_dagster.schema import TableSchema
+    from cdc_dagster.upstream.uri import parse_uri
+
+    out = []
+    for batch in batches:
+        for text in batch.column("spec").to_pylist():
+            spec = json.loads(text)
+            schema = TableSchema.from_json(spec["schema"])
+            conn = connect(parse_uri(spec["uri"]))
+            lo, hi, n, rows_total = decode_key(spec["lo"]), decode_key(spec["hi"]), 0, 0
+            cols = ", ".join(q(c.name) for c in schema.columns)
+            while True:
+                where, args = [], []
+                for key, op in ((lo, ">"), (hi, "<")):
+                    if key is not None:
+                        w, a = _compare(["id"], list(key), op)
+                        where.append(w)
+                        args += a
+                sql = f"SELECT {cols} FROM {DB}.{q(schema.table)}"
+                sql += (" WHERE " + " AND ".join(where)) if where else ""
+                with conn.cursor() as cur:
+                    cur.execute(sql + f" ORDER BY id LIMIT {spec['chunk']}", tuple(args))
+                    rows = cur.fetchall()
+                if rows:
+                    pq.write_table(chunk_table(schema, 1, rows), f"{spec['out']}-{n}.parquet")
+                rows_total += len(rows)
+                if len(rows) < spec["chunk"]:
+                    break
+                lo, n = (rows[-1][0],), n + 1
+            conn.close()
+            out.append({"rows": rows_total})
+    yield pa.RecordBatch.from_pylist(out, schema=pa.schema([("rows", pa.int64())]))
+
+
+def snapshot_in_process(
+    base: Path, my: PrivateMariaDB, sizes: Sizes, cores: int, tables: int, rows: int
+) -> dict[str, float]:
+    """Scenario (b) with the snapshot runner on ``local[cores]`` (``--in-process``)."""
+    from cdc_dagster.mysql.snapshot_runner import run_snapshots, snapshot_specs
+    from cdc_dagster.mysql.snapshots import read_plan
+    from cdc_dagster.mysql.state import load_state
+
+    work = base / f"snapshot-{cores}-{tables}"
+    db_tables = [f"snap{cores}x{tables}_{i}" for i in range(tables)]
+    c = my.connect(database=DB)
+    with c.cursor() as cur:
+        for t in db_tables:
+            cur.execute(f"CREATE TABLE IF NOT EXISTS {t} LIKE sbtest1")
+            cur.execute(f"INSERT INTO {t} SELECT seq, seq % 1000, REPEAT('c', 119), "
+                        f"REPEAT('p', 59) FROM seq_1_to_{rows}")  # fmt: skip
+    c.close()
+    uri = my.uri(query="server-id=4244")
+    root = work / "changelog"
+    flt = (f"{DB}.snap{cores}x{tables}_*",)
+    snap = take_initial_snapshot(uri, root, flt)
+    spark = spark_session(f"local[{cores}]", conf={"spark.sql.shuffle.partitions": str(cores)})
+    stop = work / "stop"
+    proc = mp.get_context("spawn").Process(
+        target=_follow_process, args=(uri, str(root), flt, str(stop))
+    )
+    proc.start()
+    try:
+        specs = snapshot_specs(uri, str(root), cores * 2, 50_000)  # plans, before the clock
+        ranges = {  # kept: a table's plan goes once its snapshot is complete
+            (sp["table_id"], sp["range"]): read_plan(root, sp["table_id"], sp["generation"]).ranges[
+                sp["range"]
+            ]
+            for sp in specs
+        }
+        t0 = time.perf_counter()
+        run_snapshots(uri, str(root), spark, cores * 2, 50_000)
+        read_s = time.perf_counter() - t0
+        while load_state(root).snapshots:
+            time.sleep(0.1)
+        snap_s = time.perf_counter() - t0
+        say(f"chunks read in {read_s:.1f} s, all placed and released after {snap_s:.1f} s")
+        log = ChangeLog(root)
+        placed = sum(log.read_data_file(f).num_rows for tid in log.tables_at(MAX_TS)
+                     for f in log.data_files(tid, snap.start_ts, MAX_TS))  # fmt: skip
+        assert placed == tables * rows, (placed, tables * rows)
+        bare = []
+        for sp in specs:
+            schema = log.schema_at(sp["table_id"], MAX_TS)
+            lo, hi = ranges[(sp["table_id"], sp["range"])]
+            out = work / "bare" / f"{sp['table_id']}-{sp['range']}"
+            out.parent.mkdir(parents=True, exist_ok=True)
+            bare.append((json.dumps({"uri": uri, "schema": schema.to_json(), "lo": lo, "hi": hi,
+                                     "chunk": 50_000, "out": str(out)}),))  # fmt: skip
+        t0 = time.perf_counter()
+        df = spark.createDataFrame(bare, "spec string").repartition(len(bare))
+        got = sum(r["rows"] for r in df.mapInArrow(_bare_partition, "rows long").collect())
+        bare_s = time.perf_counter() - t0
+        assert got == tables * rows, (got, tables * rows)
+    finally:
+        stop.touch()
+        proc.join(60)
+        spark.stop()
+    n = tables * rows
+    return {"cores": cores, "tables": tables, "rows": n, "snapshot_rows_per_s": n / snap_s,
+            "bare_read_rows_per_s": n / bare_s, "ranges": len(specs)}  # fmt: skip
+
+
+def _snapshot_now(uri: str, root: Path, spark: Any, cores: int, flt: tuple[str, ...]) -> None:
+    """The tables' chunked snapshots read and placed (a puller following meanwhile)."""
+    from cdc_dagster.mysql.snapshot_runner import run_snapshots
+    from cdc_dagster.mysql.state import load_state
+
+    stop = root.parent / "snapshot-stop"
+    proc = mp.get_context("spawn").Process(
+        target=_follow_process, args=(uri, str(root), flt, str(stop))
+    )
+    proc.start()
+    try:
+        run_snapshots(uri, str(root), spark, cores * 2, 50_000)
+        while load_state(root).snapshots:
+            time.sleep(0.1)
+    finally:
+        stop.touch()
+        proc.join(60)
+
+
+def _follow_process(uri: str, root: str, flt: tuple[str, ...], stop: str) -> None:
+    Puller(PullerConfig(uri, root, flt)).run(lambda s: Path(stop).exists())
+
+
+# ------------------------------------------------------------------ through the real stack
+CAPTURES = ("capture-1", "capture-2")
+DRAIN_CF = "drain"
+
+
+def readable_ts(ms: Any, changefeed_id: str, tables: int) -> int:
+    """The ts up to which every table's rows are in the sink (min of the checkpoints the
+    captures report after their commits); 0 while a table is not reported replicating."""
+    from cdc_dagster.runtime import reported_checkpoints
+
+    per_table = reported_checkpoints(ms.task_statuses.read(changefeed_id))
+    return min(per_table.values()) if len(per_table) >= tables else 0
+
+
+def wait_for(cond: Any, timeout_s: float, what: str, poll_s: float = 0.25) -> float:
+    """Poll ``cond`` until true; seconds waited (RuntimeError naming ``what`` on timeout)."""
+    t0 = time.perf_counter()
+    while not cond():
+        if time.perf_counter() - t0 > timeout_s:
+            raise RuntimeError(f"timed out after {timeout_s:.0f} s waiting for {what}")
+        time.sleep(poll_s)
+    return time.perf_counter() - t0
+
+
+def puller_running(root: Path) -> bool:
+    """Whether a puller holds the change log's puller lock."""
+    import fcntl
+
+    path = root / "puller" / "lock"
+    if not path.exists():
+        return False
+    with open(path, "a+") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        fcntl.flock(f, fcntl.LOCK_UN)
+    return False
+
+
+def snapshots_pending(root: Path) -> bool:
+    from cdc_dagster.mysql.state import load_state
+
+    state = load_state(root)
+    return state is None or bool(state.snapshots)
+
+
+class LagSampler:
+    """Samples a changefeed's readable lag (now - readable ts) every half second, in a thread,
+    while sysbench writes at a fixed rate (the stream whose lag is watched)."""
+
+    def __init__(self, ms: Any, my: PrivateMariaDB, sizes: Sizes, rate: int) -> None:
+        import threading
+
+        self.ms, self.my, self.sizes, self.rate = ms, my, sizes, rate
+        self.samples: list[float] = []
+        self.stop = threading.Event()
+        self.threads = [threading.Thread(target=self._sample, daemon=True)]
+
+    def _sample(self) -> None:
+        from scheduler_core.ts import physical_ms
+
+        while not self.stop.wait(0.5):
+            ts = readable_ts(self.ms, DRAIN_CF, self.sizes.tables)
+            if ts:
+                self.samples.append(time.time() - physical_ms(ts) / 1000)
+
+    def run(self, seconds: int) -> None:
+        """Write at ``rate`` transactions/s for ``seconds`` while sampling."""
+        for t in self.threads:
+            t.start()
+        sysbench(self.my, self.sizes, "run", "--threads=2", f"--rate={self.rate}",
+                 f"--time={seconds}")  # fmt: skip
+        self.stop.set()
+        for t in self.threads:
+            t.join()
+
+    def summary(self) -> dict[str, float]:
+        v = sorted(self.samples) or [float("nan")]
+        return {"p50": v[len(v) // 2], "p90": v[int(len(v) * 0.9)], "max": v[-1]}
+
+
+def stack_drain(
+    base: Path, my: PrivateMariaDB, sizes: Sizes, cores: int, ms: Any
+) -> dict[str, Any]:
+    """Scenario (a) through ``server start``'s stack: pause, backlog, resume, until readable."""
+    from cdc_dagster import admin
+    from cdc_dagster.mysql.state import load_state
+
+    work = base / f"stack-{cores}"
+    root, lake = work / "changelog-drain", work / "lake"
+    t0 = time.perf_counter()
+    wait_for(lambda: not snapshots_pending(root), 900, "the initial snapshot")
+    caught = load_state(root).last_ts
+    wait_for(lambda: readable_ts(ms, DRAIN_CF, sizes.tables) >= caught, 900, "its replication")
+    say(f"[{cores} core(s)] initial snapshot replicated {time.perf_counter() - t0:.0f} s after "
+        "the stack was up; pausing the changefeed")  # fmt: skip
+    admin.pause_changefeed(ms, DRAIN_CF)
+    wait_for(lambda: not puller_running(root), 120, "the puller run to stop")
+    bare_root = work / "bare"
+    shutil.copytree(root, bare_root)  # the bare puller drains the same backlog later
+    before_backlog = ChangeLog(bare_root).ddl_resolved_ts()
+    start = gtid_now(my)
+    say(f"[{cores} core(s)] paused; sysbench oltp_read_write for {sizes.backlog_s} s")
+    out = sysbench(my, sizes, "run", f"--threads={sizes.threads}", f"--time={sizes.backlog_s}")
+    changes = int(re.search(r"write:\s+(\d+)", out).group(1))
+    target = gtid_now(my)
+    say(f"[{cores} core(s)] backlog of {changes} row changes; changefeed resume")
+    admin.resume_changefeed(ms, DRAIN_CF)
+    t0 = time.perf_counter()
+    target_ts = 0
+    pulled_s = 0.0
+
+    def pulled() -> bool:
+        nonlocal target_ts, pulled_s
+        state = load_state(root)
+        if state is not None and state.gtid == target:
+            target_ts, pulled_s = state.last_ts, time.perf_counter() - t0
+        return bool(target_ts)
+
+    wait_for(pulled, 1800, "the puller to reach the backlog's end")
+    wait_for(lambda: readable_ts(ms, DRAIN_CF, sizes.tables) >= target_ts, 1800, "the drain")
+    drain_s = time.perf_counter() - t0
+    wait_for(lambda: ms.changefeeds.get(DRAIN_CF).status.checkpoint_ts >= target_ts, 600,
+             "the changefeed checkpoint")  # fmt: skip
+    checkpointed_s = time.perf_counter() - t0
+    say(f"[{cores} core(s)] puller at the backlog's end after {pulled_s:.1f} s, readable after "
+        f"{drain_s:.1f} s, checkpoint after {checkpointed_s:.1f} s; comparing with upstream")  # fmt: skip
+    assert downstream_fingerprints(lake, root) == upstream_fingerprints(my, sizes.tables), (
+        "the downstream differs from the upstream after the drain"
+    )
+    bare_uri = my.uri(query="server-id=4250")  # not the stack puller's id: both stream
+    _, puller_s = pull_until(PullerConfig(bare_uri, str(bare_root), (f"{DB}.sbtest*",)), target)
+    rows, mounted_s = mount_s(bare_root, before_backlog)
+    tool_s = mariadb_binlog_s(my, start, target)
+    return {
+        "cores": cores,
+        "changes": changes,
+        "drain_rows_per_s": changes / drain_s,
+        "pulled_s": pulled_s,
+        "drain_s": drain_s,
+        "checkpoint_s": checkpointed_s,
+        "puller_rows_per_s": changes / puller_s,
+        "mount_rows_per_s": rows / mounted_s,
+        "mariadb_binlog_rows_per_s": changes / tool_s,
+        "ticks": 0,
+    }
+
+
+def stack_snapshot(
+    base: Path, my: PrivateMariaDB, sizes: Sizes, cores: int, ms: Any, spark_remote: str,
+    tables: int, rows: int, rate: int, lag_s: int,
+) -> dict[str, Any]:  # fmt: skip
+    """Scenario (b) through the stack: ``changefeed create`` of tables with rows, while the
+    drain changefeed streams sysbench at ``rate``; rows/s until every chunk is placed (in the
+    change log) and until readable; the stream's lag with and without the snapshot; the bare
+    chunked read of the same ranges on the stack's Spark Connect server."""
+    from cdc_dagster import admin
+    from cdc_dagster.mysql.chunk_reader import plan_table
+    from cdc_dagster.mysql.state import load_state
+    from cdc_dagster.upstream.uri import parse_uri
+
+    work = base / f"stack-{cores}"
+    prefix = f"snap{cores}x{tables}_"
+    db_tables = [f"{prefix}{i}" for i in range(tables)]
+    c = my.connect(database=DB)
+    with c.cursor() as cur:
+        for t in db_tables:
+            cur.execute(f"CREATE TABLE IF NOT EXISTS {t} LIKE sbtest1")
+            cur.execute(f"INSERT INTO {t} SELECT seq, seq % 1000, REPEAT('c', 119), "
+                        f"REPEAT('p', 59) FROM seq_1_to_{rows}")  # fmt: skip
+    c.close()
+    say(f"[{cores} core(s)] stream lag without a snapshot ({rate} txn/s for {lag_s} s)")
+    quiet = LagSampler(ms, my, sizes, rate)
+    quiet.run(lag_s)
+    cf = f"snap-{cores}-{tables}"
+    root = work / f"changelog-{cf}"
+    uri = my.uri(query=f"server-id={4300 + cores * 10 + min(tables, 9)}")
+    busy = LagSampler(ms, my, sizes, rate)
+    import threading
+
+    times: dict[str, float] = {}
+
+    def snap() -> None:
+        t0 = time.perf_counter()
+        admin.create_changefeed(ms, cf, f"delta://{work / 'lake-snap'}", table_filter=(
+            f"{DB}.{prefix}*",), upstream_uri=uri, changelog_root=str(root))  # fmt: skip
+        times["created"] = time.perf_counter() - t0
+        wait_for(lambda: not snapshots_pending(root), 1800, "the snapshot", poll_s=0.1)
+        times["placed"] = time.perf_counter() - t0
+        last = load_state(root).last_ts
+        wait_for(lambda: readable_ts(ms, cf, tables) >= last, 1800, "the snapshot downstream")
+        times["readable"] = time.perf_counter() - t0
+
+    worker = threading.Thread(target=snap)
+    worker.start()
+    busy.threads.append(worker)
+    busy.run(lag_s)  # the stream's lag while the snapshot runs (and after, until it is done)
+    say(f"[{cores} core(s)] {tables} x {rows} rows: created in {times['created']:.1f} s, in the "
+        f"change log after {times['placed']:.1f} s, readable after {times['readable']:.1f} s")  # fmt: skip
+    log = ChangeLog(root)
+    state = load_state(root)
+    placed = sum(log.read_data_file(f).num_rows for tid in log.tables_at(MAX_TS)
+                 for f in log.data_files(tid, 0, MAX_TS))  # fmt: skip
+    assert placed == tables * rows, (placed, tables * rows)
+    # The bare read: the same ranges (the snapshot job's parallelism and chunk) on the same
+    # Spark Connect server, into Parquet, with no position, lock or puller.
+    from pyspark.sql import SparkSession
+
+    spark = SparkSession.builder.remote(spark_remote).getOrCreate()
+    bare = []
+    for tid in sorted(state.tables):
+        plan = plan_table(parse_uri(uri), str(root), tid, 999_999, 4, 50_000)
+        schema = log.schema_at(tid, MAX_TS)
+        for r, (lo, hi) in enumerate(plan.ranges):
+            out = work / "bare" / f"{cf}-{tid}-{r}"
+            out.parent.mkdir(parents=True, exist_ok=True)
+            bare.append((json.dumps({"uri": uri, "schema": schema.to_json(), "lo": lo, "hi": hi,
+                                     "chunk": 50_000, "out": str(out)}),))  # fmt: skip
+    t0 = time.perf_counter()
+    df = spark.createDataFrame(bare, "spec string").repartition(len(bare))
+    got = sum(r["rows"] for r in df.mapInArrow(_bare_partition, "rows long").collect())
+    bare_s = time.perf_counter() - t0
+    assert got == tables * rows, (got, tables * rows)
+    admin.remove_changefeed(ms, cf)
+    n = tables * rows
+    q, b = quiet.summary(), busy.summary()
+    say(f"[{cores} core(s)] stream lag p50/p90/max without a snapshot {q['p50']:.1f}/"
+        f"{q['p90']:.1f}/{q['max']:.1f} s, during it {b['p50']:.1f}/{b['p90']:.1f}/{b['max']:.1f} s")  # fmt: skip
+    return {"cores": cores, "tables": tables, "rows": n,
+            "snapshot_rows_per_s": n / times["placed"], "readable_rows_per_s": n / times["readable"],
+            "bare_read_rows_per_s": n / bare_s, "ranges": len(bare),
+            "lag_p50_quiet": q["p50"], "lag_max_quiet": q["max"],
+            "lag_p50_snapshot": b["p50"], "lag_max_snapshot": b["max"]}  # fmt: skip
+
+
+def run_stack(
+    base: Path, my: PrivateMariaDB, sizes: Sizes, cores: int, shapes: list[tuple[int, int]],
+    args: argparse.Namespace,
+) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:  # fmt: skip
+    """``server start`` (private etcd, Spark Connect on ``local[cores]``, the Dagster code
+    server, daemon and webserver), two captures, a changefeed into Delta; both scenarios."""
+    import os
+
+    from cdc_dagster import admin
+    from cdc_dagster.metastore import connect
+    from cdc_dagster.services import stack, workload
+
+    os.environ["CDC_DAGSTER_SPARK_CORES"] = str(cores)  # the Spark Connect server's slots
+    state = base / f"stack-{cores}" / "state"
+    lake = base / f"stack-{cores}" / "lake"
+    root = base / f"stack-{cores}" / "changelog-drain"
+
+    def before(st: stack.Stack) -> None:  # as a user would: captures, then the changefeed
+        say(workload.ensure_captures(st.etcd_endpoints, st.state_dir, CAPTURES))
+        with connect(st.etcd_endpoints.split(","), st.state_dir) as ms:
+            admin.create_changefeed(ms, DRAIN_CF, f"delta://{lake}", table_filter=(
+                f"{DB}.sbtest*",), upstream_uri=my.uri(query="server-id=4243"),
+                changelog_root=str(root))  # fmt: skip
+
+    t0 = time.perf_counter()
+    with stack.Stack(state, kind="server", before_dagster=before) as st:
+        say(f"[{cores} core(s)] stack up in {time.perf_counter() - t0:.0f} s (UI {st.ui_url})")
+        ms = connect(st.etcd_endpoints.split(","), st.state_dir)
+        try:
+            drained = None if args.skip_drain else stack_drain(base, my, sizes, cores, ms)
+            if args.skip_drain:  # the snapshot scenario watches the drain changefeed's lag
+                wait_for(lambda: not snapshots_pending(root), 900, "the initial snapshot")
+            snaps = []
+            if not args.skip_snapshot:
+                for tables, rows in shapes:
+                    say(f"[{cores} core(s)] snapshot of {tables} table(s) x {rows} rows")
+                    snaps.append(stack_snapshot(base, my, sizes, cores, ms, st.spark_remote,
+                                                tables, rows, args.lag_rate, args.lag_s))  # fmt: skip
+        finally:
+            ms.close()
+    return drained, snaps
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="small sizes, a few minutes")
+    ap.add_argument("--spark-cores", default="1,2")
+    ap.add_argument("--tables", type=int)
+    ap.add_argument("--table-size", type=int)
+    ap.add_argument("--backlog-s", type=int)
+    ap.add_argument("--threads", type=int, default=4)
+    ap.add_argument("--skip-drain", action="store_true")
+    ap.add_argument("--skip-snapshot", action="store_true")
+    ap.add_argument("--in-process", action="store_true",
+                    help="also the in-process figures (driver ticks, snapshot runner in the "
+                         "bench process) as extra rows")  # fmt: skip
+    ap.add_argument("--lag-rate", type=int, default=50, help="txn/s while the lag is watched")
+    ap.add_argument("--lag-s", type=int, default=30, help="seconds the lag is watched")
+    ap.add_argument("--snapshot-shapes", default="", help="TABLESxROWS,... (default by size)")
+    args = ap.parse_args()
+
+    def interrupted(signum: int, _frame: Any) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")  # the stack and MariaDB are stopped
+
+    for sig in (signal.SIGTERM, signal.SIGINT):  # SIGINT too: ignored in a background job
+        signal.signal(sig, interrupted)
+    quick = Sizes(4, 20_000, 15, args.threads)
+    full = Sizes(4, 250_000, 60, args.threads)
+    d = quick if args.quick else full
+    sizes = Sizes(args.tables or d.tables, args.table_size or d.table_size,
+                  args.backlog_s or d.backlog_s, args.threads)  # fmt: skip
+    base = Path(tempfile.mkdtemp(prefix="throughput-bench-"))  # under $TMPDIR
+    my = PrivateMariaDB(base / "my")
+    results, snaps, extra, extra_snaps = [], [], [], []
+    shapes = [(1, 200_000), (20, 10_000)] if args.quick else [(1, 10_000_000), (100, 100_000)]
+    if args.snapshot_shapes:
+        shapes = [tuple(int(x) for x in s.split("x")) for s in args.snapshot_shapes.split(",")]
+    etcd = None
+    try:
+        my.start()
+        c = my.connect()
+        c.cursor().execute(f"CREATE DATABASE {DB}")
+        c.close()
+        say(f"sysbench prepare: {sizes.tables} tables x {sizes.table_size} rows")
+        sysbench(my, sizes, "prepare")
+        for cores in [int(x) for x in args.spark_cores.split(",")]:
+            drained, snapped = run_stack(base, my, sizes, cores, shapes, args)
+            results += [drained] if drained else []
+            snaps += snapped
+            if args.in_process:
+                if etcd is None:
+                    etcd = EmbeddedEtcd(base / "etcd", tuning=EtcdTuning.for_tests())
+                    etcd.start()
+                if not args.skip_drain:
+                    extra.append(drain_in_process(base, my, etcd, sizes, cores))
+                if not args.skip_snapshot:
+                    for tables, rows in shapes:
+                        extra_snaps.append(
+                            snapshot_in_process(base, my, sizes, cores, tables, rows)
+                        )
+    finally:
+        if etcd is not None:
+            etcd.stop()
+        my.cleanup()
+        shutil.rmtree(base, ignore_errors=True)
+    if extra or extra_snaps:
+        print(
+            "\nin process (driver ticks / snapshot runner in this process; not as a user runs it):"
+        )
+        _report(extra, extra_snaps, final=False)
+        print("\nthrough the stack (server start: Dagster daemon, sensor and runs, Spark Connect):")
+    _report(results, snaps)
+    return 0
+
+
+def _report(results: list[dict[str, Any]], snaps: list[dict[str, Any]], final: bool = True) -> None:
+    """Tables of the figures; with ``final``, the closing machine-readable line."""
+    print()
+    if snaps:
+        print(f"{'cores':>5} {'tables':>6} {'rows':>9} {'snapshot/s':>11} {'readable/s':>11} "
+              f"{'bare read/s':>12} {'ratio':>6} {'lag p50/max quiet':>18} "
+              f"{'lag p50/max snap':>17}")  # fmt: skip
+        for r in snaps:
+            lag = (
+                f"{r.get('lag_p50_quiet', 0):.1f}/{r.get('lag_max_quiet', 0):.1f}",
+                f"{r.get('lag_p50_snapshot', 0):.1f}/{r.get('lag_max_snapshot', 0):.1f}",
+            )
+            print(f"{r['cores']:>5} {r['tables']:>6} {r['rows']:>9} "
+                  f"{r['snapshot_rows_per_s']:>11.0f} {r.get('readable_rows_per_s', 0):>11.0f} "
+                  f"{r['bare_read_rows_per_s']:>12.0f} "
+                  f"{r['snapshot_rows_per_s'] / r['bare_read_rows_per_s']:>6.2f} "
+                  f"{lag[0]:>18} {lag[1]:>17}")  # fmt: skip
+        print(json.dumps(snaps))
+    line = ""
+    if snaps:
+        best = max(snaps, key=lambda r: r["snapshot_rows_per_s"])
+        line = (f" snapshot_rows_per_s={best['snapshot_rows_per_s']:.0f} snapshot_ratio="
+                f"{best['snapshot_rows_per_s'] / best['bare_read_rows_per_s']:.2f}")  # fmt: skip
+    if results:
+        print(f"{'cores':>5} {'changes':>8} {'drain/s':>9} {'puller/s':>9} {'mount/s':>9} "
+              f"{'mariadb-binlog/s':>16} {'drain/puller':>12} {'pulled/readable/ckpt s':>23}")  # fmt: skip
+        for r in results:
+            secs = (
+                f"{r.get('pulled_s', 0):.1f}/{r.get('drain_s', 0):.1f}/"
+                f"{r.get('checkpoint_s', 0):.1f}"
+            )
+            print(f"{r['cores']:>5} {r['changes']:>8} {r['drain_rows_per_s']:>9.0f} "
+                  f"{r['puller_rows_per_s']:>9.0f} {r['mount_rows_per_s']:>9.0f} "
+                  f"{r['mariadb_binlog_rows_per_s']:>16.0f} "
+                  f"{r['drain_rows_per_s'] / r['puller_rows_per_s']:>12.2f} {secs:>23}")  # fmt: skip
+        print(json.dumps(results))
+    if not final:
+        return
+    if results:
+        best = max(results, key=lambda r: r["drain_rows_per_s"])
+        line = (f"drain_rows_per_s={best['drain_rows_per_s']:.0f} "
+                f"drain_ratio={best['drain_rows_per_s'] / best['puller_rows_per_s']:.2f}{line}")  # fmt: skip
+    print(line.strip())
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
