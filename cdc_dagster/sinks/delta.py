@@ -534,8 +534,11 @@ def version_at(dt: DeltaTable, path: str, checkpoint_app_id: str, ts: int) -> in
     ``ts`` without a checkpoint of their own (a new primary's acquire, a DDL at ``ts``)
     belong to it: a DDL at a syncpoint's TS is part of the syncpoint. A syncpoint is
     recorded soon after every table passed it, so the walk reads a few small JSON files.
+
+    A table whose newest checkpoint is not past ``ts`` (at it, or below it: nothing was
+    written since, e.g. a table acquired and never written) is at ``ts`` as it is now.
     """
-    if (dt.transaction_version(checkpoint_app_id) or 0) == ts:
+    if (dt.transaction_version(checkpoint_app_id) or 0) <= ts:
         return dt.version()
     first_after = dt.version() + 1
     for version in range(dt.version(), -1, -1):
