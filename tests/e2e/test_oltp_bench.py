@@ -63,6 +63,8 @@ def test_quick_bench_replicates_every_marker_and_its_figures_agree(tmp_path: Pat
         [sys.executable, str(BENCH), "--quick", "--json", str(out)],
         env=env, capture_output=True, text=True, timeout=2300, check=False,
     )  # fmt: skip
+    # The whole output (the table, where the time goes) beside the figures, for a look later.
+    (tmp_path / "bench.out").write_text(res.stdout + res.stderr)
     assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-4000:]
 
     line = dict(kv.split("=", 1) for kv in res.stdout.strip().splitlines()[-1].split())
