@@ -8,7 +8,7 @@ copies the table, if registered, in its own transaction (:func:`copy_table`): th
 the table's state at the syncpoint, whatever the other tables are doing. When the owner
 records the syncpoint (every table passed it), :func:`copy_missing` makes the copies a
 write could not (a table registered since, or one that started exactly at the syncpoint)
-only where the table's checkpoint row still says ``committed_ts == ts`` in the record's
+only where the table's checkpoint row still says ``committed_ts <= ts`` in the record's
 REPEATABLE READ snapshot: a wrong copy is never made, a missing one only means that
 syncpoint is not built.
 
@@ -123,7 +123,7 @@ def copy_missing(
     conn: psycopg.Connection, changefeed_id: str, ts: int, tables: Sequence[TableSchema]
 ) -> int:
     """At the record of syncpoint ``ts``: copy the registered ``tables`` that have no copy
-    yet and are still exactly at ``ts``; then prune old copies. The number copied.
+    yet and are not past ``ts``; then prune old copies. The number copied.
 
     Must run as the first statements of a REPEATABLE READ transaction (the caller's, which
     also inserts the syncpoint row): the check and the copies then read one snapshot.
@@ -148,7 +148,9 @@ def copy_missing(
             (changefeed_id, [t.table_id for t in todo]),
         ).fetchall()
     )
-    off = {t.qualified_name: at.get(t.table_id) for t in todo if at.get(t.table_id) != ts}
+    # Not past ts is at ts: a table whose checkpoint row is below it (or absent: acquired,
+    # never written) had nothing to write up to ts, as the owner's checkpoint says.
+    off = {t.qualified_name: at.get(t.table_id) for t in todo if (at.get(t.table_id) or 0) > ts}
     if off:
         _log.warning(
             "syncpoint %d of %s: tables without a copy and no longer at the syncpoint %s; "

@@ -388,6 +388,26 @@ def test_write_ending_at_a_syncpoint_copies_a_registered_table_that_then_moves_o
     assert rows_of(pg_conn, t) == [(1, Decimal("9.00"), None)]
 
 
+def test_record_copies_a_registered_table_not_past_the_syncpoint(pg_uri, pg_conn):
+    """A table idle since before the syncpoint (its last write ended at 50 < 100) is at 100
+    as it is: the record copies it. A syncpoint with a table already past it and no copy of
+    it gets no copies at all (it cannot be built)."""
+    from cdc_dagster.sinks import pg_syncpoint
+
+    sink, t, late = PostgresSink(pg_uri), accounts(), accounts(8, table="late")
+    pg_syncpoint.register(pg_conn, CF, [("bank", "accounts"), ("bank", "late")])
+    sink.write(CF, t, batch(t, [{"id": 1, "balance": Decimal(5)}], 50), 0, 50, sink.acquire(CF, t))
+    sink.record_syncpoint(CF, 100, [t])
+    name = pg_syncpoint.copy_table_name(CF, 100, 7)
+    copied = pg_conn.execute(f'SELECT id, balance FROM cdc_syncpoint."{name}"').fetchall()
+    assert copied == [(1, Decimal("5.00"))]
+    sink.write(CF, late, batch(late, [], 250), 0, 250, sink.acquire(CF, late))
+    sink.record_syncpoint(CF, 200, [t, late])
+    assert pg_conn.execute(
+        "SELECT upstream_ts, table_id FROM cdc_dagster.syncpoint_copies ORDER BY 1, 2"
+    ).fetchall() == [(100, 7)]
+
+
 @pytest.mark.slow
 def test_postgres_restart_between_commits_loses_and_doubles_nothing(pg_server, pg_db, pg_uri):
     sink, t = PostgresSink(pg_uri), accounts()
