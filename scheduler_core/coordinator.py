@@ -175,6 +175,11 @@ class Coordinator:
 
         Every table is held at ``barrier_ts`` until the changefeed checkpoint reaches it;
         then, in that same tick, the set changes and the barrier lifts. No pause.
+
+        ``barrier_ts`` must be one no sink has passed: with an open barrier a sink reading
+        the DDL stream may be past the owner's last barrier, so in production table-set
+        changes come from the DDL stream (or a pause), and this is for tests and the
+        simulator, whose sinks keep to closed barriers.
         """
         if barrier_ts < self.checkpoint.checkpoint_ts:
             raise ConfigError(
@@ -322,7 +327,13 @@ class Coordinator:
         return None, self.replications.handle_tasks([])
 
     def _apply_table_changes(self) -> None:
-        due = [c for c in self._table_changes if self.checkpoint.checkpoint_ts >= c.barrier_ts]
+        # Not above an unrecorded syncpoint: its record lists the tables as they were there.
+        due = [
+            c
+            for c in self._table_changes
+            if self.checkpoint.checkpoint_ts >= c.barrier_ts
+            and self.ddl.after_syncpoints(c.barrier_ts)
+        ]
         for change in due:
             self._table_changes.remove(change)
             self.apply_table_set_change(change.add, change.remove, change.barrier_ts)
@@ -338,24 +349,27 @@ class Coordinator:
 
     # ------------------------------------------------------------------ progress
     def barrier(self) -> Barrier:
-        """The barriers sinks must respect this tick."""
-        global_ts = min((c.barrier_ts for c in self._table_changes), default=MAX_TS)
+        """The barriers sinks must respect this tick (open as the DDL manager's is, unless a
+        table-set change or the rebuild holds the changefeed at or below it)."""
+        changes = min((c.barrier_ts for c in self._table_changes), default=MAX_TS)
         table: dict[int, int] = {}
         b = self.ddl.barrier(_SortedIds(self.current_tables))
-        global_ts = min(global_ts, b.global_barrier_ts)
+        global_ts = min(changes, b.global_barrier_ts)
+        open_until = min(b.open_until_ts, changes) if changes > b.global_barrier_ts else 0
         for tid, ts in b.table_barriers.items():
             table[tid] = min(ts, table.get(tid, MAX_TS))
         if not self._rebuilt:
             # Until every capture reported, the owner cannot tell which held table left the
             # changefeed (a DROP that ran under the previous owner): nothing sinks further.
             global_ts = min(global_ts, self.checkpoint.checkpoint_ts)
+            open_until = 0
         else:
             # A table that left (dropped, filtered out) is held where it is until its
             # capture removes it: without this it sank past its DROP until the remove came.
             ids, ckpts = self.replications.leaving(self.current_tables)
             for tid, ts in zip(ids.tolist(), ckpts.tolist(), strict=True):
                 table[tid] = min(ts, table.get(tid, MAX_TS))
-        return Barrier(global_ts, {t: ts for t, ts in table.items() if ts < global_ts})
+        return Barrier(global_ts, {t: ts for t, ts in table.items() if ts < global_ts}, open_until)
 
     def _advance_checkpoint(self, barrier: Barrier) -> None:
         if not self._rebuilt:

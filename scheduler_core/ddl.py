@@ -4,7 +4,14 @@ Follows TiCDC's "DDL only blocks related tables" RFC (tiflow
 ``docs/RFCS/20230320_ddl_block_related_table.md``): a DDL that touches exactly one
 existing table holds back that table alone (a *table barrier*); a DDL that creates
 tables, touches several, is schema-level, or touches a table outside the current set
-holds back the whole changefeed (a *global barrier*), as syncpoints and the target ts do.
+holds back the whole changefeed (a *global barrier*), as the target ts does.
+
+Syncpoints are not barriers: their TSs are known in advance (aligned multiples of the
+interval), so each table's sink splits its commits at them and carries on; the owner
+records a syncpoint once the changefeed checkpoint has passed it. What must see the table
+set as it was at a syncpoint waits for it to be recorded: a DDL (or table-set change)
+above an unrecorded syncpoint is not ready until then, so the record lists exactly the
+tables that existed at its TS.
 
 Barrier semantics: a sink may write changes with commit ts <= its barrier ts, so a
 table held at a DDL's commit ts has written every change below it and none above it.
@@ -197,6 +204,29 @@ def _first_syncpoint(checkpoint_ts: int, interval_ms: int) -> int:
     return compose((physical_ms(checkpoint_ts) // interval_ms + 1) * interval_ms)
 
 
+def is_syncpoint(ts: int, interval_ms: int | None) -> bool:
+    """``ts`` is a syncpoint TS (an aligned multiple of the interval, logical part 0)."""
+    return (
+        bool(interval_ms) and ts == compose(physical_ms(ts)) and physical_ms(ts) % interval_ms == 0
+    )
+
+
+def syncpoints_between(lo: int, hi: int, interval_ms: int | None) -> list[int]:
+    """The syncpoint TSs in ``(lo, hi)``, ascending: where a sink batch ``(lo, hi]`` is cut.
+
+    A sink commits every table's changes up to each syncpoint TS on its own (a batch never
+    spans one), so the downstream has a version of each table exactly at each syncpoint.
+    """
+    if not interval_ms or hi <= lo:
+        return []
+    out = []
+    sp = _first_syncpoint(lo, interval_ms)
+    while sp < hi:
+        out.append(sp)
+        sp = add_ms(sp, interval_ms)
+    return out
+
+
 class DDLManager:
     """Owner-side DDL state of one changefeed: pending DDLs, barriers, syncpoints, target ts.
 
@@ -208,7 +238,11 @@ class DDLManager:
     Invariants, checked after every change: pending DDLs are sorted by (commit_ts,
     arrival); each has commit_ts above the start checkpoint; ready DDLs are pending; per
     table, pending DDLs have strictly increasing commit_ts; the next syncpoint is an
-    aligned TS above the start checkpoint. State and per-tick cost are O(pending DDLs).
+    aligned TS above the last one recorded. State and per-tick cost are O(pending DDLs).
+
+    Syncpoints are no barrier (see the module docstring): ``ready_syncpoint`` returns the
+    next one once the checkpoint passed it, and a DDL above an unrecorded syncpoint is not
+    ready until that syncpoint is recorded.
 
     To resume after a crash, build it from the persisted checkpoint minus one when a DDL
     at exactly that checkpoint may not have run yet (TiCDC starts its DDL puller at
@@ -237,8 +271,14 @@ class DDLManager:
         sync_point_interval_ms: int | None = None,
         target_ts: int | None = None,
         ddl_resolved_ts: int | None = None,
+        last_syncpoint_ts: int = 0,
     ) -> None:
         """Start at the changefeed's ``checkpoint_ts``.
+
+        ``last_syncpoint_ts``: the last syncpoint recorded (0: none). The next one is the
+        first aligned TS above it, even if the checkpoint has passed it meanwhile (the
+        checkpoint does not wait for syncpoints: an owner that died before recording one
+        leaves it to its successor); with none recorded, the first above the checkpoint.
 
         ``ddl_resolved_ts``, when given, switches on tracking of the DDL stream's resolved
         ts: every DDL with commit_ts <= it has been added. The global barrier then never
@@ -250,10 +290,10 @@ class DDLManager:
         self._checkpoint_ts = checkpoint_ts
         self._target_ts = _check_target(target_ts, checkpoint_ts)
         self._interval_ms = _check_interval(sync_point_interval_ms)
+        _check_config_ts("last_syncpoint_ts", last_syncpoint_ts)
+        after = last_syncpoint_ts or checkpoint_ts
         self._next_syncpoint = (
-            None
-            if self._interval_ms is None
-            else _first_syncpoint(checkpoint_ts, self._interval_ms)
+            None if self._interval_ms is None else _first_syncpoint(after, self._interval_ms)
         )
         if ddl_resolved_ts is not None:
             _check_config_ts("ddl_resolved_ts", ddl_resolved_ts)
@@ -367,10 +407,15 @@ class DDLManager:
     def barrier(self, current_tables: Container[int]) -> Barrier:
         """The barriers to broadcast now; ``current_tables`` is the changefeed's table set (a set).
 
+        Open (:class:`Barrier` ``open_until_ts``) when the global barrier is only the DDL
+        stream's resolved ts: no DDL and no target ts holds the changefeed there.
         Costs O(pending DDLs below the global barrier): membership is asked only for
         tables those DDLs touch.
         """
-        global_ts = self._fixed_global_barrier()
+        hard = MAX_TS if self._target_ts is None else self._target_ts
+        stream = self._ddl_resolved_ts
+        global_ts = hard if stream is None else min(hard, stream)
+        by_ddl = False
         heads: dict[int, int] = {}
         announced: list[tuple[DDLEvent, bool]] = []
         for commit_ts, _, event in self._queue:
@@ -378,7 +423,7 @@ class DDLManager:
                 break  # sorted: everything after is held back by the global barrier anyway
             table_id = event.blocks_only(current_tables)
             if table_id is None:
-                global_ts = commit_ts  # the first global DDL in commit-ts order
+                global_ts, by_ddl = commit_ts, True  # the first global DDL in commit-ts order
                 announced.append((event, True))
             elif table_id not in heads:  # only a table's earliest DDL is its barrier
                 heads[table_id] = commit_ts
@@ -386,12 +431,8 @@ class DDLManager:
         self._announced = tuple(announced)
         # A table barrier at or above the global one would hold nothing more back.
         table_barriers = {t: ts for t, ts in heads.items() if ts < global_ts}
-        return Barrier(global_barrier_ts=global_ts, table_barriers=table_barriers)
-
-    def _fixed_global_barrier(self) -> int:
-        # Global barriers that do not come from a DDL: the syncpoint, the end, the DDL stream.
-        candidates = (self._next_syncpoint, self._target_ts, self._ddl_resolved_ts)
-        return min((ts for ts in candidates if ts is not None), default=MAX_TS)
+        opened = stream is not None and not by_ddl and global_ts == stream < hard
+        return Barrier(global_ts, table_barriers, hard if opened else 0)
 
     # ----------------------------------------------------------------- ready / done
     def ready(
@@ -409,6 +450,8 @@ class DDLManager:
             key = _key(event)
             if key not in self._pending:
                 continue  # done since the last barrier()
+            if not self.after_syncpoints(event.commit_ts):
+                continue  # the syncpoint below it lists the tables as they were: first
             if is_global:
                 ok = event is head and changefeed_checkpoint >= event.commit_ts
             else:
@@ -440,6 +483,11 @@ class DDLManager:
         return TableSetChange(event.commit_ts, added=event.creates, removed=event.drops)
 
     # ----------------------------------------------------------------- syncpoints, end
+    def after_syncpoints(self, ts: int) -> bool:
+        """True when every syncpoint below ``ts`` was recorded: a DDL or table-set change at
+        ``ts`` may change the table set (one exactly at a syncpoint goes first)."""
+        return self._next_syncpoint is None or self._next_syncpoint >= ts
+
     def ready_syncpoint(self, changefeed_checkpoint: int) -> int | None:
         """Syncpoint TS to record now; None if unreached, a DDL at or before it waits, or off."""
         self._observe_checkpoint(changefeed_checkpoint)

@@ -89,10 +89,20 @@ class Header:
 
 @dataclass(frozen=True, slots=True)
 class Barrier:
-    """TSs sinks must not pass: one global, plus per-table barriers for DDLs that touch one table."""
+    """TSs sinks must not pass: one global, plus per-table barriers for DDLs that touch one table.
+
+    ``open_until_ts`` (0: closed) says the global barrier is only how far the owner had read
+    the DDL stream: no DDL, table-set change or target ts holds the changefeed below
+    ``open_until_ts``. A sink that reads the DDL stream itself may then go past the global
+    barrier, up to the first DDL it finds above it, the stream's resolved ts or
+    ``open_until_ts``, whichever is lowest (:meth:`open_barrier_ts`). So a capture commits
+    new data as soon as it is resolved, without waiting for the owner's next tick to move
+    the barrier, and still never passes a DDL the owner has not seen (it stops at it).
+    """
 
     global_barrier_ts: int = MAX_TS
     table_barriers: Mapping[int, int] = field(default_factory=dict)
+    open_until_ts: int = 0
 
     def __post_init__(self) -> None:
         check_ts("global_barrier_ts", self.global_barrier_ts)
@@ -101,21 +111,46 @@ class Barrier:
             check_table_id(table_id)
             check_ts(f"table_barriers[{table_id}]", ts)
         object.__setattr__(self, "table_barriers", frozen)
+        check_ts("open_until_ts", self.open_until_ts)
+        if self.open_until_ts and self.open_until_ts <= self.global_barrier_ts:
+            raise InvalidMessageError(
+                f"open_until_ts {self.open_until_ts} must be above global_barrier_ts "
+                f"{self.global_barrier_ts} (or 0: a closed barrier)"
+            )
 
     def barrier_ts(self, table_id: int) -> int:
         """The TS table ``table_id`` must not sink past."""
         table_ts = self.table_barriers.get(table_id, MAX_TS)
         return min(self.global_barrier_ts, table_ts)
 
+    def open_barrier_ts(self, table_id: int, stream_ts: int) -> int:
+        """The TS the table may sink to for a sink that read the DDL stream: ``stream_ts`` is
+        the lower of the stream's resolved ts and its first DDL above the global barrier.
+
+        Closed, or held by a table barrier below the global one: :meth:`barrier_ts`.
+        """
+        ts = self.barrier_ts(table_id)
+        if not self.open_until_ts or ts < self.global_barrier_ts:
+            return ts
+        return max(ts, min(stream_ts, self.open_until_ts))
+
+    def closed(self) -> Barrier:
+        """The same barrier without the opening (a sink that does not read the DDL stream)."""
+        return Barrier(self.global_barrier_ts, self.table_barriers)
+
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Barrier):
             return NotImplemented
-        return self.global_barrier_ts == other.global_barrier_ts and dict(
-            self.table_barriers
-        ) == dict(other.table_barriers)
+        return (
+            self.global_barrier_ts == other.global_barrier_ts
+            and self.open_until_ts == other.open_until_ts
+            and dict(self.table_barriers) == dict(other.table_barriers)
+        )
 
     def __hash__(self) -> int:
-        return hash((self.global_barrier_ts, frozenset(self.table_barriers.items())))
+        return hash(
+            (self.global_barrier_ts, self.open_until_ts, frozenset(self.table_barriers.items()))
+        )
 
 
 class Liveness(enum.IntEnum):

@@ -24,6 +24,10 @@ DEFAULT_LAG_BOUND_S = 120.0
 # takes a whole burst and a few bursts wait for its run (bench/sensor_tick_bench.py).
 DEFAULT_ADD_TABLE_BATCH = 1000
 DEFAULT_CAPTURE_LOOP_S = 300.0
+# A capture tick's phase that reads less change-log (or staged) data than this runs in the
+# run's process, not as a Spark job (~1 s each over Spark Connect): at OLTP rates most
+# ticks carry a second or two of changes, a few hundred KB (bench/oltp_bench.py).
+DEFAULT_LOCAL_TICK_BYTES = 16 << 20
 
 
 def process_owner_id() -> str:
@@ -58,6 +62,7 @@ class Settings:
     # its last tick, and only then can a new one (a restarted code server) take over.
     owner_ttl_s: int = 30
     add_table_batch: int = DEFAULT_ADD_TABLE_BATCH  # tables the owner starts adding per tick
+    local_tick_bytes: int = DEFAULT_LOCAL_TICK_BYTES  # smaller tick phases skip Spark
 
     @staticmethod
     def from_env(environ: Mapping[str, str] | None = None) -> Settings:
@@ -82,6 +87,7 @@ class Settings:
             capture_loop_s=float(get("CAPTURE_LOOP_S", str(DEFAULT_CAPTURE_LOOP_S))),
             owner_ttl_s=int(get("OWNER_TTL_S", "30")),
             add_table_batch=int(get("ADD_TABLE_BATCH", str(DEFAULT_ADD_TABLE_BATCH))),
+            local_tick_bytes=int(get("LOCAL_TICK_BYTES", str(DEFAULT_LOCAL_TICK_BYTES))),
         )
 
     def staging_dir(self) -> Path:

@@ -10,8 +10,12 @@ A capture tick is two calls, run by Dagster as separate ops (possibly in fresh p
 - :meth:`SparkTableExecutor.sink_phase` (phase 2): for every REPLICATING table (and a
   STOPPING one, its last flush), collapse the staged changes in
   ``(checkpoint, min(staged, barrier, next DDL of the table)]`` to the last change per key
-  and write the batch with the sink from a Spark task (one table per task); advance the
-  checkpoint; stop tables being removed; prune staged files at or below the checkpoint.
+  and write the batch with the sink from a Spark task (one table per task), one commit per
+  syncpoint interval (a batch never spans a syncpoint TS: the downstream has every table
+  exactly at each syncpoint); advance the checkpoint; stop tables being removed; prune
+  staged files at or below the checkpoint. An open barrier (the owner's global barrier is
+  only how far it read the DDL stream) is taken past, up to the change log's DDL resolved
+  ts or its first DDL above the barrier: new data is sunk as soon as it is resolved.
 
 Nothing lives in memory between ticks that is not in the manifest
 (:class:`~cdc_dagster.pipeline.staging.Staging`): the phases save it, :meth:`save` does
@@ -49,6 +53,7 @@ from cdc_dagster.sinks.base import Sink
 from cdc_dagster.sinks.uri import open_sink
 from cdc_dagster.text import shorten
 from cdc_dagster.upstream.changelog import ChangeLog, ChangeLogError
+from scheduler_core.ddl import is_syncpoint, syncpoints_between
 from scheduler_core.errors import ExecutorContractError
 from scheduler_core.messages import Barrier, TableStatusBatch
 from scheduler_core.model import Checkpoint, TableState, TableStatus
@@ -70,14 +75,19 @@ class SparkTableExecutor:
         sink_uri: str,
         staging_dir: str | os.PathLike[str],
         spark: Any,
+        sync_point_interval_ms: int | None = None,
+        local_max_bytes: int = 0,
     ) -> None:
         self.capture_id = capture_id
+        self.sync_point_interval_ms = sync_point_interval_ms
+        self.local_max_bytes = local_max_bytes  # a phase reading less runs without a job
         self.changefeed_id = changefeed_id
         self.changelog = changelog
         self.sink_uri = sink_uri
         self.spark = spark
         self.staging = Staging(staging_dir, changefeed_id, capture_id)
         self.barrier = Barrier(0)  # sink nothing until the owner says how far
+        self._stream_ts = 0  # how far the DDL stream lets sinks pass an open barrier
         self._tables: dict[int, TableRecord] = {}
         self._sink: Sink | None = None
         self._doomed_files: list[tuple[int, list[StagedFile]]] = []
@@ -92,9 +102,20 @@ class SparkTableExecutor:
         sink_uri: str,
         staging_dir: str | os.PathLike[str],
         spark: Any,
+        sync_point_interval_ms: int | None = None,
+        local_max_bytes: int = 0,
     ) -> SparkTableExecutor:
         """The executor as the last :meth:`save` left it (empty if none), reconciled with the sink."""
-        ex = cls(capture_id, changefeed_id, changelog, sink_uri, staging_dir, spark)
+        ex = cls(
+            capture_id,
+            changefeed_id,
+            changelog,
+            sink_uri,
+            staging_dir,
+            spark,
+            sync_point_interval_ms,
+            local_max_bytes,
+        )
         loaded = ex.staging.load()
         if loaded is None:
             return ex
@@ -229,7 +250,7 @@ class SparkTableExecutor:
                 continue
             specs.append(spec)
         staged: dict[int, int] = {}
-        for res in job.run(self.spark, "pull", specs):
+        for res in job.run(self.spark, "pull", specs, local_max_bytes=self.local_max_bytes):
             table_id = res["table_id"]
             rec = self._tables[table_id]
             if res["status"] != "ok":
@@ -285,6 +306,7 @@ class SparkTableExecutor:
     def sink_phase(self) -> dict[int, int]:
         """Phase 2 for every sinking table, one table per Spark task; returns rows written."""
         specs, stopping = [], []
+        self._stream_ts = self._read_stream_ts()
         for table_id, rec in sorted(self._tables.items()):
             if rec.state == T.STOPPING:
                 stopping.append(table_id)
@@ -307,7 +329,7 @@ class SparkTableExecutor:
         if specs:
             self.save()  # the intents: a crash from here on is reconciled with the sink on load
         written: dict[int, int] = {}
-        for res in job.run(self.spark, "sink", specs):
+        for res in job.run(self.spark, "sink", specs, local_max_bytes=self.local_max_bytes):
             table_id, rec = res["table_id"], self._tables[res["table_id"]]
             if res["status"] == "fenced":
                 log.warning(
@@ -337,22 +359,43 @@ class SparkTableExecutor:
         self._check()
         return written
 
+    def _read_stream_ts(self) -> int:
+        """How far past an open barrier the change log's DDL stream lets sinks go: its DDL
+        resolved ts, or its first DDL above the barrier (of any table: the owner has not
+        seen it yet, so it may hold any of them). The global barrier itself when closed."""
+        low = self.barrier.global_barrier_ts
+        if not self.barrier.open_until_ts:
+            return low
+        try:
+            resolved = self.changelog.ddl_resolved_ts()
+            ddls = self.changelog.ddl_records(low, resolved) if resolved > low else []
+        except (ChangeLogError, OSError) as exc:
+            log.warning(
+                "capture %s: DDL stream unreadable (%s): barrier kept", self.capture_id, exc
+            )
+            return low
+        return min([resolved, *(r.commit_ts for r in ddls)]) if resolved > low else low
+
     def _sink_spec(self, table_id: int, rec: TableRecord) -> dict[str, Any] | None:
         start = rec.checkpoint_ts
-        end = min(rec.staged_upto, self.barrier.barrier_ts(table_id))
+        limit = self.barrier.open_barrier_ts(table_id, self._stream_ts)
+        end = min(rec.staged_upto, limit)
         if end <= start:
             return None
         # A batch never spans a DDL of its table (the barrier cuts there too; this is a guard).
-        at_ddl = False
+        ddl_at_end = False
         for r in self.changelog.ddl_records(start, end):
             if table_id in r.tables or table_id in r.table_ids:
-                end, at_ddl = r.commit_ts, True
+                end, ddl_at_end = r.commit_ts, True
                 break
         # The rows' schema: the one valid above ``start`` (at ``end`` itself a DDL may apply).
         schema = self._schema(table_id, start) or self._schema(table_id, end)
         if schema is None:
             return None
         files = [self.staging.path(table_id, f) for f in rec.files if f.hi > start and f.lo < end]
+        interval = self.sync_point_interval_ms
+        sink_end = end - 1 if ddl_at_end else end
+        cuts = syncpoints_between(start, sink_end, interval)
         return {
             "table_id": table_id,
             "start": start,
@@ -360,8 +403,13 @@ class SparkTableExecutor:
             # ts T (none shares T), not the DDL: the sink commit claims T - 1, and the DDL's
             # own commit claims T (a state that claims T holds every effect at or below T).
             # The table's checkpoint is T all the same: the DDL waits for it (DESIGN.md).
-            "end": end - 1 if at_ddl else end,
+            "end": sink_end,
             "upto": end,
+            "syncpoints": cuts,
+            # Writes that keep what a read of the syncpoint needs (a PostgreSQL copy): each
+            # cut, and the end if it is a syncpoint, unless a DDL of the table is there (the
+            # syncpoint includes it: what it needs is made when it is recorded, after it).
+            "copy_at": [*cuts, *([end] if is_syncpoint(end, interval) and not ddl_at_end else [])],
             "token": rec.token,
             "changefeed": self.changefeed_id,
             "sink_uri": self.sink_uri,

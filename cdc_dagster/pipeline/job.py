@@ -5,6 +5,11 @@ specs of the tables that task handles (tables balanced over tasks by size), run 
 ``mapInArrow`` one table at a time. No shuffle and no sampling pass, DataFrame API only,
 so it runs the same on a local session and over Spark Connect. Each table's result comes
 back to the driver as one small row.
+
+A small tick (``local_max_bytes``: the change-log or staged bytes its specs read) runs its
+specs in the driver instead, the same functions without a job: a Spark job costs about a
+second over Spark Connect (planning, a task per slot, Python workers), most of a tick
+that carries a second of an OLTP upstream's changes.
 """
 
 from __future__ import annotations
@@ -35,12 +40,18 @@ def balance(specs: Sequence[dict[str, Any]], n: int) -> list[list[dict[str, Any]
     return [s for s in slots if s]
 
 
-def run(spark: Any, kind: str, specs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Run ``kind`` ("pull" or "sink") for every spec in one Spark job; one result per spec."""
+def run(
+    spark: Any, kind: str, specs: Sequence[dict[str, Any]], *, local_max_bytes: int = 0
+) -> list[dict[str, Any]]:
+    """Run ``kind`` ("pull" or "sink") for every spec in one Spark job, or in this process
+    when they read at most ``local_max_bytes`` together; one result per spec."""
     from pyspark.sql import functions as F
 
     if not specs:
         return []
+    if sum(max(0, s.get("weight", 0)) for s in specs) <= local_max_bytes:
+        fn = spark_tasks.pull_table if kind == "pull" else spark_tasks.sink_table
+        return [fn(s) for s in specs]
     slots = balance(specs, min(len(specs), parallelism(spark)))
     payload = F.array(*(F.lit(json.dumps(s)) for s in slots))
     df = spark.range(0, len(slots), 1, len(slots)).select(

@@ -258,15 +258,13 @@ def read_staged(paths: Sequence[str]) -> pa.Table:
 
 
 def sink_table(spec: dict[str, Any]) -> dict[str, Any]:
-    """Collapse one table's staged changes in (start, end] and write them with the sink."""
+    """Collapse one table's staged changes in (start, end] and write them with the sink, one
+    commit per syncpoint interval (``spec["syncpoints"]``: the syncpoint TSs inside)."""
     table_id = spec["table_id"]
     schema = TableSchema.from_json(spec["schema"])
     where = f"table {schema.qualified_name} (id {table_id})"
     try:
-        if spec["files"]:
-            batch = collapse(schema, read_staged(spec["files"]), spec["start"], spec["end"])
-        else:
-            batch = collapse(schema, _empty_staged(schema), spec["start"], spec["end"])
+        staged = read_staged(spec["files"]) if spec["files"] else _empty_staged(schema)
     except (OSError, pa.ArrowException) as exc:
         return _result(
             table_id,
@@ -275,11 +273,18 @@ def sink_table(spec: dict[str, Any]) -> dict[str, Any]:
             "capture's staging was damaged: remove the table from this capture so another "
             "prepares it again",
         )
+    cuts = list(spec.get("syncpoints", ()))
+    copy_at = set(spec.get("copy_at", cuts))
+    committed, rows, start = spec["start"], 0, spec["start"]
     try:
         sink = open_sink(spec["sink_uri"])
-        committed = sink.write(
-            spec["changefeed"], schema, batch, spec["start"], spec["end"], spec["token"]
-        )
+        for end in [*cuts, spec["end"]]:
+            batch = collapse(schema, staged, start, end)
+            committed = sink.write(
+                spec["changefeed"], schema, batch, start, end, spec["token"],
+                at_syncpoint=end in copy_at,
+            )  # fmt: skip
+            rows, start = rows + batch.num_rows, end
     except FencedError as exc:
         return _result(table_id, "fenced", str(exc))
     except SinkError as exc:
@@ -288,11 +293,11 @@ def sink_table(spec: dict[str, Any]) -> dict[str, Any]:
         return _result(
             table_id,
             "error",
-            f"{where}: the sink {spec['sink_uri']!r} failed writing ({spec['start']}, "
+            f"{where}: the sink {spec['sink_uri']!r} failed writing ({start}, "
             f"{spec['end']}] with an unexpected {type(exc).__name__}: {shorten(exc)}; "
             "the batch is retried every tick, fix the downstream",
         )
-    return _result(table_id, "ok", "", json.dumps(committed), batch.num_rows)
+    return _result(table_id, "ok", "", json.dumps(committed), rows)
 
 
 def _empty_staged(schema: TableSchema) -> pa.Table:

@@ -103,6 +103,7 @@ class Staging:
             "barrier": {
                 "global": barrier.global_barrier_ts,
                 "tables": {str(t): ts for t, ts in barrier.table_barriers.items()},
+                "open_until": barrier.open_until_ts,
             },
             "tables": {str(t): rec.to_json() for t, rec in sorted(tables.items())},
         }
@@ -129,7 +130,8 @@ class Staging:
             )
         tables = {int(t): TableRecord.from_json(r) for t, r in obj["tables"].items()}
         b = obj["barrier"]
-        barrier = Barrier(b["global"], {int(t): ts for t, ts in b["tables"].items()})
+        tables_b = {int(t): ts for t, ts in b["tables"].items()}
+        barrier = Barrier(b["global"], tables_b, b.get("open_until", 0))
         return tables, barrier
 
     def remove_orphans(self, tables: dict[int, TableRecord]) -> int:

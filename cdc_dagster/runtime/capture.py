@@ -19,7 +19,7 @@ import contextlib
 import json
 import logging
 import shutil
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -46,6 +46,8 @@ from cdc_dagster.runtime.wire import (
     encode_dispatch,
     encode_message,
 )
+from cdc_dagster.upstream.changelog import ChangeLog, ChangeLogError
+from cdc_dagster.upstream.uri import UpstreamError, changelog_path
 from scheduler_core.agent import Agent, AgentState, AgentStats
 from scheduler_core.messages import (
     CaptureMessage,
@@ -218,6 +220,7 @@ class _Tick:
             cf.upstream_uri,
             cf.sink_uri,
             cf.start_ts,
+            cf.sync_point_interval_s * 1000 or None,
         )
         self.executor: RuntimeExecutor = ctx.executor_factory(spec)  # loaded from its manifest
         self.agent = Agent(
@@ -524,3 +527,52 @@ def _record_failure(ctx: CaptureContext, message: str) -> Problem | None:
     problem = reported(ms.problems.get(ctx.changefeed_id, ctx.capture_id), message, wall_ms())
     session.txn([ms.problems.put_op(ctx.changefeed_id, ctx.capture_id, problem, session.lease_id)])
     return problem
+
+
+# ------------------------------------------------------------------------------ self ticks
+class FrontierWatch:
+    """Which of a capture's changefeeds have new resolved data since it last ticked them.
+
+    A capture need not wait for the owner to tick (DESIGN.md "Latency comes from the
+    data"): steady replication needs no owner decision, and the barrier it was given is
+    open past the DDL stream. So a following capture run ticks on its own whenever a
+    changefeed's change log moved: its DDL resolved ts, which every flush of the upstream
+    (rows or an idle heartbeat) advances, is one small file read per changefeed.
+    """
+
+    def __init__(self, metastore: Metastore) -> None:
+        self._metastore = metastore
+        self._logs: dict[str, ChangeLog | None] = {}
+        self._seen: dict[str, int] = {}
+
+    def _frontier(self, changefeed_id: str) -> int:
+        if changefeed_id not in self._logs:
+            try:
+                info = self._metastore.changefeeds.get(changefeed_id).info
+                self._logs[changefeed_id] = ChangeLog(changelog_path(info.upstream_uri))
+            except (MetastoreError, ChangeLogError, UpstreamError, OSError) as exc:
+                log.info("changefeed %s: no change log to watch (%s)", changefeed_id, exc)
+                self._logs[changefeed_id] = None
+        changelog = self._logs[changefeed_id]
+        if changelog is None:
+            return 0
+        try:
+            return changelog.ddl_resolved_ts()
+        except (ChangeLogError, OSError):
+            return 0
+
+    def moved(self, changefeed_ids: Iterable[str]) -> list[str]:
+        """The changefeeds whose change log resolved past what the last tick saw; noted as
+        seen (a tick follows)."""
+        out = []
+        for cf in sorted(set(changefeed_ids)):
+            now = self._frontier(cf)
+            if now > self._seen.get(cf, 0):
+                self._seen[cf] = now
+                out.append(cf)
+        return out
+
+    def forget(self, changefeed_id: str) -> None:
+        """Read the changefeed's change log again next time (it was removed or recreated)."""
+        self._logs.pop(changefeed_id, None)
+        self._seen.pop(changefeed_id, None)

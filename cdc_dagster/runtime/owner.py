@@ -49,7 +49,7 @@ from cdc_dagster.runtime.spec import capture_epoch
 from cdc_dagster.runtime.wire import encode
 from cdc_dagster.schema import DdlRecord, TableSchema
 from cdc_dagster.secrets import redact_text, redact_uri
-from cdc_dagster.sinks.base import Sink
+from cdc_dagster.sinks.base import Sink, SyncpointUnpinnableError
 from cdc_dagster.sinks.uri import open_sink
 from cdc_dagster.upstream.changelog import ChangeLog
 from cdc_dagster.upstream.uri import UpstreamError, changelog_path, is_mysql_uri
@@ -181,6 +181,9 @@ class _Feed:
             sync_point_interval_ms=interval,
             target_ts=info.target_ts or None,
             ddl_resolved_ts=self.ddl_upto,
+            # Syncpoints hold nothing back: one the previous owner left unrecorded may be
+            # below the checkpoint; go on from the last recorded one.
+            last_syncpoint_ts=min(ddl_state.last_syncpoint_ts, self.ddl_upto) if ddl_state else 0,
         )
         self.coordinator = Coordinator(
             owner_id=loop.owner_id,
@@ -723,15 +726,28 @@ def apply_ddl_at(
     return [r.query for r in records]
 
 
-def apply_syncpoint(ms: Metastore, ready: ReadySyncpoint, *, sink: Sink | None = None) -> None:
-    """Record a syncpoint downstream, then mark it so the owner's next tick moves on."""
+def apply_syncpoint(ms: Metastore, ready: ReadySyncpoint, *, sink: Sink | None = None) -> str:
+    """Record a syncpoint downstream, then mark it so the owner's next tick moves on; the
+    line to log.
+
+    A syncpoint the sink cannot pin (a table has no commit ending exactly at it: written
+    before its sink split batches at syncpoints, or under another interval) is skipped,
+    marked as such and said in the line: syncpoints hold nothing back, so refusing it would
+    stop every later syncpoint and DDL instead; readers use the next one.
+    """
     cf = ms.changefeeds.get(ready.changefeed_id).info
     sink = sink or open_sink(cf.sink_uri)
     changelog = ChangeLog(changelog_path(cf.upstream_uri))
     schemas = changelog.tables_at(ready.ts)
     tables = [schemas[t] for t in ready.table_ids if t in schemas]
-    sink.record_syncpoint(ready.changefeed_id, ready.ts, tables)
-    ms.client.put(syncpoint_marker(ms, ready.changefeed_id, ready.ts), b"1")
+    marker = syncpoint_marker(ms, ready.changefeed_id, ready.ts)
+    try:
+        sink.record_syncpoint(ready.changefeed_id, ready.ts, tables)
+    except SyncpointUnpinnableError as exc:
+        ms.client.put(marker, b"skipped")
+        return f"syncpoint {ready.ts} of {ready.changefeed_id} skipped: {exc}"
+    ms.client.put(marker, b"1")
+    return f"syncpoint {ready.ts} of {ready.changefeed_id} recorded ({len(tables)} tables)"
 
 
 # ------------------------------------------------------------------------------ the step
@@ -773,14 +789,15 @@ def owner_step(
     notes += [f"capture {c}: its lease had expired; registered again" for c in tick.registered]
     recorded = []
     for ready in tick.syncpoints:
+        said: list[str] = []  # apply_syncpoint's own line: recorded, or skipped and why
         done, note = carry_out(
             ms,
             ready.changefeed_id,
             SYNCPOINT,
             f"recording syncpoint {ready.ts} at the sink",
-            lambda ready=ready: apply_syncpoint(ms, ready, sink=sink),
+            lambda ready=ready, said=said: said.append(apply_syncpoint(ms, ready, sink=sink)),
         )
-        notes.append(note)
+        notes.append(f"{ready.changefeed_id}: {said[0]}" if said else note)
         if done:
             recorded.append(ready)
     gated = []

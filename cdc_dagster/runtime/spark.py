@@ -10,11 +10,11 @@ from cdc_dagster.upstream.changelog import ChangeLog
 from cdc_dagster.upstream.uri import changelog_path
 
 
-def spark_executor_factory(spark: Any) -> ExecutorFactory:
-    """A factory of SparkTableExecutors on ``spark`` (a local session or Spark Connect)."""
+def spark_executor_factory(spark: Any, *, local_max_bytes: int = 0) -> ExecutorFactory:
+    """A factory of SparkTableExecutors on ``spark`` (a local session or Spark Connect); a
+    tick phase reading at most ``local_max_bytes`` runs in this process, without a job."""
 
     def make(spec: ExecutorSpec) -> RuntimeExecutor:
-
         return SparkTableExecutor.load(  # type: ignore[return-value]
             spec.capture_id,
             spec.changefeed_id,
@@ -22,6 +22,8 @@ def spark_executor_factory(spark: Any) -> ExecutorFactory:
             spec.sink_uri,
             spec.staging_root,
             spark,
+            spec.sync_point_interval_ms,
+            local_max_bytes,
         )
 
     return make

@@ -25,6 +25,7 @@ class ExecutorSpec:
     upstream_uri: str  # changelog:///abs/path
     sink_uri: str
     start_ts: int  # the changefeed's start ts (a fake downstream's initial committed ts)
+    sync_point_interval_ms: int | None = None  # sinks split their batches at syncpoint TSs
 
 
 @runtime_checkable

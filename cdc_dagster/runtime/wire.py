@@ -47,6 +47,7 @@ def encode_barrier(b: Barrier) -> dict[str, Any]:
     return {
         "global_barrier_ts": b.global_barrier_ts,
         "table_barriers": {str(t): ts for t, ts in sorted(b.table_barriers.items())},
+        **({"open_until_ts": b.open_until_ts} if b.open_until_ts else {}),
     }
 
 
@@ -140,7 +141,10 @@ def decode_barrier(obj: Any, where: str = "barrier") -> Barrier:
         raise WireError(f"{where}.table_barriers: a key is not a table id: {exc}") from exc
     if any(type(ts) is not int for ts in barriers.values()):
         raise WireError(f"{where}.table_barriers: values must be int TSs")
-    return Barrier(_field(obj, "global_barrier_ts", int, where), barriers)
+    open_until = obj.get("open_until_ts", 0) if isinstance(obj, Mapping) else 0
+    if type(open_until) is not int:
+        raise WireError(f"{where}.open_until_ts: must be an int TS, got {open_until!r}")
+    return Barrier(_field(obj, "global_barrier_ts", int, where), barriers, open_until)
 
 
 def decode_dispatch(obj: Any, to: str, where: str) -> Dispatch:

@@ -39,6 +39,10 @@ class SinkSchemaError(SinkError):
     """A batch does not fit the downstream table's schema."""
 
 
+class SyncpointUnpinnableError(SinkError):
+    """A syncpoint cannot be recorded: a table has no commit ending exactly at its ts."""
+
+
 class SinkDDLError(SinkError):
     """A DDL could not be applied downstream."""
 
@@ -81,8 +85,15 @@ class Sink(Protocol):
         start_ts: int,
         end_ts: int,
         token: int,
+        *,
+        at_syncpoint: bool = False,
     ) -> int:
-        """Commit the batch and ``(end_ts, token)`` atomically; return the committed ts."""
+        """Commit the batch and ``(end_ts, token)`` atomically; return the committed ts.
+
+        ``at_syncpoint``: ``end_ts`` is a syncpoint TS (sinks split their batches there, so
+        every table's downstream passes through it): keep what a consistent read of the
+        syncpoint needs in the same commit (PostgreSQL: the registered copy of the table).
+        """
         ...
 
     def apply_ddl(
@@ -94,5 +105,6 @@ class Sink(Protocol):
     def record_syncpoint(
         self, changefeed_id: str, ts: int, tables: Sequence[TableSchema]
     ) -> SyncpointRecord:
-        """Record the syncpoint at ``ts`` for ``tables`` (all at a checkpoint >= ts)."""
+        """Record the syncpoint at ``ts`` for ``tables`` (all at a checkpoint >= ts, each
+        with a commit that ended exactly at ``ts``)."""
         ...

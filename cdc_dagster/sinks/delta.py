@@ -54,6 +54,7 @@ from cdc_dagster.sinks.base import (
     SinkGapError,
     SinkSchemaError,
     SyncpointRecord,
+    SyncpointUnpinnableError,
 )
 from cdc_dagster.sinks.delta_ddl import evolve, plain_type, same_schema
 from cdc_dagster.sinks.delta_paths import META_DIR, encode_component, table_location, table_path
@@ -240,8 +241,15 @@ class DeltaSink:
         start_ts: int,
         end_ts: int,
         token: int,
+        *,
+        at_syncpoint: bool = False,
     ) -> int:
-        """MERGE the batch and ``(end_ts, token)`` in one Delta commit; return the committed ts."""
+        """MERGE the batch and ``(end_ts, token)`` in one Delta commit; return the committed ts.
+
+        ``at_syncpoint`` needs nothing here: the commit ending at a syncpoint is the table's
+        version there, found again when the syncpoint is recorded (Delta keeps versions).
+        """
+        del at_syncpoint
         where = _where(changefeed_id, table)
         if not 0 <= start_ts <= end_ts:
             raise SinkError(f"{where}: bad batch range ({start_ts}, {end_ts}]")
@@ -472,8 +480,10 @@ class DeltaSink:
     ) -> SyncpointRecord:
         """Write ``_cdc_dagster/syncpoints/<cf>/<ts:020d>.json``: ts -> each table's version.
 
-        Idempotent: a syncpoint already recorded is returned as it is. A table whose
-        committed ts is past ``ts`` cannot be pinned at ``ts`` and raises ``SinkError``.
+        Each table's version is its commit whose checkpoint is exactly ``ts``: sinks split
+        their batches at syncpoint TSs, so it exists even when the table has moved on since
+        (syncpoints hold nothing back). Idempotent: a syncpoint already recorded is returned
+        as it is. A table with no version ending exactly at ``ts`` raises ``SinkError``.
         """
         existing = read_syncpoint(self.root, changefeed_id, ts)
         if existing is not None:
@@ -486,19 +496,20 @@ class DeltaSink:
                     f"syncpoint {ts}: {_where(changefeed_id, table)} has no Delta table at "
                     f"{self.path(table)}; a syncpoint needs every table — acquire it first"
                 )
-            committed = dt.transaction_version(app_id(changefeed_id, "checkpoint")) or 0
-            if committed > ts:
-                raise SinkError(
-                    f"syncpoint {ts}: {_where(changefeed_id, table)} is already committed to "
-                    f"{committed} > {ts}, so no Delta version holds it at {ts}; the syncpoint "
-                    "barrier was passed — record syncpoints before releasing the barrier"
+            version = version_at(dt, self.path(table), app_id(changefeed_id, "checkpoint"), ts)
+            if version is None:
+                raise SyncpointUnpinnableError(
+                    f"syncpoint {ts}: {_where(changefeed_id, table)} has no Delta version "
+                    f"committed exactly at {ts} (a batch spanned the syncpoint: written by a "
+                    "capture that does not split its batches at syncpoints?); this syncpoint "
+                    "cannot be pinned — turn syncpoints off and on again to start anew"
                 )
             entries[table.table_id] = {
-                "version": dt.version(),
+                "version": version,
                 "location": table_location(table.database, table.table),
                 "database": table.database,
                 "table": table.table,
-                "committed_ts": committed,
+                "committed_ts": ts,
             }
         doc = {
             "changefeed": changefeed_id,
@@ -516,6 +527,51 @@ class DeltaSink:
             os.fsync(fh.fileno())
         os.replace(tmp, path)
         return _syncpoint_record(doc)
+
+
+def version_at(dt: DeltaTable, path: str, checkpoint_app_id: str, ts: int) -> int | None:
+    """The table's version as of checkpoint ``ts``: the last one before the first commit
+    that took the checkpoint past ``ts``, provided a commit set it to exactly ``ts`` (None:
+    no commit ended there, a batch spanned ``ts``).
+
+    Read back from the newest commit in ``_delta_log``: commits carry ``{"txn": {"appId":
+    ..., "version": <checkpoint>}}`` and checkpoints only grow. Commits after the one at
+    ``ts`` without a checkpoint of their own (a new primary's acquire, a DDL at ``ts``)
+    belong to it: a DDL at a syncpoint's TS is part of the syncpoint. A syncpoint is
+    recorded soon after every table passed it, so the walk reads a few small JSON files.
+
+    A table whose newest checkpoint is not past ``ts`` (at it, or below it: nothing was
+    written since, e.g. a table acquired and never written) is at ``ts`` as it is now.
+    """
+    if (dt.transaction_version(checkpoint_app_id) or 0) <= ts:
+        return dt.version()
+    first_after = dt.version() + 1
+    for version in range(dt.version(), -1, -1):
+        log_file = os.path.join(path, "_delta_log", f"{version:020d}.json")
+        seen = _checkpoint_txn(log_file, checkpoint_app_id)
+        if seen is None:
+            continue  # no checkpoint in it (acquire, a DDL marker), or cleaned up
+        if seen > ts:
+            first_after = version
+        elif seen == ts:
+            return first_after - 1
+        else:
+            return None
+    return None
+
+
+def _checkpoint_txn(log_file: str, checkpoint_app_id: str) -> int | None:
+    try:
+        with open(log_file, encoding="utf-8") as fh:
+            for line in fh:
+                if '"txn"' not in line:
+                    continue
+                txn = json.loads(line).get("txn") or {}
+                if txn.get("appId") == checkpoint_app_id:
+                    return int(txn["version"])
+    except FileNotFoundError:
+        return None
+    return None
 
 
 def prepare_batch(where: str, table: TableSchema, batch: pa.Table) -> pa.Table:

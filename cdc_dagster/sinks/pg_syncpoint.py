@@ -2,14 +2,15 @@
 
 PostgreSQL has no time travel: once a table moves past a syncpoint, the state at the
 syncpoint is gone. A reader that needs it (the dbt downstream) registers the tables it
-reads in ``cdc_dagster.syncpoint_copy_requests``; when the owner records a syncpoint, the
-sink copies them in the same transaction as the syncpoint row, while every table of the
-changefeed is held at the syncpoint barrier. That transaction runs at REPEATABLE READ and
-first checks, in its own snapshot, that every registered table's checkpoint row says
-``committed_ts == ts``: each sink commit writes data and checkpoint row together, so the
-snapshot is then exactly the state at the syncpoint, and so are the copies. If a table is
-not at ``ts`` (a replayed record after the barrier moved on), no copy is made: a wrong copy
-is never made, a missing one only means that syncpoint is not built.
+reads in ``cdc_dagster.syncpoint_copy_requests``. Syncpoints hold nothing back: each
+table's sink splits its batches at syncpoint TSs, and the write that ends exactly at one
+copies the table, if registered, in its own transaction (:func:`copy_table`): the copy is
+the table's state at the syncpoint, whatever the other tables are doing. When the owner
+records the syncpoint (every table passed it), :func:`copy_missing` makes the copies a
+write could not (a table registered since, or one that started exactly at the syncpoint)
+only where the table's checkpoint row still says ``committed_ts <= ts`` in the record's
+REPEATABLE READ snapshot: a wrong copy is never made, a missing one only means that
+syncpoint is not built.
 
 Copies live in schema ``cdc_syncpoint`` and are listed in
 ``cdc_dagster.syncpoint_copies``; each record keeps the newest ``KEEP`` syncpoints' copies
@@ -78,60 +79,89 @@ def register(
             )
 
 
-def copy_at_syncpoint(
-    conn: psycopg.Connection, changefeed_id: str, ts: int, tables: Sequence[TableSchema]
-) -> int:
-    """Copy the registered ``tables`` as of syncpoint ``ts``; the number copied.
-
-    Must run as the first statements of a REPEATABLE READ transaction (the caller's, which
-    also inserts the syncpoint row): the check and the copies then read one snapshot.
-    """
+def _requested(conn: psycopg.Connection, changefeed_id: str) -> set[tuple[str, str]]:
     exists = conn.execute(
         "SELECT to_regclass(%s) IS NOT NULL", (f"{META}.syncpoint_copy_requests",)
     ).fetchone()[0]
     if not exists:
-        return 0
-    wanted = {
-        (d, t)
-        for d, t in conn.execute(
-            f"SELECT database, table_name FROM {META}.syncpoint_copy_requests WHERE changefeed = %s",
-            (changefeed_id,),
-        ).fetchall()
-    }
+        return set()
+    rows = conn.execute(
+        f"SELECT database, table_name FROM {META}.syncpoint_copy_requests WHERE changefeed = %s",
+        (changefeed_id,),
+    ).fetchall()
+    return {(d, t) for d, t in rows}
+
+
+def copy_table(conn: psycopg.Connection, changefeed_id: str, ts: int, table: TableSchema) -> bool:
+    """Copy ``table`` as syncpoint ``ts`` if a reader registered it; True if copied.
+
+    Runs inside the sink write whose batch ends exactly at ``ts`` (after its MERGE and
+    checkpoint row): the transaction's own view of the table is its state at ``ts``.
+    """
+    if (table.database, table.table) not in _requested(conn, changefeed_id):
+        return False
+    _copy(conn, changefeed_id, ts, table)
+    return True
+
+
+def _copy(conn: psycopg.Connection, changefeed_id: str, ts: int, t: TableSchema) -> None:
+    name = copy_table_name(changefeed_id, ts, t.table_id)
+    target = sql.Identifier(COPY_SCHEMA, name)
+    conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(target))
+    conn.execute(
+        sql.SQL("CREATE TABLE {} AS TABLE {}").format(target, sql.Identifier(t.database, t.table))
+    )
+    (n,) = conn.execute(sql.SQL("SELECT count(*) FROM {}").format(target)).fetchone()
+    conn.execute(
+        f"INSERT INTO {META}.syncpoint_copies VALUES (%s, %s, %s, %s, %s, %s, %s) "
+        "ON CONFLICT DO NOTHING",
+        (changefeed_id, ts, t.table_id, t.database, t.table, name, n),
+    )
+
+
+def copy_missing(
+    conn: psycopg.Connection, changefeed_id: str, ts: int, tables: Sequence[TableSchema]
+) -> int:
+    """At the record of syncpoint ``ts``: copy the registered ``tables`` that have no copy
+    yet and are not past ``ts``; then prune old copies. The number copied.
+
+    Must run as the first statements of a REPEATABLE READ transaction (the caller's, which
+    also inserts the syncpoint row): the check and the copies then read one snapshot.
+    """
+    wanted = _requested(conn, changefeed_id)
     todo = [t for t in tables if (t.database, t.table) in wanted]
     if not todo:
         return 0
-    rows = conn.execute(
-        f"SELECT table_id, committed_ts FROM {META}.checkpoints "
-        "WHERE changefeed = %s AND table_id = ANY(%s)",
-        (changefeed_id, [t.table_id for t in todo]),
-    ).fetchall()
-    at = dict(rows)
-    off = {t.qualified_name: at.get(t.table_id) for t in todo if at.get(t.table_id) != ts}
+    have = {
+        tid
+        for (tid,) in conn.execute(
+            f"SELECT table_id FROM {META}.syncpoint_copies "
+            "WHERE changefeed = %s AND upstream_ts = %s",
+            (changefeed_id, ts),
+        ).fetchall()
+    }
+    todo = [t for t in todo if t.table_id not in have]
+    at = dict(
+        conn.execute(
+            f"SELECT table_id, committed_ts FROM {META}.checkpoints "
+            "WHERE changefeed = %s AND table_id = ANY(%s)",
+            (changefeed_id, [t.table_id for t in todo]),
+        ).fetchall()
+    )
+    # Not past ts is at ts: a table whose checkpoint row is below it (or absent: acquired,
+    # never written) had nothing to write up to ts, as the owner's checkpoint says.
+    off = {t.qualified_name: at.get(t.table_id) for t in todo if (at.get(t.table_id) or 0) > ts}
     if off:
         _log.warning(
-            "syncpoint %d of %s: tables not at the syncpoint in this snapshot %s; no copies "
-            "(this syncpoint will not be built)",
+            "syncpoint %d of %s: tables without a copy and no longer at the syncpoint %s; "
+            "no copies made: this syncpoint will not be built",
             ts,
             changefeed_id,
             off,
         )
-        return 0
+        todo = []
     for t in todo:
-        name = copy_table_name(changefeed_id, ts, t.table_id)
-        target = sql.Identifier(COPY_SCHEMA, name)
-        conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(target))
-        conn.execute(
-            sql.SQL("CREATE TABLE {} AS TABLE {}").format(
-                target, sql.Identifier(t.database, t.table)
-            )
-        )
-        (n,) = conn.execute(sql.SQL("SELECT count(*) FROM {}").format(target)).fetchone()
-        conn.execute(
-            f"INSERT INTO {META}.syncpoint_copies VALUES (%s, %s, %s, %s, %s, %s, %s) "
-            "ON CONFLICT DO NOTHING",
-            (changefeed_id, ts, t.table_id, t.database, t.table, name, n),
-        )
+        _copy(conn, changefeed_id, ts, t)
     _prune(conn, changefeed_id)
     return len(todo)
 

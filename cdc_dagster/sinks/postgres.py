@@ -214,13 +214,18 @@ class PostgresSink:
         start_ts: int,
         end_ts: int,
         token: int,
+        *,
+        at_syncpoint: bool = False,
     ) -> int:
-        """Commit the batch and ``(end_ts, token)`` in one transaction; return the committed ts."""
+        """Commit the batch and ``(end_ts, token)`` in one transaction; return the committed ts.
+
+        ``at_syncpoint``: ``end_ts`` is a syncpoint TS; the same transaction copies the table
+        if a reader registered it (``pg_syncpoint.copy_table``).
+        """
         cols = self._check_batch(changefeed_id, table, batch)
+        span = (start_ts, end_ts, token, at_syncpoint)
         try:
-            return self._run(
-                self._write, changefeed_id, table, batch, cols, start_ts, end_ts, token
-            )
+            return self._run(self._write, changefeed_id, table, batch, cols, span)
         except BaseException as exc:
             self._ensured.clear()  # a rolled-back transaction may have held the CREATE
             if isinstance(exc, psycopg.DataError | psycopg.errors.UndefinedColumn):
@@ -237,10 +242,9 @@ class PostgresSink:
         table: TableSchema,
         batch: pa.Table,
         cols: list[str],
-        start_ts: int,
-        end_ts: int,
-        token: int,
+        span: tuple[int, int, int, bool],
     ) -> int:
+        start_ts, end_ts, token, at_syncpoint = span
         where = self._where(changefeed_id, table)
         with conn.transaction():
             row = conn.execute(
@@ -271,6 +275,8 @@ class PostgresSink:
                 "updated_at = now() WHERE changefeed = %s AND table_id = %s",
                 (end_ts, table.qualified_name, changefeed_id, table.table_id),
             )
+            if at_syncpoint:
+                pg_syncpoint.copy_table(conn, changefeed_id, end_ts, table)
         return end_ts
 
     @staticmethod
@@ -396,10 +402,10 @@ class PostgresSink:
 
         def go(conn: psycopg.Connection) -> None:
             with conn.transaction():
-                # One snapshot for the copies a reader registered and the syncpoint row
-                # (pg_syncpoint: tables are held at the barrier while this runs).
+                # Copies were made by the writes that ended at ts; the ones missing are
+                # made now where the table is still at ts, in the snapshot of the row.
                 conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
-                pg_syncpoint.copy_at_syncpoint(conn, changefeed_id, ts, tables)
+                pg_syncpoint.copy_missing(conn, changefeed_id, ts, tables)
                 conn.execute(
                     f"INSERT INTO {META_SCHEMA}.syncpoints (changefeed, upstream_ts, tables) "
                     "VALUES (%s, %s, %s) ON CONFLICT DO NOTHING",

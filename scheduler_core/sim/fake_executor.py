@@ -12,11 +12,13 @@ refused (no double write, see :attr:`FakeDownstream.log`).
 
 from __future__ import annotations
 
+import bisect
 import logging
 from dataclasses import dataclass
 
 import numpy as np
 
+from scheduler_core.ddl import syncpoints_between
 from scheduler_core.errors import ExecutorContractError, InvalidMessageError
 from scheduler_core.messages import Barrier, TableStatusBatch
 from scheduler_core.model import Checkpoint, TableState, TableStatus, check_ts
@@ -46,11 +48,25 @@ def _changes(lo: int, hi: int, start_ms: int) -> range:
 
 
 class FakeUpstream:
-    """The upstream's resolved TS: one global watermark the simulator moves forward."""
+    """The upstream's resolved TS (one global watermark the simulator moves forward) and its
+    DDL stream (the commit TSs of the DDLs, which a sink reading the stream stops at)."""
 
     def __init__(self, resolved_ts: int = 0) -> None:
         check_ts("resolved_ts", resolved_ts)
         self._resolved_ts = resolved_ts
+        self._ddl_ts: list[int] = []
+
+    def add_ddl(self, commit_ts: int) -> None:
+        """A DDL in the stream at ``commit_ts`` (above the resolved TS)."""
+        check_ts("commit_ts", commit_ts)
+        bisect.insort(self._ddl_ts, commit_ts)
+
+    def stream_ts(self, after_ts: int) -> int:
+        """How far a sink that reads the DDL stream may go past ``after_ts``: the first DDL
+        above it, or the stream's resolved TS."""
+        i = bisect.bisect_right(self._ddl_ts, after_ts)
+        first = self._ddl_ts[i] if i < len(self._ddl_ts) else self._resolved_ts
+        return min(first, self._resolved_ts)
 
     def advance(self, ts: int) -> None:
         """Move the global resolved TS to ``ts``; it never goes back."""
@@ -94,6 +110,7 @@ class FakeDownstream:
         self.handoffs_below_committed: list[tuple[int, str, int, int]] = []
         self._committed: dict[int, int] = {}
         self._created: dict[int, int] = {}
+        self._ends: dict[int, set[int]] = {}  # per table, every committed batch end
         self._token: dict[int, int] = {}
         self._token_holder: dict[tuple[int, int], str] = {}
         self.log: list[WriteRecord] = []
@@ -168,8 +185,14 @@ class FakeDownstream:
         if batch_end_ts <= self.committed(table_id):
             return True
         self._committed[table_id] = batch_end_ts
+        self._ends.setdefault(table_id, set()).add(batch_end_ts)
         self.log.append(WriteRecord(table_id, token, holder, batch_end_ts))
         return True
+
+    def has_version_at(self, table_id: int, ts: int) -> bool:
+        """The downstream had the table exactly at ``ts``: a batch ended there, or the table
+        was created (or started) there."""
+        return ts in self._ends.get(table_id, ()) or ts == self._created_at(table_id)
 
     def _apply_changes(self, table_id: int, holder: str, from_ts: int | None, end: int) -> None:
         committed = self.committed(table_id)
@@ -214,8 +237,11 @@ class FakeExecutor:
     """An in-memory TableExecutor: prepares in ``prepare_ticks``, stops in ``stop_ticks``.
 
     Each :meth:`advance` raises every table's resolved TS to the upstream's, and each
-    sinking table (REPLICATING, or STOPPING after it replicated: its last flush) writes one
-    batch up to ``min(resolved, barrier)``. A refused write means another capture took the
+    sinking table (REPLICATING, or STOPPING after it replicated: its last flush) writes up
+    to ``min(resolved, barrier)``, one batch per syncpoint interval: a batch never spans a
+    syncpoint TS. With ``reads_ddl_stream`` the barrier is taken open (the executor reads
+    the upstream's DDL stream itself, as the Spark executor reads the change log's).
+    A refused write means another capture took the
     table over: the table goes STOPPED at its last accepted checkpoint and
     ``fenced_writes`` counts it. Invariant: checkpoint_ts <= resolved_ts for every table.
     """
@@ -227,6 +253,9 @@ class FakeExecutor:
         upstream: FakeUpstream,
         prepare_ticks: int = 1,
         stop_ticks: int = 1,
+        *,
+        sync_point_interval_ms: int | None = None,
+        reads_ddl_stream: bool = False,
     ) -> None:
         if prepare_ticks < 0 or stop_ticks < 0:
             raise InvalidMessageError(
@@ -238,6 +267,8 @@ class FakeExecutor:
         self.prepare_ticks = prepare_ticks
         self.stop_ticks = stop_ticks
         self.barrier = Barrier(0)  # sink nothing until the owner says how far
+        self.sync_point_interval_ms = sync_point_interval_ms
+        self.reads_ddl_stream = reads_ddl_stream
         self.fenced_writes = 0
         self._tables: dict[int, _Table] = {}
 
@@ -338,24 +369,35 @@ class FakeExecutor:
         if table.countdown <= 0:
             self._stop(table)
 
+    def sink_limit(self, table_id: int) -> int:
+        """How far the table may sink under the barrier (open only when reading the stream)."""
+        b = self.barrier
+        if not self.reads_ddl_stream:
+            return b.barrier_ts(table_id)
+        return b.open_barrier_ts(table_id, self.upstream.stream_ts(b.global_barrier_ts))
+
     def _sink(self, table_id: int, table: _Table) -> bool:
-        """Write one batch; on a refused write the table stops (False)."""
-        target = min(table.resolved_ts, self.barrier.barrier_ts(table_id))
+        """Write up to the limit, a batch per syncpoint; on a refused write the table stops
+        (False)."""
+        target = min(table.resolved_ts, self.sink_limit(table_id))
         if target <= table.checkpoint_ts:
             return True
-        if not self.downstream.write(
-            table_id, table.token, target, self.capture_id, from_ts=table.checkpoint_ts
-        ):
-            log.warning(
-                "capture %s: write of table %s fenced at checkpoint %s: another capture owns it",
-                self.capture_id,
-                table_id,
-                table.checkpoint_ts,
-            )
-            self.fenced_writes += 1
-            self._stop(table)
-            return False
-        table.checkpoint_ts = target
+        cuts = syncpoints_between(table.checkpoint_ts, target, self.sync_point_interval_ms)
+        for end in [*cuts, target]:
+            if not self.downstream.write(
+                table_id, table.token, end, self.capture_id, from_ts=table.checkpoint_ts
+            ):
+                log.warning(
+                    "capture %s: write of table %s fenced at checkpoint %s: another capture "
+                    "owns it",
+                    self.capture_id,
+                    table_id,
+                    table.checkpoint_ts,
+                )
+                self.fenced_writes += 1
+                self._stop(table)
+                return False
+            table.checkpoint_ts = end
         return True
 
     @staticmethod

@@ -13,9 +13,10 @@ from collections.abc import Callable, Iterator
 
 from scheduler_core import checkpoint as checkpoint_mod
 from scheduler_core.captures import CaptureManager
-from scheduler_core.ddl import DDLEvent, DDLKind
+from scheduler_core.ddl import DDLEvent, DDLKind, DDLManager
 from scheduler_core.messages import AddTableRequest
 from scheduler_core.replication import ReplicationSet
+from scheduler_core.sim import fake_executor
 
 
 @contextlib.contextmanager
@@ -83,10 +84,28 @@ def promote_while_undetermined() -> contextlib.AbstractContextManager[None]:
     return _patched(ReplicationSet, "has_undetermined", lambda self: False)
 
 
+def sink_spans_syncpoints() -> contextlib.AbstractContextManager[None]:
+    """Sinks write one batch up to their limit, across syncpoint TSs (no split)."""
+    return _patched(fake_executor, "syncpoints_between", lambda lo, hi, interval: [])
+
+
+def table_set_changes_before_syncpoint_record() -> contextlib.AbstractContextManager[None]:
+    """A DDL above an unrecorded syncpoint runs (and changes the table set) before it."""
+    return _patched(DDLManager, "after_syncpoints", lambda self, ts: True)
+
+
+def open_barrier_ignores_stream_ddls() -> contextlib.AbstractContextManager[None]:
+    """A sink past an open barrier goes to the stream's resolved TS, over DDLs in between."""
+    return _patched(fake_executor.FakeUpstream, "stream_ts", lambda self, after: self._resolved_ts)
+
+
 PLANTS: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
     "cap_ignores_table_barriers": cap_ignores_table_barriers,
     "multi_table_drop_blocks_first_table_only": multi_table_drop_blocks_first_table_only,
     "owner_accepts_stale_capture_epochs": owner_accepts_stale_capture_epochs,
     "new_primary_starts_at_its_prepare_checkpoint": new_primary_starts_at_its_prepare_checkpoint,
     "promote_while_undetermined": promote_while_undetermined,
+    "sink_spans_syncpoints": sink_spans_syncpoints,
+    "table_set_changes_before_syncpoint_record": table_set_changes_before_syncpoint_record,
+    "open_barrier_ignores_stream_ddls": open_barrier_ignores_stream_ddls,
 }

@@ -4,8 +4,11 @@ Faults: message delay / drop / duplicate / reorder; capture crash and restart (n
 a partitioned capture that keeps writing after its lease expired (a zombie, stopped by
 the sink's fencing token); owner crash and re-election with a higher owner_rev; a zombie
 owner that keeps sending; tables added and dropped at a barrier; DDLs on one or several
-tables, dropping tables. After every step the validators in
-:mod:`scheduler_core.sim.invariants` run.
+tables, dropping tables; syncpoints (sinks split their batches at them, the owner records
+each once the checkpoint passed it, listing the tables that existed at its TS); sinks that
+read the DDL stream themselves and go past an open barrier. After every step the
+validators in :mod:`scheduler_core.sim.invariants` run, and each DDL and syncpoint is
+checked against the downstream when it runs.
 
 :data:`PROFILES` are the configurations the soak runs: the default timing, prepare and
 stop taking several ticks (so Preparing / Stopping are reported and an owner switch finds
@@ -60,6 +63,8 @@ class SimConfig:
     prepare_ticks: int = 1
     stop_ticks: int = 1
     exact_handoff: bool = False  # no loss or crash: a new primary must start at committed
+    sync_point_interval_ms: int | None = None  # syncpoints every this many ms of commit ts
+    reads_ddl_stream: bool = False  # sinks go past an open barrier to the stream's next DDL
     coordinator: CoordinatorConfig = field(
         default_factory=lambda: CoordinatorConfig(balance_interval_ticks=10)
     )
@@ -83,6 +88,8 @@ class Simulator:
         self.pending_changes: list[tuple[set[int], set[int], int]] = []
         self.pending_ddls: list[DDLEvent] = []  # what etcd would hold: DDLs not yet done
         self.ddls_done = 0
+        self.last_syncpoint_ts = 0  # what etcd would hold: the last syncpoint recorded
+        self.syncpoints: list[int] = []
         self._ids = itertools.count(1)
         self.captures: dict[str, SimCapture] = {}
         for i in range(self.cfg.captures):
@@ -101,7 +108,13 @@ class Simulator:
 
     def _start_capture(self, cid: str) -> None:
         ex = FakeExecutor(
-            cid, self.downstream, self.upstream, self.cfg.prepare_ticks, self.cfg.stop_ticks
+            cid,
+            self.downstream,
+            self.upstream,
+            self.cfg.prepare_ticks,
+            self.cfg.stop_ticks,
+            sync_point_interval_ms=self.cfg.sync_point_interval_ms,
+            reads_ddl_stream=self.cfg.reads_ddl_stream,
         )
         registration = f"r{next(self._ids)}"
         agent = Agent(cid, ex, self._epoch, registration)
@@ -119,7 +132,10 @@ class Simulator:
             config=self.cfg.coordinator,
             # One below the checkpoint: a DDL exactly at it may not have run yet.
             ddl=DDLManager(
-                self.persisted.checkpoint_ts - 1, ddl_resolved_ts=self.persisted.checkpoint_ts - 1
+                self.persisted.checkpoint_ts - 1,
+                ddl_resolved_ts=self.persisted.checkpoint_ts - 1,
+                sync_point_interval_ms=self.cfg.sync_point_interval_ms,
+                last_syncpoint_ts=self.last_syncpoint_ts,
             ),
         )
         for ev in self.pending_ddls:
@@ -233,6 +249,7 @@ class Simulator:
         if any((p.commit_ts, p.query) == (ev.commit_ts, ev.query) for p in self.pending_ddls):
             return ev  # the same DDL twice from the stream: the manager ignores it too
         self.pending_ddls.append(ev)
+        self.upstream.add_ddl(ev.commit_ts)
         # Every owner process, zombies included, reads the same upstream DDL stream: a
         # zombie's DDL resolved ts only moves past DDLs it has also seen.
         for owner in [*self.zombies, self.owner]:
@@ -250,6 +267,7 @@ class Simulator:
                     )
             for tid in ev.creates:
                 self.downstream.create_table(tid, ev.commit_ts)
+                self.start_ts[tid] = ev.commit_ts
             for tid in ev.drops:
                 self.downstream.drop_table(tid, ev.commit_ts)
             owner.ddl_done(ev)
@@ -300,7 +318,28 @@ class Simulator:
         if owner is self.owner:
             self.persisted = result.checkpoint
             self._execute_ddls(owner, result.ready_ddls)
+            if result.syncpoint_ts is not None:
+                self._record_syncpoint(owner, result.syncpoint_ts)
             self._note_applied_changes(owner)
+
+    def _record_syncpoint(self, owner: Coordinator, ts: int) -> None:
+        """Record the syncpoint: every table of the set has a downstream version exactly at
+        ``ts`` (its sink split there), and none of them started after ``ts``."""
+        for tid in owner.current_tables.tolist():
+            started = self.start_ts.get(tid, 0)
+            if started > ts:
+                raise InvariantViolation(
+                    f"step {self.now}: syncpoint {ts} lists table {tid}, which started at "
+                    f"{started}, after it (the table set changed before the syncpoint's record)"
+                )
+            if not self.downstream.has_version_at(tid, ts):
+                raise InvariantViolation(
+                    f"step {self.now}: syncpoint {ts}: table {tid} has no downstream version at "
+                    f"exactly {ts} (a batch spanned it); committed {self.downstream.committed(tid)}"
+                )
+        owner.syncpoint_done(ts)
+        self.last_syncpoint_ts = ts
+        self.syncpoints.append(ts)
 
     def _note_applied_changes(self, owner: Coordinator) -> None:
         current = set(owner.current_tables.tolist())
@@ -366,6 +405,10 @@ class Profile:
     quick_restarts: float = 0.0  # chance per step a capture process restarts at once
     max_delay: int = 3  # the largest message delay drawn, in ticks
     faults: Faults | None = None  # fixed network faults instead of drawn ones
+    # Tables come and go by DDL only (CREATE / DROP in the stream): with sinks that read the
+    # stream past an open barrier, a table-set change the owner decides alone could be at a
+    # TS a sink already passed (Coordinator.change_tables).
+    changes_by_ddl: bool = False
 
 
 def _slow(prepare: int, stop: int, **kw) -> SimConfig:
@@ -389,6 +432,16 @@ PROFILES: dict[str, Profile] = {
     ),
     "quick_restarts": Profile(
         SimConfig(), quick_restarts=0.06, moves=0.04, faults=Faults(drop=0.2, max_delay=8)
+    ),
+    # Syncpoints every 5 ticks, sinks past open barriers, tables created and dropped by DDL.
+    "syncpoints": Profile(
+        SimConfig(sync_point_interval_ms=5 * TICK_MS), ddl_heavy=True, moves=0.03
+    ),
+    "open_barriers": Profile(
+        _slow(2, 2, reads_ddl_stream=True, sync_point_interval_ms=3 * TICK_MS),
+        ddl_heavy=True,
+        changes_by_ddl=True,
+        owner_churn=0.02,
     ),
 }
 
@@ -448,10 +501,11 @@ def _random_fault(sim: Simulator, rng: random.Random, prof: Profile) -> None:
     elif r < 0.07:
         sim.crash_owner(zombie=rng.random() < 0.5)
     elif r < 0.09:
-        sim.add_table()
+        sim.create_table_ddl() if prof.changes_by_ddl else sim.add_table()
     elif r < 0.10 and len(sim.ddl_tables()) > 1:
         # Never the last table not already on its way out (DROP DDLs pending count too).
-        sim.drop_table(rng.choice(sim.ddl_tables()))
+        tid = rng.choice(sim.ddl_tables())
+        sim.drop_tables_ddl([tid]) if prof.changes_by_ddl else sim.drop_table(tid)
     elif r < 0.105 and sim.ddl_tables():
         sim.alter_table(rng.choice(sim.ddl_tables()))
     elif r < 0.108:

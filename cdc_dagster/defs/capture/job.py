@@ -5,15 +5,22 @@ subprocess per op, nothing pickled between ops).
 
 The first four ops are one tick with the messages of the run config. ``follow`` then keeps
 the run going for ``seconds`` (the sensor sets ``CDC_DAGSTER_CAPTURE_LOOP_S``, 0: one tick
-per run): each time the owner's sensor puts messages in the capture's mailbox (it does so,
-instead of requesting another run, while this run is in progress), ``follow`` takes them
-and runs one more tick, both halves, with the same Spark session, and reports it. A run
-launch costs seconds (a process, the code location, a Spark session); a tick with a warm
-session costs about one, so a looping run cuts the time from an upstream commit to its
-rows in the sink to about a sensor interval plus a tick. Each tick is as durable as a
-run's (the halves persist the Agent and the executor), so a run that dies mid-loop is a
-capture that missed ticks, as before. The loop stops early when another owner takes over
-(its messages are not for this run) or the capture's registration is gone.
+per run) and ticks again, both halves, with the same Spark session:
+
+- each time the owner's sensor puts messages in the capture's mailbox (it does so, instead
+  of requesting another run, while this run is in progress);
+- and on its own, without waiting for an owner tick, each time a changefeed it serves has
+  new resolved data in its change log (``FrontierWatch``): steady replication needs no
+  owner decision (the barrier is open past the DDL stream; syncpoints are split at, not
+  waited for), so an upstream commit is in the sink about one tick after the puller
+  flushed it. Such ticks come at most every ``SELF_TICK_S``, every ``IDLE_TICK_S`` while
+  they find nothing to sink (an idle upstream's heartbeats still move the checkpoints).
+
+A run launch costs seconds (a process, the code location, a Spark session); a tick with a
+warm session costs about one. Each tick is as durable as a run's (the halves persist the
+Agent and the executor), so a run that dies mid-loop is a capture that missed ticks, as
+before. The loop stops early when another owner takes over (its messages are not for this
+run) or the capture's registration is gone.
 """
 
 import json
@@ -34,9 +41,16 @@ from cdc_dagster.metastore.errors import (
     MetastoreError,
 )
 from cdc_dagster.metastore.mailbox import merge
-from cdc_dagster.runtime import CaptureTick, TableProgress, spark_executor_factory
+from cdc_dagster.runtime import (
+    CaptureTick,
+    FrontierWatch,
+    TableProgress,
+    spark_executor_factory,
+)
 
-POLL_S = 0.25  # how often an idle follow op looks at the mailbox
+POLL_S = 0.25  # how often an idle follow op looks at the mailbox and the change logs
+SELF_TICK_S = 0.5  # the least time between two ticks a capture starts on its own
+IDLE_TICK_S = 3.0  # ... while its last one sank nothing (idle upstream: checkpoints only)
 RENEW_S = 10.0  # an idle follow op renews the capture's lease this often (ttl 60 s)
 OWNER_CHECK_S = 1.0  # and looks whether its owner still is the owner this often
 
@@ -103,7 +117,9 @@ def capture_tick(
         capture_id,
         work,
         staging_root=settings.staging_dir(),
-        executor_factory=spark_executor_factory(spark.live_session()),
+        executor_factory=spark_executor_factory(
+            spark.live_session(), local_max_bytes=settings.local_tick_bytes
+        ),
         lease_ttl_s=settings.capture_ttl_s,
     )
 
@@ -157,8 +173,59 @@ class FollowConfig(dg.Config):
     seconds: float = 0.0  # 0: one tick per run
 
 
+class _Follow:
+    """The follow loop's state: what to tick next, and when it last ticked on its own."""
+
+    def __init__(self, cdc: CdcResource, received: Received) -> None:
+        self.ms, self.cid, self.rev = cdc.metastore(), received.capture_id, received.owner_rev
+        self.serving = set(received.messages)  # changefeeds the owner sent this capture
+        self.watch = FrontierWatch(self.ms)
+        self.watch.moved(self.serving)  # what the first tick has seen already
+        self.last_self_tick = 0.0
+        self.idle = False  # the last tick of its own sank nothing
+
+    def next_work(self) -> tuple[dict[str, Any], str]:
+        """The owner's messages if any, else changefeeds with new resolved data (when a
+        tick of its own is due); and why."""
+        work = self.ms.mailbox.take(self.cid, self.rev)
+        if work:
+            self.serving |= set(work)
+            return work, "owner"
+        pause = IDLE_TICK_S if self.idle else SELF_TICK_S
+        if time.monotonic() - self.last_self_tick < pause:
+            return {}, ""
+        moved = self.watch.moved(self.serving)
+        if not moved:
+            return {}, ""
+        self.last_self_tick = time.monotonic()
+        return {cf: [] for cf in moved}, "data"
+
+    def ticked(self, why: str, progress: list[TableProgress], before: int) -> None:
+        if why == "data":
+            self.idle = sum(p.rows_applied for p in progress) == before
+
+
+def _still_ours(f: _Follow, state: dict[str, float]) -> str:
+    """Why the loop must stop ("" while its owner is the owner and the capture registered):
+    the owner checked every OWNER_CHECK_S, the lease renewed every RENEW_S (a tick renews
+    it too)."""
+    now = time.monotonic()
+    if now - state["owner_checked"] >= OWNER_CHECK_S:
+        owner = f.ms.election.current_owner()
+        if owner is None or owner.owner_rev != f.rev:
+            return f"owner_rev {f.rev} is no longer the owner"
+        state["owner_checked"] = now
+    if now - state["renewed"] >= RENEW_S:
+        try:
+            f.ms.captures.attach(f.cid).keep_alive()
+        except (CaptureNotRegisteredError, LeaseExpiredError):
+            return f"capture {f.cid} is no longer registered"
+        state["renewed"] = now
+    return ""
+
+
 def build_follow_op(catalog: Catalog) -> dg.OpDefinition:
-    """The follow op: more ticks from the capture's mailbox until ``seconds`` have passed."""
+    """The follow op: more ticks, from the mailbox or on new data, until ``seconds`` passed."""
 
     @dg.op(name="follow", ins={"after": dg.In(dg.Nothing)})
     def follow(
@@ -168,54 +235,58 @@ def build_follow_op(catalog: Catalog) -> dg.OpDefinition:
         cdc: CdcResource,
         spark: SparkResource,
     ) -> None:
-        """Tick again each time the owner sends this capture messages, for ``seconds``."""
+        """Tick again on the owner's messages and on new resolved data, for ``seconds``."""
         if config.seconds <= 0:
             context.log.info("one tick per run (follow seconds = 0)")
             return
-        ms, cid = cdc.metastore(), received.capture_id
+        f = _Follow(cdc, received)
         started = time.monotonic()
-        deadline, renewed, ticks, why = started + config.seconds, started, 0, "time is up"
+        state = {"renewed": started, "owner_checked": 0.0}
+        ticks, why_stopped = {"owner": 0, "data": 0}, "time is up"
         throttle = MaterializationThrottle()
-        owner_checked = 0.0
-        while time.monotonic() < deadline:
-            work = ms.mailbox.take(cid, received.owner_rev)
+        rows: dict[tuple[str, int], int] = {}
+        while time.monotonic() < started + config.seconds:
+            why_stopped = _still_ours(f, state) or "time is up"
+            if why_stopped != "time is up":
+                break
+            work, why = f.next_work()
             if not work:
-                if time.monotonic() - owner_checked >= OWNER_CHECK_S:
-                    owner = ms.election.current_owner()
-                    if owner is None or owner.owner_rev != received.owner_rev:
-                        why = f"owner_rev {received.owner_rev} is no longer the owner"
-                        break
-                    owner_checked = time.monotonic()
-                if time.monotonic() - renewed >= RENEW_S:
-                    try:
-                        ms.captures.attach(cid).keep_alive()
-                    except (CaptureNotRegisteredError, LeaseExpiredError):
-                        why = f"capture {cid} is no longer registered"
-                        break
-                    renewed = time.monotonic()
                 time.sleep(POLL_S)
                 continue
-            ticks += 1
+            ticks[why] += 1
             tick_started = time.perf_counter()
-            capture = capture_tick(cdc, spark, cid, work)
+            capture = capture_tick(cdc, spark, f.cid, work)
             lines = capture.prepare()
+            prepared = time.perf_counter()
             committed, progress = capture.commit()
+            before = sum(rows.get((p.changefeed_id, p.table_id), 0) for p in progress)
+            rows.update({(p.changefeed_id, p.table_id): p.rows_applied for p in progress})
+            f.ticked(why, progress, before)
             events = materializations(catalog, progress, time.time_ns() // 1_000_000)
             logged = throttle.select(events, time.monotonic())
             for event in logged:
                 context.log_event(event)
             context.log.info(
-                "tick %d: %s; %d of %d asset event(s); %.2f s\n%s",
-                ticks,
+                "tick %d (%s): %s; %d of %d asset event(s); %.2f s (prepare %.2f s, commit "
+                "%.2f s)\n%s",
+                sum(ticks.values()),
+                "owner's messages" if why == "owner" else "new resolved data",
                 ", ".join(f"{len(m)} message(s) of {cf}" for cf, m in work.items()),
                 len(logged),
                 len(events),
                 time.perf_counter() - tick_started,
+                prepared - tick_started,
+                time.perf_counter() - prepared,
                 "\n".join([*(f"prepare {x}" for x in lines), *(f"commit {x}" for x in committed)]),
             )
-            renewed = time.monotonic()
+            state["renewed"] = time.monotonic()
         context.log.info(
-            "%d more tick(s) in %.0f s; stopped: %s", ticks, time.monotonic() - started, why
+            "%d more tick(s) in %.0f s (%d on the owner's messages, %d on new data); stopped: %s",
+            sum(ticks.values()),
+            time.monotonic() - started,
+            ticks["owner"],
+            ticks["data"],
+            why_stopped,
         )
 
     return follow

@@ -134,6 +134,98 @@ def test_one_run_per_capture_follows_the_owner_until_every_table_replicates(
 
 
 @pytest.mark.slow
+def test_a_following_capture_sinks_new_data_without_waiting_for_an_owner_tick(
+    tmp_path: Path,
+    metastore: Metastore,
+    etcd_endpoints: list[str],
+    cluster_id: str,
+    monkeypatch: pytest.MonkeyPatch,
+    spark: object,  # noqa: F811 - the imported fixture
+) -> None:
+    """Once the tables replicate, the sensor stops ticking; the upstream goes on. The runs
+    tick on their own when the change log resolves further, and sink past the last barrier
+    the owner sent (it was open past the DDL stream): the downstream follows the upstream."""
+    from cdc_dagster.sinks.uri import open_sink
+    from cdc_dagster.upstream.changelog import ChangeLog
+
+    changelog = tmp_path / "changelog"
+    for name, value in {
+        "ETCD": ",".join(etcd_endpoints),
+        "CLUSTER_ID": cluster_id,
+        "STATE_DIR": str(tmp_path / "state"),
+        "CHANGELOG": str(changelog),
+        "OWNER_ID": "owner-1",
+        "CAPTURE_LOOP_S": "60",
+    }.items():
+        monkeypatch.setenv(f"CDC_DAGSTER_{name}", value)
+    CdcResource.forget_owner_loops()
+    workload = _workload(changelog)
+    admin.create_changefeed(
+        metastore,
+        "cf",
+        f"delta://{tmp_path / 'lake'}",
+        start_ts=_first_create(changelog),
+        upstream_uri=f"changelog://{changelog}",
+    )
+    admin.add_capture(metastore, "c1")
+    catalog = catalog_from_changelog(changelog, 2000)
+    defs = build_definitions(catalog)
+    sensor = defs.get_repository_def().get_sensor_def("cdc_owner")
+    job = defs.get_job_def("capture_tick")
+    sink = open_sink(f"delta://{tmp_path / 'lake'}")
+    schemas = list(ChangeLog(changelog).tables_at(1 << 62).values())
+    results: list[dg.ExecuteInProcessResult] = []
+    threads: list[threading.Thread] = []
+
+    def sunk() -> int:
+        return min(sink.committed("cf", t).committed_ts for t in schemas)
+
+    with dg.instance_for_test() as instance:
+        cursor, deadline = None, time.monotonic() + 120
+        while sunk() <= _first_create(changelog) and time.monotonic() < deadline:
+            result = evaluate_sensor(sensor, instance, cursor=cursor, definitions=defs)
+            cursor = result.cursor
+            for req in result.dynamic_partitions_requests or []:
+                instance.add_dynamic_partitions("captures", list(req.partition_keys))
+            for run in result.run_requests:
+                threads.append(
+                    threading.Thread(
+                        target=lambda run=run: results.append(
+                            job.execute_in_process(
+                                run_config=run.run_config,
+                                partition_key=run.partition_key,
+                                instance=instance,
+                                raise_on_error=False,
+                            )
+                        )
+                    )
+                )
+                threads[-1].start()
+            workload.step()  # type: ignore[attr-defined]
+            workload.advance_resolved()  # type: ignore[attr-defined]
+            time.sleep(1.0)
+        assert sunk() > _first_create(changelog), "the tables never replicated"
+        # No more owner ticks from here on: its last barrier is at most what it read then.
+        last_owner_view = ChangeLog(changelog).ddl_resolved_ts()
+        for _ in range(3):
+            workload.step()  # type: ignore[attr-defined]
+            top = workload.advance_resolved()  # type: ignore[attr-defined]
+            time.sleep(1.0)
+        assert top > last_owner_view
+        deadline = time.monotonic() + 30
+        while sunk() < top and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert sunk() >= top, (sunk(), top, last_owner_view)
+        for t in threads:
+            t.join(timeout=90)
+        assert all(out.success for out in results)
+        lines = [
+            e.user_message for out in results for e in instance.all_logs(out.run_id)
+        ]  # fmt: skip
+        assert any("(new resolved data)" in (line or "") for line in lines)
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("leave", ["owner_resigns", "capture_removed"])
 def test_follow_stops_early_when_its_owner_or_its_capture_is_gone(
     leave: str,

@@ -245,3 +245,92 @@ def test_a_batch_never_spans_a_ddl_of_its_table_and_rows_after_it_carry_the_new_
     assert ex.status(1).checkpoint.checkpoint_ts == ddl_ts + 2
     notes = {r["id"]: r["note"] for r in read_table_at(str(tmp_path / "delta"), new).to_pylist()}
     assert notes[5] == "y" and set(notes.values()) == {"x", "y"}
+
+
+def make_sp(tmp_path: Path, spark: Any, interval_ms: int) -> SparkTableExecutor:
+    return SparkTableExecutor.load(
+        "c1",
+        "cf",
+        changelog_reader(tmp_path / "log"),
+        f"delta://{tmp_path / 'delta'}",
+        tmp_path / "staging",
+        spark,
+        interval_ms,
+    )
+
+
+def test_a_batch_is_split_at_each_syncpoint_and_the_table_has_a_version_at_each(
+    tmp_path: Path, spark: Any, writer: Any
+) -> None:
+    """Syncpoints hold nothing back: one tick sinks past two of them (every 2 s of commit
+    ts here), and Delta keeps the table's content at each, ready to be recorded later."""
+    from deltalake import DeltaTable
+
+    from cdc_dagster.sinks.delta import app_id, read_table_at, version_at
+
+    w = Workload(writer, [1])
+    top = w.write(steps=5)  # commit ts at ts(2) .. ts(6)
+    ex = make_sp(tmp_path, spark, 2_000)
+    ex.set_barrier(OPEN)
+    start(ex, [1], ts(1))
+    ex.sink_phase()
+    assert ex.status(1).checkpoint.checkpoint_ts == top
+    path = str(tmp_path / "delta" / "bank" / "accounts_1")
+    dt = DeltaTable(path)
+    for sp in [s for s in (ts(2), ts(4), ts(6)) if ts(1) < s < top]:
+        version = version_at(dt, path, app_id("cf", "checkpoint"), sp)
+        assert version is not None, sp
+        got = read_table_at(str(tmp_path / "delta"), w.schemas[1], version).to_pylist()
+        assert {r["id"]: (r["owner"], r["balance"]) for r in got} == w.expected(1, sp)
+    assert version_at(dt, path, app_id("cf", "checkpoint"), ts(3)) is None  # no cut there
+
+
+def test_an_open_barrier_is_sunk_past_up_to_the_first_ddl_of_the_stream(
+    tmp_path: Path, spark: Any, writer: Any
+) -> None:
+    """The owner last read the DDL stream to ts(2): the capture reads on itself and sinks
+    every table to the first DDL it finds (one the owner has not seen, of another table:
+    it may hold any), not past it; a closed barrier keeps it at ts(2)."""
+    from helpers import alter
+
+    w = Workload(writer, [1, 2])
+    w.write(steps=4)  # ts(2) .. ts(5)
+    ddl_ts = ts(4) + 1
+    writer.write_ddl(alter(ddl_ts, w.schemas[2]))
+    writer.advance_ddl_resolved(ts(5))
+    ex = make(tmp_path, spark)
+    ex.set_barrier(Barrier(ts(2)))  # closed
+    start(ex, [1, 2], ts(1))
+    ex.sink_phase()
+    assert {ex.status(t).checkpoint.checkpoint_ts for t in (1, 2)} == {ts(2)}
+    ex.set_barrier(Barrier(ts(2), {}, ts(5) + 1000))  # open up to a target past the data
+    ex.sink_phase()
+    assert {ex.status(t).checkpoint.checkpoint_ts for t in (1, 2)} == {ddl_ts}
+    assert delta_content(tmp_path / "delta", w.schemas[1]) == w.expected(1, ddl_ts)
+    ex.set_barrier(Barrier(ts(2), {}, ts(3)))  # open, but something holds at ts(3)
+    ex.sink_phase()
+    assert {ex.status(t).checkpoint.checkpoint_ts for t in (1, 2)} == {ddl_ts}  # never back
+
+
+def test_small_ticks_run_in_the_driver_without_a_spark_job(tmp_path: Path, writer: Any) -> None:
+    """Below ``local_max_bytes`` both phases run their specs in this process: no session is
+    needed (None here), and the content is the same as through Spark."""
+    w = Workload(writer, [1, 2])
+    first = w.write(steps=3)
+    ex = SparkTableExecutor.load(
+        "c1",
+        "cf",
+        changelog_reader(tmp_path / "log"),
+        f"delta://{tmp_path / 'delta'}",
+        tmp_path / "staging",
+        None,
+        local_max_bytes=1 << 30,
+    )
+    ex.set_barrier(OPEN)
+    start(ex, [1, 2], ts(1))
+    ex.sink_phase()
+    assert_replicated(tmp_path, w, first)
+    second = w.write(steps=2)
+    ex.advance()
+    assert_replicated(tmp_path, w, second)
+    assert not ex.errors()

@@ -364,6 +364,50 @@ def test_syncpoint_table(pg_uri, pg_conn):
     assert rows == [(CF, 1234, {"7": "bank.accounts"})]
 
 
+def test_write_ending_at_a_syncpoint_copies_a_registered_table_that_then_moves_on(pg_uri, pg_conn):
+    """Syncpoints hold nothing back: the write ending at one copies the table (if a reader
+    registered it) in its own transaction; the record, made after the table moved on, keeps
+    that copy; an unregistered table gets none."""
+    from cdc_dagster.sinks import pg_syncpoint
+
+    sink, t, other = PostgresSink(pg_uri), accounts(), accounts(8, table="other")
+    pg_syncpoint.register(pg_conn, CF, [("bank", "accounts")])
+    tokens = {x.table_id: sink.acquire(CF, x) for x in (t, other)}
+    for x in (t, other):
+        sink.write(CF, x, batch(x, [{"id": 1, "balance": Decimal(1)}]), 0, 100, tokens[x.table_id],
+                   at_syncpoint=True)  # fmt: skip
+        sink.write(CF, x, batch(x, [{"id": 1, "balance": Decimal(9)}], 150), 100, 150,
+                   tokens[x.table_id])  # fmt: skip
+    sink.record_syncpoint(CF, 100, [t, other])
+    name = pg_syncpoint.copy_table_name(CF, 100, 7)
+    copied = pg_conn.execute(f'SELECT id, balance FROM cdc_syncpoint."{name}"').fetchall()
+    assert copied == [(1, Decimal("1.00"))]  # the state at 100, not the live 9
+    assert pg_conn.execute(
+        "SELECT upstream_ts, table_id FROM cdc_dagster.syncpoint_copies"
+    ).fetchall() == [(100, 7)]
+    assert rows_of(pg_conn, t) == [(1, Decimal("9.00"), None)]
+
+
+def test_record_copies_a_registered_table_not_past_the_syncpoint(pg_uri, pg_conn):
+    """A table idle since before the syncpoint (its last write ended at 50 < 100) is at 100
+    as it is: the record copies it. A syncpoint with a table already past it and no copy of
+    it gets no copies at all (it cannot be built)."""
+    from cdc_dagster.sinks import pg_syncpoint
+
+    sink, t, late = PostgresSink(pg_uri), accounts(), accounts(8, table="late")
+    pg_syncpoint.register(pg_conn, CF, [("bank", "accounts"), ("bank", "late")])
+    sink.write(CF, t, batch(t, [{"id": 1, "balance": Decimal(5)}], 50), 0, 50, sink.acquire(CF, t))
+    sink.record_syncpoint(CF, 100, [t])
+    name = pg_syncpoint.copy_table_name(CF, 100, 7)
+    copied = pg_conn.execute(f'SELECT id, balance FROM cdc_syncpoint."{name}"').fetchall()
+    assert copied == [(1, Decimal("5.00"))]
+    sink.write(CF, late, batch(late, [], 250), 0, 250, sink.acquire(CF, late))
+    sink.record_syncpoint(CF, 200, [t, late])
+    assert pg_conn.execute(
+        "SELECT upstream_ts, table_id FROM cdc_dagster.syncpoint_copies ORDER BY 1, 2"
+    ).fetchall() == [(100, 7)]
+
+
 @pytest.mark.slow
 def test_postgres_restart_between_commits_loses_and_doubles_nothing(pg_server, pg_db, pg_uri):
     sink, t = PostgresSink(pg_uri), accounts()

@@ -10,6 +10,7 @@ import pytest
 from scheduler_core import Checkpoint, ConfigError, Coordinator, DDLEvent, DDLKind, TableState
 from scheduler_core.coordinator import CoordinatorConfig
 from scheduler_core.messages import (
+    Barrier,
     DispatchTableRequest,
     DispatchTableResponse,
     Header,
@@ -442,3 +443,114 @@ def test_changefeed_without_tables_follows_the_ddl_stream_to_its_first_create() 
     co.ddl_done(create)
     assert co.current_tables.tolist() == [7]
     assert co.start_ts[7] == 1800
+
+
+# ------------------------------------------------------------------- open barriers, syncpoints
+def tracked(tables=(1, 2), **ddl_kw) -> Coordinator:
+    """A coordinator whose DDL manager tracks the DDL stream (as the runtime's does)."""
+    from scheduler_core.ddl import DDLManager
+
+    return Coordinator(
+        owner_id=OWNER,
+        owner_rev=5,
+        changefeed_epoch=1,
+        checkpoint=CP,
+        tables=tables,
+        rng=random.Random(0),
+        ddl=DDLManager(1000, ddl_resolved_ts=1000, **ddl_kw),
+    )
+
+
+def test_barrier_is_open_past_the_ddl_stream_when_nothing_else_holds_the_changefeed() -> None:
+    co = tracked()
+    a = Capture("a")
+    replicate_all(co, [a])
+    co.advance_ddl_resolved(1800)
+    result = co.tick({"a": a.reg}, [a.report(st(1, TableState.REPLICATING))])
+    assert result.barrier == Barrier(1800, {}, MAX_TS)
+    # A sink that read the stream to 2500 with no DDL there may go to 2500.
+    assert result.barrier.open_barrier_ts(1, 2500) == 2500
+
+
+def test_table_change_above_the_stream_caps_the_opening_and_one_below_closes_it() -> None:
+    co = tracked()
+    a = Capture("a")
+    replicate_all(co, [a])
+    co.advance_ddl_resolved(1800)
+    co.change_tables(add=[9], barrier_ts=2000)
+    result = co.tick({"a": a.reg}, [a.report(st(1, TableState.REPLICATING))])
+    assert result.barrier == Barrier(1800, {}, 2000)
+    assert result.barrier.open_barrier_ts(1, 2500) == 2000
+    co.change_tables(remove=[2], barrier_ts=1500)
+    result = co.tick({"a": a.reg}, [a.report(st(1, TableState.REPLICATING))])
+    assert result.barrier == Barrier(1500)
+
+
+def test_barrier_is_closed_at_the_checkpoint_until_every_capture_reported() -> None:
+    co = tracked()
+    co.advance_ddl_resolved(1800)
+    result = co.tick({"a": "a-r"}, [])
+    assert result.barrier == Barrier(1000)
+    assert result.barrier.open_barrier_ts(1, 2500) == 1000
+
+
+def test_table_barrier_is_never_opened() -> None:
+    co = tracked()
+    a = Capture("a")
+    replicate_all(co, [a])
+    co.add_ddl(DDLEvent(1300, DDLKind.ALTER_TABLE, "ALTER TABLE t1", table_ids=(1,)))
+    co.advance_ddl_resolved(1800)
+    result = co.tick({"a": a.reg}, [a.report(st(1, TableState.REPLICATING))])
+    assert result.barrier == Barrier(1800, {1: 1300}, MAX_TS)
+    assert result.barrier.open_barrier_ts(1, 2500) == 1300
+    assert result.barrier.open_barrier_ts(2, 2500) == 2500
+
+
+def test_checkpoint_passes_a_syncpoint_which_is_then_recorded() -> None:
+    """No stall: the tables went past the syncpoint TS (their sinks split there)."""
+    from scheduler_core.ddl import DDLManager
+    from scheduler_core.ts import compose
+
+    start = compose(1_500)
+    co = Coordinator(
+        owner_id=OWNER,
+        owner_rev=5,
+        changefeed_epoch=1,
+        checkpoint=Checkpoint.at(start),
+        tables=(1,),
+        rng=random.Random(0),
+        ddl=DDLManager(start, sync_point_interval_ms=1_000, ddl_resolved_ts=start),
+    )
+    a = Capture("a")
+    replicate_all(co, [a], ck=start)
+    co.advance_ddl_resolved(compose(2_600))
+    result = co.tick({"a": a.reg}, [a.report(st(1, TableState.REPLICATING, compose(2_500)))])
+    assert co.checkpoint.checkpoint_ts == compose(2_500)
+    assert result.syncpoint_ts == compose(2_000)
+
+
+def test_table_change_above_an_unrecorded_syncpoint_waits_for_its_record() -> None:
+    from scheduler_core.ddl import DDLManager
+    from scheduler_core.ts import compose
+
+    start = compose(1_500)
+    co = Coordinator(
+        owner_id=OWNER,
+        owner_rev=5,
+        changefeed_epoch=1,
+        checkpoint=Checkpoint.at(start),
+        tables=(1,),
+        rng=random.Random(0),
+        ddl=DDLManager(start, sync_point_interval_ms=1_000),
+    )
+    a = Capture("a")
+    replicate_all(co, [a], ck=start)
+    co.change_tables(add=[9], barrier_ts=compose(2_500))
+    report = a.report(st(1, TableState.REPLICATING, compose(2_500)))
+    result = co.tick({"a": a.reg}, [report])
+    assert result.syncpoint_ts == compose(2_000)
+    result = co.tick({"a": a.reg}, [a.report(st(1, TableState.REPLICATING, compose(2_500)))])
+    assert 9 not in co.current_tables  # the syncpoint at 2_000 lists table 1 alone
+    co.syncpoint_done(compose(2_000))
+    co.tick({"a": a.reg}, [a.report(st(1, TableState.REPLICATING, compose(2_500)))])
+    assert 9 in co.current_tables

@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from scheduler_core.ddl import DDLEvent, DDLKind, DDLManager, TableSetChange
+from scheduler_core.ddl import (
+    DDLEvent,
+    DDLKind,
+    DDLManager,
+    TableSetChange,
+    is_syncpoint,
+    syncpoints_between,
+)
 from scheduler_core.errors import ConfigError, InvalidMessageError, ProtocolError
 from scheduler_core.messages import Barrier
 from scheduler_core.ts import MAX_TS, compose
@@ -293,7 +300,15 @@ SP_CHECKPOINT = compose(1_500, 7)
 def test_first_syncpoint_is_the_next_aligned_multiple_of_the_interval() -> None:
     m = DDLManager(SP_CHECKPOINT, sync_point_interval_ms=1_000)
     assert m.next_syncpoint_ts == compose(2_000)
-    assert m.barrier(TABLES) == Barrier(compose(2_000))
+
+
+def test_syncpoints_are_no_barrier() -> None:
+    """Tables split their commits at syncpoint TSs and go on: nothing holds them there."""
+    m = DDLManager(SP_CHECKPOINT, sync_point_interval_ms=1_000)
+    assert m.barrier(TABLES) == Barrier(MAX_TS)
+    tracked = DDLManager(SP_CHECKPOINT, sync_point_interval_ms=1_000, ddl_resolved_ts=SP_CHECKPOINT)
+    tracked.advance_ddl_resolved(compose(5_000))
+    assert tracked.barrier(TABLES) == Barrier(compose(5_000), {}, MAX_TS)
 
 
 def test_checkpoint_on_a_multiple_takes_the_next_multiple() -> None:
@@ -308,9 +323,19 @@ def test_syncpoint_ready_when_reached_and_recorded_once() -> None:
     assert m.ready_syncpoint(compose(2_000)) == compose(2_000)  # a query: same until recorded
     m.syncpoint_done(compose(2_000))
     assert m.ready_syncpoint(compose(2_000)) is None
-    assert m.barrier(TABLES) == Barrier(compose(3_000))
+    assert m.next_syncpoint_ts == compose(3_000)
     with pytest.raises(ProtocolError, match="syncpoint_done"):
         m.syncpoint_done(compose(2_000))
+
+
+def test_checkpoint_past_several_syncpoints_records_each_in_order() -> None:
+    m = DDLManager(SP_CHECKPOINT, sync_point_interval_ms=1_000)
+    ckpt = compose(4_200)  # the tables went on past 2_000, 3_000 and 4_000
+    recorded = []
+    while (sp := m.ready_syncpoint(ckpt)) is not None:
+        m.syncpoint_done(sp)
+        recorded.append(sp)
+    assert recorded == [compose(2_000), compose(3_000), compose(4_000)]
 
 
 def test_syncpoint_done_before_reached_raises() -> None:
@@ -322,21 +347,57 @@ def test_syncpoint_done_before_reached_raises() -> None:
 def test_ddl_at_syncpoint_ts_runs_before_the_syncpoint() -> None:
     sp = compose(2_000)
     m = manager_with(alter(sp, 1), checkpoint_ts=SP_CHECKPOINT, sync_point_interval_ms=1_000)
-    assert m.barrier(TABLES) == Barrier(sp, {})
+    assert m.barrier(TABLES) == Barrier(MAX_TS, {1: sp})
     assert m.ready_syncpoint(sp) is None
     assert m.ready(at(sp), sp) == [alter(sp, 1)]
     m.ddl_done(alter(sp, 1))
     assert m.ready_syncpoint(sp) == sp
 
 
-def test_ddl_after_syncpoint_waits_for_it() -> None:
+def test_ddl_after_an_unrecorded_syncpoint_waits_for_its_record() -> None:
+    """The syncpoint lists the tables as they were at its TS: a CREATE above it goes after."""
     sp, later = compose(2_000), compose(2_500)
     m = manager_with(create(later, 7), checkpoint_ts=SP_CHECKPOINT, sync_point_interval_ms=1_000)
-    assert m.barrier(TABLES) == Barrier(sp)
-    assert m.ready(at(sp), sp) == []
-    m.syncpoint_done(m.ready_syncpoint(sp))
-    assert m.barrier(TABLES) == Barrier(later)
+    assert m.barrier(TABLES) == Barrier(later)  # the CREATE holds; the syncpoint does not
+    assert m.ready(at(later), later) == []
+    assert m.ready_syncpoint(later) == sp
+    m.syncpoint_done(sp)
     assert m.ready(at(later), later) == [create(later, 7)]
+
+
+def test_table_ddl_after_an_unrecorded_syncpoint_waits_for_its_record() -> None:
+    sp, later = compose(2_000), compose(2_500)
+    m = manager_with(drop(later, 3), checkpoint_ts=SP_CHECKPOINT, sync_point_interval_ms=1_000)
+    assert m.barrier(TABLES) == Barrier(MAX_TS, {3: later})
+    assert m.ready(at(later), compose(2_100)) == []  # the dropped table is still in its record
+    assert m.ready_syncpoint(compose(2_100)) == sp
+    m.syncpoint_done(sp)
+    assert m.ready(at(later), compose(2_100)) == [drop(later, 3)]
+
+
+def test_rebuilt_manager_records_the_syncpoints_its_predecessor_left() -> None:
+    """The checkpoint does not wait for syncpoints: an owner that died before recording one
+    leaves it below the checkpoint, and its successor starts from the last one recorded."""
+    m = DDLManager(compose(3_500), sync_point_interval_ms=1_000, last_syncpoint_ts=compose(1_000))
+    assert m.next_syncpoint_ts == compose(2_000)
+    assert m.ready_syncpoint(compose(3_500)) == compose(2_000)
+
+
+def test_syncpoints_between_cuts_a_batch_at_each_aligned_ts() -> None:
+    assert syncpoints_between(compose(1_500), compose(4_000), 1_000) == [
+        compose(2_000),
+        compose(3_000),
+    ]  # 4_000 is the batch's end: no cut needed there
+    assert syncpoints_between(compose(2_000), compose(2_999, 9), 1_000) == []
+    assert syncpoints_between(compose(1_999, 3), compose(2_000, 1), 1_000) == [compose(2_000)]
+    assert syncpoints_between(compose(1_500), compose(4_000), None) == []
+
+
+def test_is_syncpoint_is_an_aligned_ts_with_no_logical_part() -> None:
+    assert is_syncpoint(compose(2_000), 1_000)
+    assert not is_syncpoint(compose(2_000, 1), 1_000)
+    assert not is_syncpoint(compose(2_500), 1_000)
+    assert not is_syncpoint(compose(2_000), None)
 
 
 # ----------------------------------------------------------------------------- target ts
@@ -364,6 +425,7 @@ def test_not_finished_while_a_ddl_at_target_ts_is_pending() -> None:
 
 def test_not_finished_while_a_syncpoint_at_target_ts_is_unrecorded() -> None:
     m = DDLManager(SP_CHECKPOINT, target_ts=compose(2_000), sync_point_interval_ms=1_000)
+    assert m.barrier(TABLES) == Barrier(compose(2_000))  # the target, not the syncpoint
     assert m.finished(compose(2_000)) is False
     m.syncpoint_done(compose(2_000))
     assert m.finished(compose(2_000)) is True
@@ -375,14 +437,32 @@ def test_without_target_ts_never_finished() -> None:
 
 # ----------------------------------------------------------------------------- DDL stream resolved
 def test_global_barrier_never_passes_the_ddl_stream_resolved_ts() -> None:
+    """...for a sink that does not read the stream; one that does may go on to the first DDL
+    it finds above it (the barrier is open up to what else holds the changefeed)."""
     m = DDLManager(10, ddl_resolved_ts=50)
-    assert m.barrier(TABLES) == Barrier(50)
+    assert m.barrier(TABLES) == Barrier(50, {}, MAX_TS)
     m.advance_ddl_resolved(80)
     m.advance_ddl_resolved(60)  # a replayed lower mark says nothing new
     assert m.add_ddl(alter(90, 1))
-    assert m.barrier(TABLES) == Barrier(80, {})
+    assert m.barrier(TABLES) == Barrier(80, {}, MAX_TS)
     m.advance_ddl_resolved(200)
-    assert m.barrier(TABLES) == Barrier(200, {1: 90})
+    assert m.barrier(TABLES) == Barrier(200, {1: 90}, MAX_TS)
+
+
+def test_open_barrier_stops_at_the_target_ts() -> None:
+    m = DDLManager(10, ddl_resolved_ts=50, target_ts=500)
+    assert m.barrier(TABLES) == Barrier(50, {}, 500)
+    m.advance_ddl_resolved(600)
+    assert m.barrier(TABLES) == Barrier(500)  # the target holds: closed
+
+
+def test_global_ddl_at_the_ddl_stream_resolved_ts_closes_the_barrier() -> None:
+    m = DDLManager(10, ddl_resolved_ts=50)
+    assert m.add_ddl(create(80, 7))
+    m.advance_ddl_resolved(80)
+    assert m.barrier(TABLES) == Barrier(80)
+    m.advance_ddl_resolved(120)
+    assert m.barrier(TABLES) == Barrier(80)  # held at the CREATE until it ran
 
 
 def test_ddl_at_or_below_the_ddl_stream_resolved_ts_raises() -> None:

@@ -66,7 +66,9 @@ def test_production_definitions_from_the_change_log(
     assert [s.name for s in repo.sensor_defs] == ["cdc_owner", "dbt_syncpoint_sensor"]
     sensor = repo.get_sensor_def("cdc_owner")
     assert sensor.default_status == dg.DefaultSensorStatus.RUNNING
-    assert sensor.minimum_interval_seconds == 5
+    assert (
+        sensor.minimum_interval_seconds == 1
+    )  # ticks at every 5 s wake of the daemon (MIN_INTERVAL_S)
     checks = {(c.asset_key.to_user_string(), c.name) for c in repo.asset_graph.asset_check_keys}
     assert ("replica/shop/orders", "lag_within_bound") in checks
     assert ("replica/shop/orders", "equals_upstream_at_syncpoint") in checks

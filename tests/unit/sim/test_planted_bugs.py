@@ -21,6 +21,9 @@ CATCHING_PROFILE = {
     "owner_accepts_stale_capture_epochs": "stale_reports",
     "new_primary_starts_at_its_prepare_checkpoint": "lossless_moves",
     "promote_while_undetermined": "slow_stop_owner_churn",
+    "sink_spans_syncpoints": "syncpoints",
+    "table_set_changes_before_syncpoint_record": "syncpoints",
+    "open_barrier_ignores_stream_ddls": "open_barriers",
 }
 
 

@@ -65,10 +65,28 @@ def test_recording_a_syncpoint_again_returns_the_first_record(sink):
     assert sink.record_syncpoint(CF, 100, [t]) == first
 
 
-def test_syncpoint_refused_when_a_table_is_already_past_it(sink):
+def test_syncpoint_refused_when_a_batch_spanned_it(sink):
     t = accounts()
     token = sink.acquire(CF, t)
     sink.write(CF, t, batch(t, []), 0, 150, token)
-    with pytest.raises(SinkError, match=r"committed to 150 > 100"):
+    with pytest.raises(SinkError, match=r"no Delta version committed exactly at 100"):
         sink.record_syncpoint(CF, 100, [t])
     assert read_syncpoint(sink.root, CF, 100) is None
+
+
+def test_syncpoint_recorded_after_the_tables_moved_on_pins_their_version_at_its_ts(sink):
+    """Syncpoints hold nothing back: the sink split its batch at 100 and went on; the record,
+    made later, finds the commit that ended at 100 (and a new primary's acquire after it)."""
+    t = accounts()
+    token = sink.acquire(CF, t)
+    sink.write(CF, t, batch(t, [{"id": 1, "balance": Decimal("10")}]), 0, 100, token)
+    token = sink.acquire(CF, t)  # a new primary takes the table over at 100
+    sink.write(CF, t, batch(t, [{"id": 1, "balance": Decimal("20")}]), 100, 150, token)
+    sink.write(CF, t, batch(t, [{"id": 2, "balance": Decimal("30")}]), 150, 220, token)
+    rec = sink.record_syncpoint(CF, 100, [t])
+    at_100 = read_table_at(sink.root, rec.locations[t.table_id], rec.versions[t.table_id])
+    assert at_100.to_pylist() == [{"id": 1, "balance": Decimal("10.00"), "note": None}]
+    assert read_syncpoint(sink.root, CF, 100).versions == rec.versions
+    rec_150 = sink.record_syncpoint(CF, 150, [t])
+    at_150 = read_table_at(sink.root, rec_150.locations[t.table_id], rec_150.versions[t.table_id])
+    assert at_150.column("balance").to_pylist() == [Decimal("20.00")]
