@@ -36,6 +36,7 @@ from cdc_dagster.metastore.errors import (
     MetastoreError,
 )
 from cdc_dagster.metastore.problems import Problem, reported
+from cdc_dagster.metastore.status_codec import decode as decode_status
 from cdc_dagster.metastore.status_codec import encode as encode_status
 from cdc_dagster.runtime import wire
 from cdc_dagster.runtime.progress import TableProgress
@@ -56,7 +57,7 @@ from scheduler_core.messages import (
     OwnerMessage,
     TableStatusBatch,
 )
-from scheduler_core.model import TableState
+from scheduler_core.model import Checkpoint, TableState, TableStatus
 
 log = logging.getLogger(__name__)
 
@@ -159,7 +160,7 @@ def _prepare(ctx: CaptureContext, tick: _Tick, messages: Sequence[OwnerMessage])
             held.checkpoint_ts[live],
             held.resolved_ts[live],
         )
-    tick.persist(report=_report(tick.agent, held, held, ()))
+    tick.persist(report=_report(tick.agent, held, (), tick.previous_report))
     return PrepareOutcome(
         ctx.capture_id,
         ctx.changefeed_id,
@@ -184,9 +185,8 @@ def _commit(ctx: CaptureContext, tick: _Tick) -> CommitOutcome:
     failpoints.hit(failpoints.SINK_BEFORE_WRITE)
     tick.executor.sink_phase()
     failpoints.hit(failpoints.SINK_AFTER_WRITE)
-    held_before = tick.executor.statuses()
     responses = tick.agent.end_tick()
-    report = _report(tick.agent, tick.executor.statuses(), held_before, responses)
+    report = _report(tick.agent, tick.executor.statuses(), responses, tick.previous_report)
     tick.persist(report=report)
     return CommitOutcome(
         ctx.capture_id,
@@ -237,6 +237,8 @@ class _Tick:
         owner = ms.election.current_owner()
         self.agent.observe_owner_rev(owner.owner_rev if owner is not None else 0)
         self.problem = ms.problems.get(ctx.changefeed_id, ctx.capture_id)
+        kv = ms.client.get(ms.layout.task(ctx.changefeed_id, ctx.capture_id))
+        self.previous_report = decode_status(kv.value) if kv is not None else None
 
     @classmethod
     @contextlib.contextmanager
@@ -339,22 +341,35 @@ def _counts(stats: AgentStats) -> dict[str, int]:
 def _report(
     agent: Agent,
     held_now: TableStatusBatch,
-    held_before: TableStatusBatch,
     responses: Sequence[CaptureMessage],
+    previous: TaskStatus | None,
 ) -> TaskStatus | None:
     """The task status: the heartbeat response's tables, or every held table, plus the
-    statuses of tasks that finished (a STOPPED table is reported once, then forgotten)."""
+    statuses of tasks that finished.
+
+    The report is one etcd key the owner reads when it ticks, and a later tick overwrites
+    it: a state, not a message. So what the owner must learn survives until its next
+    heartbeat has been answered: in a tick without a heartbeat (a capture ticking on its
+    own data, or a prepare half) a table the previous report listed and this capture no
+    longer holds stays in it, as it was if STOPPED or ABSENT (a fenced table, forgotten
+    once reported), else as ABSENT. A heartbeat response is the owner's own list answered
+    (ABSENT for each listed table not held), so it starts afresh.
+    """
     if agent.owner_id is None:
         return None
     base = held_now
-    extra = []
+    extra: list[TableStatus] = []
+    answered = False
     for m in responses:
         if isinstance(m, HeartbeatResponse):
-            base = m.tables
+            base, answered = m.tables, True
         elif isinstance(m, DispatchTableResponse):
             extra.extend(m.statuses)
-    del held_before
-    extra = [s for s in extra if s.table_id not in set(base.table_ids.tolist())]
+    listed = set(base.table_ids.tolist())
+    extra = [s for s in extra if s.table_id not in listed]
+    listed |= {s.table_id for s in extra}
+    if not answered and previous is not None:
+        extra.extend(_gone_since(previous.tables, listed))
     if extra:
         more = TableStatusBatch.of(extra)
         base = TableStatusBatch(
@@ -364,6 +379,27 @@ def _report(
             )
         )
     return TaskStatus(agent.owner_rev, agent.changefeed_epoch, agent.liveness, base)
+
+
+def _gone_since(before: TableStatusBatch, listed: set[int]) -> list[TableStatus]:
+    """Tables of an earlier report not listed now: kept as they were when STOPPED or
+    ABSENT, else ABSENT (no longer held)."""
+    out = []
+    for i, table_id in enumerate(before.table_ids.tolist()):
+        if table_id in listed:
+            continue
+        state = TableState(int(before.states[i]))
+        if state in (TableState.STOPPED, TableState.ABSENT):
+            out.append(
+                TableStatus(
+                    table_id,
+                    state,
+                    Checkpoint(int(before.checkpoint_ts[i]), int(before.resolved_ts[i])),
+                )
+            )
+        else:
+            out.append(TableStatus(table_id, TableState.ABSENT, Checkpoint(0, 0)))
+    return out
 
 
 # ------------------------------------------------------------------------------ agent state

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import dagster as dg
@@ -281,3 +282,110 @@ def test_follow_stops_early_when_its_owner_or_its_capture_is_gone(
         ]
         want = "no longer the owner" if leave == "owner_resigns" else "no longer registered"
         assert want in summary, summary
+
+
+class _Daemon:
+    """The daemon's part, in this process: evaluate the owner sensor, launch each run it
+    asks for in a thread (its own process in a deployment)."""
+
+    def __init__(self, defs: dg.Definitions, instance: dg.DagsterInstance) -> None:
+        self.sensor = defs.get_repository_def().get_sensor_def("cdc_owner")
+        self.job = defs.get_job_def("capture_tick")
+        self.defs, self.instance, self.cursor = defs, instance, None
+        self.results: list[dg.ExecuteInProcessResult] = []
+        self.threads: list[threading.Thread] = []
+
+    def tick(self) -> None:
+        result = evaluate_sensor(
+            self.sensor, self.instance, cursor=self.cursor, definitions=self.defs
+        )
+        self.cursor = result.cursor
+        for req in result.dynamic_partitions_requests or []:
+            self.instance.add_dynamic_partitions("captures", list(req.partition_keys))
+        for run in result.run_requests:
+
+            def execute(run: dg.RunRequest = run) -> None:
+                self.results.append(
+                    self.job.execute_in_process(
+                        run_config=run.run_config,
+                        partition_key=run.partition_key,
+                        instance=self.instance,
+                        raise_on_error=False,
+                    )
+                )
+
+            self.threads.append(threading.Thread(target=execute))
+            self.threads[-1].start()
+
+    def join(self) -> None:
+        for t in self.threads:
+            t.join(timeout=120)
+
+
+@pytest.mark.slow
+def test_a_table_fenced_between_owner_ticks_is_taken_up_again(
+    tmp_path: Path,
+    metastore: Metastore,
+    etcd_endpoints: list[str],
+    cluster_id: str,
+    monkeypatch: pytest.MonkeyPatch,
+    spark: object,  # noqa: F811 - the imported fixture
+) -> None:
+    """A following run's own tick finds a table fenced at the sink (another holder took its
+    token) and stops it. The report saying so is one etcd key the run's next ticks
+    overwrite, several times between two owner ticks (5 s apart, as the daemon runs the
+    sensor): the owner must still learn the table left and give it out again, and the
+    table replicates again without anyone stepping in."""
+    from cdc_dagster.sinks.uri import open_sink
+    from cdc_dagster.upstream.changelog import ChangeLog
+
+    changelog = tmp_path / "changelog"
+    for name, value in {
+        "ETCD": ",".join(etcd_endpoints),
+        "CLUSTER_ID": cluster_id,
+        "STATE_DIR": str(tmp_path / "state"),
+        "CHANGELOG": str(changelog),
+        "OWNER_ID": "owner-1",
+        "CAPTURE_LOOP_S": "40",
+    }.items():
+        monkeypatch.setenv(f"CDC_DAGSTER_{name}", value)
+    monkeypatch.setattr(dg.DagsterInstance, "get_yaml_python_handlers", lambda self: [])
+    CdcResource.forget_owner_loops()
+    workload = _workload(changelog)
+    admin.create_changefeed(
+        metastore,
+        "cf",
+        f"delta://{tmp_path / 'lake'}",
+        start_ts=_first_create(changelog),
+        upstream_uri=f"changelog://{changelog}",
+    )
+    admin.add_capture(metastore, "c1")
+    defs = build_definitions(catalog_from_changelog(changelog, 2000))
+    sink = open_sink(f"delta://{tmp_path / 'lake'}")
+    schemas = list(ChangeLog(changelog).tables_at(1 << 62).values())
+
+    def sunk(table: object) -> int:
+        return sink.committed("cf", table).committed_ts  # type: ignore[arg-type]
+
+    def run_until(done: Callable[[], bool], seconds: float, owner_every_s: float) -> None:
+        deadline, last_owner = time.monotonic() + seconds, 0.0
+        while not done() and time.monotonic() < deadline:
+            if time.monotonic() - last_owner >= owner_every_s:
+                daemon.tick()
+                last_owner = time.monotonic()
+            workload.step()  # type: ignore[attr-defined]
+            workload.advance_resolved()  # type: ignore[attr-defined]
+            time.sleep(1.0)
+
+    with dg.instance_for_test() as instance:
+        daemon = _Daemon(defs, instance)
+        start = _first_create(changelog)
+        run_until(lambda: min(sunk(t) for t in schemas) > start, 120, 1.0)
+        assert min(sunk(t) for t in schemas) > start, "the tables never replicated"
+        victim = schemas[0]
+        token = sink.acquire("cf", victim)  # another holder: the run's next write is fenced
+        fenced_at = ChangeLog(changelog).ddl_resolved_ts()
+        run_until(lambda: sunk(victim) > fenced_at, 90, 5.0)
+        assert sunk(victim) > fenced_at, "the fenced table was never taken up again"
+        assert sink.committed("cf", victim).token > token  # acquired anew, not written past
+        daemon.join()  # each run follows for CAPTURE_LOOP_S
