@@ -205,6 +205,21 @@ class DeltaSink:
             ) from exc
         return True
 
+    def _check_root(self, where: str, *, missing_ok: bool = False) -> None:
+        """A table missing because the whole root is gone is the sink's outage, not a
+        fence (a dropped table or another holder): say so, so the batch is retried. A
+        missing root is fine to acquire in (a new sink makes it), never to write in (the
+        table was made there by the acquire that gave the token)."""
+        if missing_ok and not os.path.exists(self.root):
+            return
+        if not os.path.isdir(self.root):
+            what = "a file" if os.path.exists(self.root) else "missing"
+            raise SinkError(
+                f"{where}: the Delta sink's root {self.root} is {what}, not a directory; "
+                "nothing was written — put the root back (a lost mount, a moved directory); "
+                "the batch is retried every tick"
+            )
+
     # -- the fenced protocol -------------------------------------------------------------
 
     def committed(self, changefeed_id: str, table: TableSchema) -> Committed:
@@ -224,6 +239,7 @@ class DeltaSink:
         def attempt() -> int:
             dt = self._open(changefeed_id, table)
             if dt is None:
+                self._check_root(_where(changefeed_id, table), missing_ok=True)
                 if self._create(changefeed_id, table, [Transaction(fence, 1)]):
                     return 1
                 raise CommitFailedError("table created concurrently")
@@ -257,6 +273,8 @@ class DeltaSink:
 
         def attempt() -> int:
             dt = self._open(changefeed_id, table)
+            if dt is None:
+                self._check_root(where)
             current = 0 if dt is None else dt.transaction_version(app_id(changefeed_id, "fence"))
             if dt is None or token != (current or 0):
                 raise FencedError(

@@ -13,6 +13,7 @@ from deltalake import DeltaTable
 from cdc_dagster.sinks.base import (
     Committed,
     FencedError,
+    SinkError,
     SinkGapError,
     SinkSchemaError,
 )
@@ -100,6 +101,32 @@ def test_first_batch_of_a_never_written_table_may_start_anywhere(sink):
     assert sink.write(CF, t, batch(t, [{"id": 1, "balance": Decimal("1")}]), 50, 60, token) == 60
 
 
+def test_a_root_gone_is_the_sinks_outage_not_a_fence_and_heals_when_it_is_back(sink):
+    """The root replaced by a file (a lost mount): the write and a new acquire say the root
+    is not a directory (retried, the table kept) instead of refusing as fenced (which
+    would stop the table); with the root back the same write goes in."""
+    import os
+
+    t = accounts()
+    token = sink.acquire(CF, t)
+    sink.write(CF, t, batch(t, [{"id": 1, "balance": Decimal("1")}]), 0, 10, token)
+    aside = sink.root + ".aside"
+    os.rename(sink.root, aside)
+    with open(sink.root, "w") as f:
+        f.write("not a directory")
+    b = batch(t, [{"id": 2, "balance": Decimal("2")}])
+    for call in (lambda: sink.write(CF, t, b, 10, 20, token), lambda: sink.acquire(CF, t)):
+        with pytest.raises(SinkError, match="root .* is a file, not a directory") as caught:
+            call()
+        assert not isinstance(caught.value, FencedError)
+    os.remove(sink.root)
+    with pytest.raises(SinkError, match="root .* is missing, not a directory"):
+        sink.write(CF, t, b, 10, 20, token)
+    os.rename(aside, sink.root)
+    assert sink.write(CF, t, b, 10, 20, token) == 20
+    assert set(rows_of(sink, t)) == {1, 2}
+
+
 def test_stale_token_is_refused_and_changes_nothing(sink):
     t = accounts()
     old = sink.acquire(CF, t)
@@ -116,6 +143,11 @@ def test_stale_token_is_refused_and_changes_nothing(sink):
 
 
 def test_write_to_a_missing_table_is_fenced(sink):
+    """A table missing in a root that is there (dropped, or never acquired): fenced. (A
+    root that is not there is the sink's outage: the test above.)"""
+    import os
+
+    os.makedirs(sink.root, exist_ok=True)
     t = accounts()
     with pytest.raises(FencedError, match="no Delta table"):
         sink.write(CF, t, batch(t, [{"id": 1, "balance": Decimal("1")}]), 0, 10, 1)
