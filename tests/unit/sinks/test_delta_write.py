@@ -116,11 +116,11 @@ def test_a_root_gone_is_the_sinks_outage_not_a_fence_and_heals_when_it_is_back(s
         f.write("not a directory")
     b = batch(t, [{"id": 2, "balance": Decimal("2")}])
     for call in (lambda: sink.write(CF, t, b, 10, 20, token), lambda: sink.acquire(CF, t)):
-        with pytest.raises(SinkError, match="root .* is a file, not a directory") as caught:
+        with pytest.raises(SinkError, match=r"root .* is a file, not a directory") as caught:
             call()
         assert not isinstance(caught.value, FencedError)
     os.remove(sink.root)
-    with pytest.raises(SinkError, match="root .* is missing, not a directory"):
+    with pytest.raises(SinkError, match=r"root .* is missing, not a directory"):
         sink.write(CF, t, b, 10, 20, token)
     os.rename(aside, sink.root)
     assert sink.write(CF, t, b, 10, 20, token) == 20
