@@ -183,6 +183,13 @@ class _Follow:
         self.watch.moved(self.serving)  # what the first tick has seen already
         self.last_self_tick = 0.0
         self.idle = False  # the last tick of its own sank nothing
+        # The registration this run ticks under: a run frozen (SIGSTOP, a stalled VM) past
+        # the lease that wakes once the capture is registered again must not tick beside
+        # the new registration's run; it stops (its own ticks re-registering move it on).
+        try:
+            self.registration = self.ms.captures.attach(self.cid).epoch
+        except (CaptureNotRegisteredError, LeaseExpiredError):
+            self.registration = ""
 
     def next_work(self) -> tuple[dict[str, Any], str]:
         """The owner's messages if any, else changefeeds with new resolved data (when a
@@ -200,9 +207,13 @@ class _Follow:
         self.last_self_tick = time.monotonic()
         return {cf: [] for cf in moved}, "data"
 
-    def ticked(self, why: str, progress: list[TableProgress], before: int) -> None:
+    def ticked(
+        self, why: str, capture: CaptureTick, progress: list[TableProgress], before: int
+    ) -> None:
         if why == "data":
             self.idle = sum(p.rows_applied for p in progress) == before
+        for outcome in capture.prepared.values():  # the registration its tick attached to
+            self.registration = outcome.registration
 
 
 def _still_ours(f: _Follow, state: dict[str, float]) -> str:
@@ -214,6 +225,15 @@ def _still_ours(f: _Follow, state: dict[str, float]) -> str:
         owner = f.ms.election.current_owner()
         if owner is None or owner.owner_rev != f.rev:
             return f"owner_rev {f.rev} is no longer the owner"
+        try:
+            now_registered = f.ms.captures.attach(f.cid).epoch
+        except (CaptureNotRegisteredError, LeaseExpiredError):
+            return f"capture {f.cid} is no longer registered"
+        if f.registration and now_registered != f.registration:
+            return (
+                f"capture {f.cid} was registered again (epoch {now_registered}) since this "
+                f"run ticked under epoch {f.registration}: the new registration's run goes on"
+            )
         state["owner_checked"] = now
     if now - state["renewed"] >= RENEW_S:
         try:
@@ -261,7 +281,7 @@ def build_follow_op(catalog: Catalog) -> dg.OpDefinition:
             committed, progress = capture.commit()
             before = sum(rows.get((p.changefeed_id, p.table_id), 0) for p in progress)
             rows.update({(p.changefeed_id, p.table_id): p.rows_applied for p in progress})
-            f.ticked(why, progress, before)
+            f.ticked(why, capture, progress, before)
             events = materializations(catalog, progress, time.time_ns() // 1_000_000)
             logged = throttle.select(events, time.monotonic())
             for event in logged:

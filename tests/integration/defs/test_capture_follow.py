@@ -227,7 +227,7 @@ def test_a_following_capture_sinks_new_data_without_waiting_for_an_owner_tick(
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("leave", ["owner_resigns", "capture_removed"])
+@pytest.mark.parametrize("leave", ["owner_resigns", "capture_removed", "registered_again"])
 def test_follow_stops_early_when_its_owner_or_its_capture_is_gone(
     leave: str,
     tmp_path: Path,
@@ -271,8 +271,10 @@ def test_follow_stops_early_when_its_owner_or_its_capture_is_gone(
         assert run.is_alive()
         if leave == "owner_resigns":
             session.resign()
-        else:
+        elif leave == "capture_removed":
             admin.remove_capture(metastore, "c1")
+        else:  # what the owner does once a frozen run let the lease expire
+            new = metastore.captures.register("c1", 60, keepalive=False)
         run.join(timeout=30)
         assert not run.is_alive() and time.monotonic() - started < 45
         (summary,) = [
@@ -280,8 +282,14 @@ def test_follow_stops_early_when_its_owner_or_its_capture_is_gone(
             for e in instance.all_logs(out[0].run_id)
             if e.user_message and "more tick(s)" in e.user_message
         ]
-        want = "no longer the owner" if leave == "owner_resigns" else "no longer registered"
+        want = {
+            "owner_resigns": "no longer the owner",
+            "capture_removed": "no longer registered",
+            "registered_again": "was registered again",
+        }[leave]
         assert want in summary, summary
+        if leave == "registered_again":  # the run left the new registration alone
+            assert metastore.captures.attach("c1").epoch == new.epoch
 
 
 class _Daemon:
