@@ -79,9 +79,12 @@ def judge(
     config: HealthConfig,
     producer: str,
     ready_ddls: Sequence[str] = (),
+    source_resolved_ts: int = 0,
 ) -> Health:
     """The changefeed's health this tick (see the module docstring). ``ready_ddls``: the
-    DDLs whose barrier every table reached, not applied yet (named in a stall)."""
+    DDLs whose barrier every table reached, not applied yet (named in a stall).
+    ``source_resolved_ts``: how far the change log itself is resolved (0: unknown); past
+    the changefeed's resolved ts, a stuck resolved ts is the captures', not the producer's."""
     parts: list[str] = []
     failed = False
     if not alive:
@@ -94,7 +97,9 @@ def judge(
         too_long = lasted_s > config.fail_after_s
         failed = failed or problem.fatal or too_long
         parts.append(_problem_line(source, problem, lasted_s, too_long))
-    stalled = _stalls(motion, tables, now_ms, config.stall_s, producer, ready_ddls)
+    stalled = _stalls(
+        motion, tables, now_ms, config.stall_s, producer, ready_ddls, source_resolved_ts
+    )
     if stalled and not problems and alive:
         parts.append(stalled)
     return Health("; ".join(parts) or None, failed)
@@ -117,9 +122,18 @@ def _stalls(
     stall_s: float,
     producer: str,
     ready_ddls: Sequence[str] = (),
+    source_resolved_ts: int = 0,
 ) -> str:
     resolved_still_s = (now_ms - motion.resolved_moved_ms) / 1000
     if motion.resolved_moved_ms and resolved_still_s > stall_s:
+        if source_resolved_ts > motion.resolved_ts and tables:
+            return (
+                f"the resolved ts has not moved for {resolved_still_s:.0f} s (it is "
+                f"{format_ts(motion.resolved_ts)}) though the change log is resolved to "
+                f"{format_ts(source_resolved_ts)}: the tables behind are not advanced by the "
+                f"captures holding them: {_slowest(tables, 'resolved_ts')}; see those "
+                "captures' runs in Dagster (a run frozen, failing or not launched)"
+            )
         return (
             f"the resolved ts has not moved for {resolved_still_s:.0f} s (it is "
             f"{format_ts(motion.resolved_ts)}): {producer} is not advancing it; see its "
@@ -139,16 +153,23 @@ def _stalls(
                 "has applied yet: see the `apply_ddl` runs (a DDL gate that stays closed names "
                 "the tables it waits for)"
             )
-        slowest = sorted(tables, key=lambda t: (t.checkpoint_ts, t.table_id))[:3]
-        named = ", ".join(
-            f"{t.name or t.table_id} ({t.state}"
-            + (f" on {t.capture_id}" if t.capture_id else ", held by no capture")
-            + f", checkpoint {format_ts(t.checkpoint_ts) if t.checkpoint_ts else 'none'})"
-            for t in slowest
-        )
         return (
             f"the checkpoint has not moved for {checkpoint_still_s:.0f} s (it is "
             f"{format_ts(motion.checkpoint_ts)}, resolved {format_ts(motion.resolved_ts)}): "
-            f"slowest tables {named}; see those captures' runs in Dagster"
+            f"slowest tables {_slowest(tables, 'checkpoint_ts')}; see those captures' runs in "
+            "Dagster"
         )
     return ""
+
+
+def _slowest(tables: Sequence[TableProgress], ts: str) -> str:
+    """The three tables lowest in ``ts`` (checkpoint_ts or resolved_ts), named with their
+    state and capture."""
+    slowest = sorted(tables, key=lambda t: (getattr(t, ts), t.table_id))[:3]
+    what = ts.removesuffix("_ts")
+    return ", ".join(
+        f"{t.name or t.table_id} ({t.state}"
+        + (f" on {t.capture_id}" if t.capture_id else ", held by no capture")
+        + f", {what} {format_ts(getattr(t, ts)) if getattr(t, ts) else 'none'})"
+        for t in slowest
+    )

@@ -511,6 +511,7 @@ class OwnerLoop:
             config=self.health,
             producer=_producer(cf.info.upstream_uri),
             ready_ddls=[f"{e.query!r} at {format_ts(e.commit_ts)}" for e in result.ready_ddls],
+            source_resolved_ts=feed.ddl_upto,
         )
 
     def _waiting(self, cf: Changefeed, step: _TickState) -> ChangefeedProgress:

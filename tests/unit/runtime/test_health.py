@@ -86,6 +86,21 @@ def test_a_resolved_ts_that_stood_still_past_the_stall_time_names_the_producer()
     assert verdict(motion=moving(NOW - 59_000)).message is None  # within the stall time
 
 
+def test_a_resolved_ts_stuck_below_the_change_logs_names_the_captures_not_the_producer() -> None:
+    """A capture frozen (or failing) holds its tables' resolved ts while the producer goes
+    on: the message names those tables and their capture, not the producer."""
+    motion = moving(NOW - 61_000)
+    motion.observe(motion.checkpoint_ts, motion.resolved_ts, NOW)
+    tables = (table(1, NOW - 2_000), table(2, NOW - 62_000, capture="c2"))
+    health = verdict(motion=motion, tables=tables, source_resolved_ts=compose(NOW - 1_000))
+    message = health.message or ""
+    assert "resolved ts has not moved for 61 s" in message and PRODUCER not in message
+    assert "db.t2 (replicating on c2, resolved" in message and "captures' runs" in message
+    # The change log itself no further: the producer it is.
+    same = verdict(motion=motion, tables=tables, source_resolved_ts=motion.resolved_ts)
+    assert PRODUCER in (same.message or "")
+
+
 def test_a_checkpoint_behind_a_moving_resolved_ts_names_the_slowest_tables() -> None:
     motion = Motion()
     motion.observe(compose(NOW - 90_000), compose(NOW - 90_000), NOW - 90_000)
