@@ -11,7 +11,7 @@ from cdc_dagster.defs.changefeeds.health import HealthReporter
 from cdc_dagster.defs.mysql.requests import with_puller_runs
 from cdc_dagster.defs.owner.mailbox import MailboxOutbox
 from cdc_dagster.defs.owner.plan import CAPTURE_JOB, plan, progress_lines
-from cdc_dagster.defs.owner.stale_runs import force_cancel_hung_runs, terminate_expired_runs
+from cdc_dagster.defs.owner.stale_runs import cancel_expired_runs, force_cancel_hung_runs
 from cdc_dagster.defs.partitions import CAPTURES
 from cdc_dagster.defs.resources import CdcResource
 from cdc_dagster.defs.tables.assets import (
@@ -159,7 +159,7 @@ def build_owner_sensor(
             ),
         )
         if owner.is_owner:  # runs of expired registrations must not hold their capture's slot
-            stopped = terminate_expired_runs(context.instance, owner.registered)
+            stopped = cancel_expired_runs(context.instance, owner.registered)
             for line in stopped + force_cancel_hung_runs(context.instance):
                 context.log.warning(line)
         # A run that follows its mailbox (capture_loop_s > 0) takes the messages sent while

@@ -1,13 +1,19 @@
-"""Capture runs of an expired registration: stopped, so their capture gets a run again.
+"""Capture runs of an expired registration: retired, so their capture gets a run again.
 
 One run per capture at a time (dagster.yaml's tag concurrency limit), and a run that
 follows its mailbox holds that slot for minutes. A run whose capture's lease expired
 (frozen, hung in a call, cut off from etcd) belongs to a dead epoch: the sink fences its
 writes, but while it stays in progress no run of the re-registered capture can start, and
 the capture's tables replicate nothing until its ``dagster/max_runtime`` (30 min). So when
-the owner registers a capture again, its runs still in progress are terminated; one that
-does not stop within :data:`FORCE_CANCEL_S` is marked canceled, as the UI's force
-termination does (the fence keeps refusing whatever it still tries to write).
+the owner registers a capture again, its runs still in progress are marked canceling: one
+that can still run stops by itself (its follow loop sees its capture registered again under
+another epoch) and one that does not within :data:`FORCE_CANCEL_S` is marked canceled, as
+the UI's force termination does (the fence keeps refusing whatever it still tries to write).
+
+The run launcher's ``terminate`` is not asked: Dagster's default launcher sets the run's
+termination event (a ``multiprocessing.Event``) in the code server, and ``Event.set`` waits
+for every process sleeping on it to wake; a frozen run (SIGSTOP, a stalled VM) never does,
+and the code server hung with it (the owner's sensor, every run launch) until it thawed.
 """
 
 from __future__ import annotations
@@ -22,13 +28,13 @@ from cdc_dagster.defs.owner.plan import CAPTURE_JOB
 
 log = logging.getLogger(__name__)
 
-FORCE_CANCEL_S = 30.0  # a terminated capture run still canceling after this long is hung
+FORCE_CANCEL_S = 30.0  # a stale capture run still canceling after this long is hung
 RUNNING = [dg.DagsterRunStatus.STARTING, dg.DagsterRunStatus.STARTED]
 
 
-def terminate_expired_runs(instance: dg.DagsterInstance, captures: Iterable[str]) -> list[str]:
-    """Terminate the in-progress capture runs of ``captures`` (registered again this tick:
-    those runs belong to the expired registration); one line per run for the sensor's log."""
+def cancel_expired_runs(instance: dg.DagsterInstance, captures: Iterable[str]) -> list[str]:
+    """Mark canceling the in-progress capture runs of ``captures`` (registered again this
+    tick: those runs belong to the expired registration); one line per run for the log."""
     wanted = sorted(set(captures))
     if not wanted:
         return []
@@ -40,18 +46,14 @@ def terminate_expired_runs(instance: dg.DagsterInstance, captures: Iterable[str]
     for record in records:
         run = record.dagster_run
         capture = run.tags.get("dagster/partition", "?")
-        try:
-            instance.run_launcher.terminate(run.run_id)
-        except dg.DagsterError as exc:  # the code server that launched it is gone: forced below
-            log.warning("terminating capture run %s of %s: %s", run.run_id, capture, exc)
         now = instance.get_run_by_id(run.run_id)
         if now is not None and now.status in RUNNING:
             instance.report_run_canceling(
                 now, message=f"capture {capture} was registered again: this run is stale"
             )
         lines.append(
-            f"capture {capture}: its lease had expired; terminating its run {run.run_id} "
-            "of the expired registration"
+            f"capture {capture}: its lease had expired; canceling its run {run.run_id} of "
+            "the expired registration (it stops by itself, or is marked canceled if hung)"
         )
     return lines
 
@@ -60,7 +62,7 @@ def force_cancel_hung_runs(
     instance: dg.DagsterInstance, now_s: float | None = None, grace_s: float = FORCE_CANCEL_S
 ) -> list[str]:
     """Mark canceled the capture runs canceling for longer than ``grace_s`` (a frozen or hung
-    process that did not stop when terminated), freeing their capture's slot."""
+    process that did not stop by itself), freeing their capture's slot."""
     now_s = time.time() if now_s is None else now_s
     records = instance.get_run_records(
         dg.RunsFilter(job_name=CAPTURE_JOB, statuses=[dg.DagsterRunStatus.CANCELING]),
