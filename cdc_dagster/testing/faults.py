@@ -876,24 +876,40 @@ def postgres_restart_in_commit(fs: FaultStack) -> Injected:
 
 
 def failing_ddl_fixed(fs: FaultStack) -> Injected:
-    """A DDL PostgreSQL refuses (the column exists downstream): the changefeed goes to
-    warning with the whole message; a person drops the column; it resumes by itself."""
+    """A DDL PostgreSQL refuses: a person made a view downstream on a replicated column, and
+    the upstream drops that column (PostgreSQL will not drop what a view depends on, and the
+    sink never cascades into the user's objects). The changefeed goes to warning with the
+    whole message; the person drops the view; it resumes by itself."""
     import psycopg
 
     # A person changes the downstream by hand: what the validators would read meanwhile
-    # (the column before its DDL, syncpoint copies with it) is that person's doing.
+    # (syncpoint copies with the column the view holds) is that person's doing.
     fs.runs += 1
     column = f"coupon{fs.runs}"  # a column of its own each time (the soak repeats faults)
+    view = f'"shop"."orders_{column}"'
     fs.poll()
     fs.paused.add(SHOP)
-    with psycopg.connect(fs.pg.dsn("analytics"), autocommit=True) as conn:
-        conn.execute(f'ALTER TABLE "shop"."orders" ADD COLUMN {column} varchar(16)')
     conn_my = fs.mariadb.connect()
     with conn_my.cursor() as cur:
         cur.execute(f"ALTER TABLE shop.orders ADD COLUMN {column} VARCHAR(16)")
+
+    def replicated() -> bool:
+        with psycopg.connect(fs.pg.dsn("analytics"), autocommit=True) as conn:
+            found = conn.execute(
+                "SELECT 1 FROM information_schema.columns WHERE table_schema = 'shop' "
+                "AND table_name = 'orders' AND column_name = %s",
+                (column,),
+            ).fetchone()
+        return found is not None
+
+    _wait(f"the column {column} downstream", replicated, 300, fs)
+    with psycopg.connect(fs.pg.dsn("analytics"), autocommit=True) as conn:
+        conn.execute(f'CREATE VIEW {view} AS SELECT id, {column} FROM "shop"."orders"')
+    with conn_my.cursor() as cur:
+        cur.execute(f"ALTER TABLE shop.orders DROP COLUMN {column}")
     conn_my.close()
     began = _now_ms()
-    inj = Injected("failing DDL fixed", "ADD COLUMN the downstream already has", began)
+    inj = Injected("failing DDL fixed", "DROP COLUMN a downstream view depends on", began)
 
     def warned() -> bool:
         st = fs.status(SHOP)
@@ -904,7 +920,7 @@ def failing_ddl_fixed(fs: FaultStack) -> Injected:
     inj.notes.append(f"warning after {took:.0f} s: {message[:200]}")
     assert fs.checkpoint(DEMO) > 0
     with psycopg.connect(fs.pg.dsn("analytics"), autocommit=True) as conn:
-        conn.execute(f'ALTER TABLE "shop"."orders" DROP COLUMN {column}')
+        conn.execute(f"DROP VIEW {view}")
     inj.over()
 
     def applied() -> bool:
