@@ -128,7 +128,7 @@ class EtcdResnapshotRequests:
         (self.context.log.info if outcome.started else self.context.log.warning)(outcome.note)
         try:
             self.ms.client.delete(self.keys.pop(outcome.name))
-        except MetastoreError as exc:  # taken again later: refused as already snapshotting
+        except MetastoreError as exc:  # taken again later: refused while it snapshots
             self.context.log.warning("re-snapshot request of %s not deleted: %s",
                                      outcome.name, exc)  # fmt: skip
 
