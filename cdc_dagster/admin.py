@@ -11,25 +11,33 @@ with them.
   (:func:`pending_requests`) and hands them to its coordinator (:func:`apply_requests`). A
   move is deleted once handed over; a drain stays until the capture holds no table of the
   changefeed, so an owner switch mid-drain carries it on.
+- Re-snapshot requests (``table resnapshot``) are one key per table,
+  ``resnapshot/<changefeed>/<digest>``, taken by the changefeed's puller run (it is the one
+  writer of the change log), which deletes the key once its state is saved.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import shutil
 import uuid
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from cdc_dagster.metastore import Changefeed, ChangefeedStatus, Metastore, OwnerSession
-from cdc_dagster.metastore.client import Delete
+from cdc_dagster.metastore.client import Delete, Put, create_revision_is
 from cdc_dagster.metastore.errors import ChangefeedNotFoundError, MetastoreError
 from cdc_dagster.metastore.validation import TableFilter
 from cdc_dagster.mysql.catalog import CatalogError
 from cdc_dagster.mysql.changefeed import discard_snapshot, take_initial_snapshot
 from cdc_dagster.mysql.puller import PullerError
+from cdc_dagster.mysql.resnapshot import split_name
+from cdc_dagster.mysql.snapshots import SnapshotProgress, snapshot_progress
+from cdc_dagster.mysql.state import PullerState, load_state
 from cdc_dagster.secrets import redact_uri
 from cdc_dagster.sinks.uri import probe_sink
 from cdc_dagster.upstream.uri import UpstreamError, changelog_path, is_mysql_uri, parse_uri
@@ -202,6 +210,144 @@ def resign_owner(ms: Metastore) -> str:
         raise AdminError(f"owner {owner.owner_id!r} changed while resigning; try again")
     session.resign()
     return owner.owner_id
+
+
+# ------------------------------------------------------------------------------ re-snapshots
+@dataclass(frozen=True, slots=True)
+class ResnapshotRequest:
+    """A re-snapshot request written to etcd, for the CLI and the admin job to describe."""
+
+    changefeed_id: str
+    name: str  # database.table
+    table_id: int
+    key: str
+    changefeed_state: str
+    running: bool  # the changefeed's puller runs (normal or warning)
+
+    def lines(self) -> list[str]:
+        """What happens now, and where to watch it."""
+        wait = (
+            ""
+            if self.running
+            else f" (the changefeed is {self.changefeed_state}: the request waits until it "
+            "is resumed)"
+        )
+        db, table = self.name.split(".", 1)
+        return [
+            f"re-snapshot of {self.name} (table id {self.table_id}) requested for changefeed "
+            f"{self.changefeed_id}{wait}.",
+            "The changefeed's mysql_puller run takes it within seconds: it truncates the table "
+            "downstream at that binlog position and a mysql_snapshot run reads its rows again "
+            "in key-range chunks, placed in the stream where each was read; the downstream "
+            "keeps its current rows until every chunk is placed, then holds exactly the "
+            "upstream's. The other tables replicate on.",
+            f"Watch: `cdc-dagster changefeed query -c {self.changefeed_id}` (snapshots), or in "
+            f"the Dagster UI the asset replica/{db}/{table} (snapshot_* observations) and the "
+            "mysql_snapshot run's log.",
+        ]
+
+
+def _puller_state(cf: Changefeed) -> tuple[str, PullerState]:
+    """A ``mysql://`` changefeed's change log and its puller state (AdminError if none)."""
+    uri = cf.info.upstream_uri
+    if not uri or not is_mysql_uri(uri):
+        raise AdminError(
+            f"changefeed {cf.changefeed_id!r} does not read a MySQL/MariaDB upstream "
+            f"({redact_uri(uri) or 'no upstream URI'}); only mysql:// changefeeds snapshot "
+            "their tables"
+        )
+    root = changelog_path(uri)
+    try:
+        state = load_state(root)
+    except (OSError, ValueError, KeyError) as exc:
+        raise AdminError(f"cannot read the puller state of {root}: {exc}") from None
+    if state is None:
+        raise AdminError(
+            f"changefeed {cf.changefeed_id!r} has no puller state at {root} (run this where "
+            "its change log is)"
+        )
+    return root, state
+
+
+def request_resnapshot(ms: Metastore, changefeed_id: str, table: str) -> ResnapshotRequest:
+    """Ask a ``mysql://`` changefeed to snapshot ``table`` (``database.table``) again, in
+    chunks, replacing its downstream state (``cdc_dagster.mysql.resnapshot``); refused (and
+    nothing written) for a table it does not replicate, one being snapshotted or one
+    already requested."""
+    cf = ms.changefeeds.get(changefeed_id)  # ChangefeedNotFoundError names it
+    root, state = _puller_state(cf)
+    parts = split_name(table)
+    if parts is None:
+        raise AdminError(f"table {table!r}: give it as DATABASE.TABLE")
+    if state.flavor != "mariadb":
+        raise AdminError(
+            f"changefeed {changefeed_id!r} reads a MySQL upstream; a re-snapshot is "
+            "implemented for MariaDB only (chunks read at its consistent-snapshot positions)"
+        )
+    tid = state.table_id(*parts)
+    if tid is None:
+        raise AdminError(_not_replicated(cf, state, table, parts))
+    if tid in state.snapshots:
+        p = next((p for p in snapshot_progress(root) if p.table_id == tid), None)
+        shown = f" ({p.line()})" if p is not None else ""
+        raise AdminError(
+            f"table {table} of changefeed {changefeed_id!r} is being snapshotted already"
+            f"{shown}; `cdc-dagster changefeed query -c {changefeed_id}` shows when it is "
+            "complete; ask again after that if it still differs"
+        )
+    digest = hashlib.sha1(table.encode()).hexdigest()[:16]
+    key = ms.layout.resnapshot_request(changefeed_id, digest)
+    body = json.dumps({"database": parts[0], "table": parts[1], "table_id": tid}).encode()
+    if not ms.client.txn([create_revision_is(key, 0)], [Put(key, body)]).succeeded:
+        raise AdminError(
+            f"a re-snapshot of {table} is already requested for changefeed {changefeed_id!r} "
+            "and not yet taken by its puller run (it is taken while the changefeed is normal)"
+        )
+    state_now = cf.status.state
+    return ResnapshotRequest(changefeed_id, table, tid, key, str(state_now), state_now.running)
+
+
+def _not_replicated(cf: Changefeed, state: PullerState, table: str, parts: tuple[str, str]) -> str:
+    """Why ``table`` cannot be re-snapshotted: skipped, outside the filter, or unknown."""
+    cf_id = cf.changefeed_id
+    if parts in state.skipped:
+        return f"table {table} is not replicated by changefeed {cf_id!r}: {state.skipped[parts]}"
+    if not TableFilter.parse(cf.info.table_filter).matches(*parts):
+        return (
+            f"table {table} is not in changefeed {cf_id!r}: its filter "
+            f"{list(cf.info.table_filter)} does not select it"
+        )
+    names = sorted(s.qualified_name for s in state.tables.values())
+    shown = ", ".join(names[:10]) + (f" and {len(names) - 10} more" if len(names) > 10 else "")
+    return (
+        f"changefeed {cf_id!r} replicates no table {table} (unknown upstream, or not joined "
+        f"yet); it replicates {shown or 'no table'}"
+    )
+
+
+def resnapshot_requests(ms: Metastore, changefeed_id: str) -> dict[str, str]:
+    """``database.table`` -> key, of the re-snapshot requests not taken yet (a malformed
+    one is deleted, logged)."""
+    out: dict[str, str] = {}
+    for kv in ms.client.get_prefix(ms.layout.resnapshot_requests(changefeed_id)).kvs:
+        try:
+            body = json.loads(kv.value)
+            out[f"{body['database']}.{body['table']}"] = kv.key
+        except (ValueError, KeyError, TypeError) as exc:
+            log.error("re-snapshot request %s is malformed (%s); deleting it", kv.key, exc)
+            ms.client.delete(kv.key)
+    return out
+
+
+def snapshots_of(cf: Changefeed) -> list[SnapshotProgress]:
+    """A ``mysql://`` changefeed's table snapshots in progress ([] for another changefeed,
+    or when its change log is not readable here)."""
+    if not is_mysql_uri(cf.info.upstream_uri):
+        return []
+    try:
+        return snapshot_progress(changelog_path(cf.info.upstream_uri))
+    except (UpstreamError, OSError, ValueError, KeyError):
+        return []
 
 
 # ------------------------------------------------------------------------------ captures

@@ -86,7 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
     for action in ("drain", "remove"):
         caps.add_parser(action, help=f"{action} a capture").add_argument("capture_id")
 
-    table = sub.add_parser("table", help="move a table")
+    table = sub.add_parser("table", help="move, rebalance or re-snapshot tables")
     tables = table.add_subparsers(dest="action", required=True)
     move = tables.add_parser("move", help="move a table to another capture")
     _cf_id(move)
@@ -94,6 +94,13 @@ def build_parser() -> argparse.ArgumentParser:
     move.add_argument("--capture-id", required=True, help="destination capture")
     rebal = tables.add_parser("rebalance", help="spread tables evenly")
     _cf_id(rebal)
+    resnap = tables.add_parser(
+        "resnapshot",
+        help="snapshot a table of a mysql:// changefeed again (in chunks, the other tables "
+        "replicating on), replacing its downstream rows",
+    )
+    _cf_id(resnap)
+    resnap.add_argument("table", metavar="DATABASE.TABLE", help="the upstream table")
 
     owner = sub.add_parser("owner", help="owner")
     owners = owner.add_subparsers(dest="action", required=True)

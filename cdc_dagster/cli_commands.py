@@ -68,6 +68,16 @@ def _skipped_tables(cf: Any) -> dict[str, str]:
         return {}
 
 
+def _snapshots(ms: Any, cf: Any) -> dict[str, Any]:
+    """A mysql:// changefeed's table snapshots in progress and re-snapshots not yet taken."""
+    if not is_mysql_uri(cf.info.upstream_uri):
+        return {}
+    return {
+        "snapshots": [p.to_json() for p in admin.snapshots_of(cf)],
+        "resnapshot_requested": sorted(admin.resnapshot_requests(ms, cf.changefeed_id)),
+    }
+
+
 def _print(obj: Any) -> None:
     print(json.dumps(obj, indent=2, default=str))
 
@@ -123,7 +133,13 @@ def cmd_changefeed(args: argparse.Namespace) -> None:
             )
         elif args.action == "query":
             cf = ms.changefeeds.get(args.changefeed_id)
-            _print({**_changefeed_row(cf, wall_ms()), "skipped_tables": _skipped_tables(cf)})
+            _print(
+                {
+                    **_changefeed_row(cf, wall_ms()),
+                    "skipped_tables": _skipped_tables(cf),
+                    **_snapshots(ms, cf),
+                }
+            )
         elif args.action == "pause":
             admin.pause_changefeed(ms, args.changefeed_id)
             print(f"paused changefeed {args.changefeed_id}")
@@ -201,9 +217,12 @@ def cmd_capture(args: argparse.Namespace) -> None:
 
 
 def cmd_table(args: argparse.Namespace) -> None:
-    """table move|rebalance."""
+    """table move|rebalance|resnapshot."""
     with open_metastore(args) as ms:
-        if args.action == "move":
+        if args.action == "resnapshot":
+            for line in admin.request_resnapshot(ms, args.changefeed_id, args.table).lines():
+                print(line)
+        elif args.action == "move":
             admin.move_table(ms, args.changefeed_id, args.table_id, args.capture_id)
             print(f"moving table {args.table_id} to capture {args.capture_id}")
         else:

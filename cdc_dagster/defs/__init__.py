@@ -18,7 +18,7 @@ from cdc_dagster.defs.changefeeds.health import build_health_checks, changefeed_
 from cdc_dagster.defs.dbt.assets import dbt_assets_for, dbt_resources, with_replica_lineage
 from cdc_dagster.defs.dbt.sensor import syncpoint_sensor
 from cdc_dagster.defs.ddl.job import build_ddl_job
-from cdc_dagster.defs.mysql import mysql_puller, mysql_snapshot
+from cdc_dagster.defs.mysql import build_snapshot_job, mysql_puller
 from cdc_dagster.defs.owner.sensor import build_owner_sensor
 from cdc_dagster.defs.resources import table_resources
 from cdc_dagster.defs.settings import Settings
@@ -33,7 +33,7 @@ def build_definitions(catalog: Catalog) -> dg.Definitions:
     models = with_replica_lineage(dbt_assets_for(), catalog.source_replica_keys())
     checks = syncpoint_checks(catalog)
     checks_jobs = [syncpoint_checks_job(checks)] if checks else []
-    owner_jobs = [capture_job, ddl_job, mysql_puller, mysql_snapshot, *checks_jobs]
+    owner_jobs = [capture_job, ddl_job, mysql_puller, build_snapshot_job(catalog), *checks_jobs]
     return dg.Definitions(
         assets=[
             *upstream_specs(catalog),

@@ -444,7 +444,8 @@ class ChangefeedStore:
 
     def remove(self, changefeed_id: str) -> None:
         """Delete the changefeed with everything etcd holds for it: status, DDL state, task
-        statuses, Agent states, pending admin requests, DDL and syncpoint markers, problems."""
+        statuses, Agent states, pending admin and re-snapshot requests, DDL and syncpoint
+        markers, problems."""
         for _ in range(self._max_attempts):
             current = self.get(changefeed_id)
             info_key = self._layout.changefeed_info(changefeed_id)
@@ -457,6 +458,7 @@ class ChangefeedStore:
                     Delete(self._layout.tasks(changefeed_id), prefix=True),
                     Delete(self._layout.agent_states(changefeed_id), prefix=True),
                     Delete(self._layout.admin_requests(changefeed_id), prefix=True),
+                    Delete(self._layout.resnapshot_requests(changefeed_id), prefix=True),
                     Delete(self._layout.applied(changefeed_id), prefix=True),
                     Delete(self._layout.problems(changefeed_id), prefix=True),
                 ],

@@ -18,6 +18,9 @@
     {root}/{cluster}/admin/{cf}/{request_id}        an admin request the owner applies (JSON)
     {root}/{cluster}/applied/{cf}/ddl-{ts}-{digest} a DDL ran downstream (marker)
     {root}/{cluster}/applied/{cf}/syncpoint-{ts}    a syncpoint was recorded (marker)
+    {root}/{cluster}/resnapshot/{cf}/{digest}       a table to snapshot again (JSON {database,
+                                                    table}; ``table resnapshot``), until the
+                                                    changefeed's puller run takes it
     {root}/{cluster}/problem/{cf}/{source}          what keeps a changefeed from moving, as a
                                                     capture, the puller or a DDL run saw it
                                                     (JSON; metastore/problems.py)
@@ -186,6 +189,15 @@ class KeyLayout:
     def syncpoint_recorded(self, changefeed_id: str, ts: int) -> str:
         """The marker that says a syncpoint was recorded downstream."""
         return f"{self.applied(changefeed_id)}syncpoint-{ts:020d}"
+
+    def resnapshot_requests(self, changefeed_id: str) -> str:
+        """Prefix of a changefeed's re-snapshot requests (``table resnapshot``)."""
+        return f"{self.prefix}resnapshot/{check_segment('changefeed_id', changefeed_id)}/"
+
+    def resnapshot_request(self, changefeed_id: str, digest: str) -> str:
+        """One table's re-snapshot request (``digest``: of its ``database.table``, which
+        need not be a valid key segment)."""
+        return self.resnapshot_requests(changefeed_id) + check_segment("digest", digest)
 
     def problems(self, changefeed_id: str | None = None) -> str:
         """Prefix of the problems (of one changefeed, or of all)."""

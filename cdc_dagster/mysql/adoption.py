@@ -60,6 +60,11 @@ class Adopter:
         since = {d: _seq(g) for d, g in ctx.state.position.items()}
         self.history.setdefault(table_id, _History(since))
 
+    def restart(self, ctx: PullerContext, table_id: int) -> None:
+        """A new snapshot of the table (a re-snapshot) starts here: remember from now."""
+        self.history.pop(table_id, None)
+        self.track(ctx, table_id)
+
     def note(self, table_ids: set[int], domain: int, gtid: str | None, ts: int) -> None:
         """A transaction or DDL touching ``table_ids`` got ``ts``."""
         if gtid is None:

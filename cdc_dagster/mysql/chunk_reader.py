@@ -204,28 +204,34 @@ def plan_table(
     chunk_rows: int,
 ) -> Plan:
     """Split the table into key ranges read in parallel: a single integer key by equal
-    spans of [min, max]; any other key as one range. Written once (a resumed run reuses it)."""
+    spans of [min, max]; any other key as one range. Written once (a resumed run reuses it),
+    with the table's row count then (what progress counts chunks against)."""
     plan = read_plan(root, table_id, generation)
     if plan is not None:
         return plan
     schema, _ = _schema(root, table_id)
     ranges: list[tuple[Key, Key]] = [(None, None)]
     key = [schema.column(k) for k in schema.primary_key]
-    if len(key) == 1 and key[0].type.startswith(("int", "uint")) and parallelism > 1:
-        conn = connect(upstream)
-        try:
-            with conn.cursor() as cur:
-                name, table = _q(key[0].name), f"{_q(schema.database)}.{_q(schema.table)}"
+    split = len(key) == 1 and key[0].type.startswith(("int", "uint")) and parallelism > 1
+    table = f"{_q(schema.database)}.{_q(schema.table)}"
+    conn = connect(upstream)
+    try:
+        with conn.cursor() as cur:
+            if split:
+                name = _q(key[0].name)
                 cur.execute(f"SELECT MIN({name}), MAX({name}), COUNT(*) FROM {table}")
                 lo, hi, count = cur.fetchone()
-        finally:
-            conn.close()
-        n = min(parallelism, max(1, (count or 0) // chunk_rows))
-        if lo is not None and n > 1:
-            cuts = [lo + (hi - lo) * i // n for i in range(1, n)]
-            bounds: list[Key] = [None, *([c] for c in cuts), None]
-            ranges = list(itertools.pairwise(bounds))
-    plan = Plan(table_id, generation, tuple(ranges))
+            else:  # the count only sizes the progress shown (chunks done / total)
+                cur.execute(f"SELECT COUNT(*) FROM {table}")
+                lo, hi, count = None, None, cur.fetchone()[0]
+    finally:
+        conn.close()
+    n = min(parallelism, max(1, (count or 0) // chunk_rows))
+    if split and lo is not None and n > 1:
+        cuts = [lo + (hi - lo) * i // n for i in range(1, n)]
+        bounds: list[Key] = [None, *([c] for c in cuts), None]
+        ranges = list(itertools.pairwise(bounds))
+    plan = Plan(table_id, generation, tuple(ranges), int(count or 0), chunk_rows)
     write_plan(root, plan)
     return plan
 

@@ -16,6 +16,27 @@ from cdc_dagster.upstream.uri import UpstreamConfig
 
 
 @dataclass(frozen=True, slots=True)
+class ResnapshotOutcome:
+    """What the puller did with a re-snapshot request (``cdc-dagster table resnapshot``)."""
+
+    name: str  # ``database.table`` as requested
+    started: bool  # False: refused (``note`` says why)
+    note: str  # one line for the run's log
+    table_id: int | None = None
+    generation: int = 0  # the snapshot's generation (its truncate record's commit ts)
+
+
+class ResnapshotRequests(Protocol):
+    """Where a puller run finds re-snapshot requests (the Dagster run: etcd)."""
+
+    def pending(self) -> list[str]:
+        """``database.table`` of each request not taken yet."""
+
+    def taken(self, outcome: ResnapshotOutcome) -> None:
+        """The puller took the request (its state is saved): forget it, report the outcome."""
+
+
+@dataclass(frozen=True, slots=True)
 class PullerConfig:
     """What one puller reads and where it writes."""
 
@@ -31,6 +52,9 @@ class PullerConfig:
     # (``mysql.snapshots``) instead of all their rows at once by the puller's first start
     chunked_snapshot: bool = False
     progress: Callable[[str, int, int], None] | None = None  # (table, rows done, rows total)
+    # re-snapshot requests, looked at once a second between transactions (None: none)
+    requests: ResnapshotRequests | None = None
+    requests_every_s: float = 1.0
 
 
 @dataclass(slots=True)
@@ -76,4 +100,10 @@ class PullerContext(Protocol):
         """A table the filter selects has no key: not replicated, listed as skipped."""
 
 
-__all__ = ["PullerConfig", "PullerContext", "PullerStats"]
+__all__ = [
+    "PullerConfig",
+    "PullerContext",
+    "PullerStats",
+    "ResnapshotOutcome",
+    "ResnapshotRequests",
+]

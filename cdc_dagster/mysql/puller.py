@@ -25,7 +25,7 @@ import pyarrow as pa
 import pymysql
 
 from cdc_dagster import failpoints
-from cdc_dagster.mysql import catalog, join, snapshot
+from cdc_dagster.mysql import catalog, join, resnapshot, snapshot
 from cdc_dagster.mysql.adoption import Adopter
 from cdc_dagster.mysql.binlog_wire import (
     BinlogStream,
@@ -36,7 +36,7 @@ from cdc_dagster.mysql.binlog_wire import (
 )
 from cdc_dagster.mysql.catalog import TableFilter
 from cdc_dagster.mysql.changelog_io import truncate_above, writer
-from cdc_dagster.mysql.context import PullerConfig, PullerStats
+from cdc_dagster.mysql.context import PullerConfig, PullerStats, ResnapshotOutcome
 from cdc_dagster.mysql.ddl import UnsupportedDDLError, is_ignored, parse_ddl
 from cdc_dagster.mysql.ddl_records import ddl_record
 from cdc_dagster.mysql.errors import PullerBusyError, PullerError
@@ -130,6 +130,7 @@ class Puller:
         self._known: dict[bytes, int | None] = {}
         self.join: PendingJoin | None = None  # tables joining at a snapshot's binlog position
         self.adopter = Adopter()  # snapshot chunks placed in the stream (mysql.snapshots)
+        self.requests_seen = 0.0  # when re-snapshot requests were last looked at
 
     # -- start ------------------------------------------------------------------------
 
@@ -216,6 +217,44 @@ class Puller:
         self.flush(force=True)
         if pending.again:
             self.join = join.open_join(self, "a table renamed into the filter during a join")
+
+    def resnapshot(self, name: str) -> ResnapshotOutcome:
+        """Snapshot replicated table ``name`` (``db.table``) again from here, in chunks,
+        replacing its downstream state (``mysql.resnapshot``); between transactions only."""
+        why = resnapshot.refusal(self.state, name)
+        if why is not None:
+            return ResnapshotOutcome(name, False, f"re-snapshot of {name} refused: {why}")
+        parts = resnapshot.split_name(name)
+        assert parts is not None
+        tid = self.state.table_id(*parts)
+        assert tid is not None
+        self.flush()  # everything before the truncate is durable; the table's mark below it
+        record = resnapshot.truncate_record(self, tid)
+        self.writer.write_ddl(record)
+        self.state.set_table(tid, record.tables[tid], record.commit_ts)
+        self.state.snapshots[tid] = record.commit_ts
+        self.adopter.restart(self, tid)
+        self.forget_table_plans(tid)
+        self.stats.ddls += 1
+        self.flush(force=True)
+        note = (
+            f"re-snapshot of {name} (table id {tid}) started at {self.state.gtid}: truncated "
+            f"downstream at ts {record.commit_ts}, its rows placed again in chunks by the "
+            "snapshot runs; its resolved mark waits until they are all placed"
+        )
+        return ResnapshotOutcome(name, True, note, tid, record.commit_ts)
+
+    def _take_requests(self) -> None:
+        """Re-snapshot requests (``PullerConfig.requests``), looked at every
+        ``requests_every_s``; each is forgotten only once its outcome is saved."""
+        requests, now = self.config.requests, time.monotonic()
+        if requests is None or now - self.requests_seen < self.config.requests_every_s:
+            return
+        self.requests_seen = now
+        for name in requests.pending():
+            outcome = self.resnapshot(name)
+            (log.info if outcome.started else log.warning)("%s", outcome.note)
+            requests.taken(outcome)
 
     def _join_due(self) -> bool:
         return (
@@ -336,6 +375,7 @@ class Puller:
                     break
                 if self._join_due():
                     self._finish_join()
+                self._take_requests()
                 if time.monotonic() - self.last_flush >= interval:
                     self.flush()
         return seen

@@ -39,6 +39,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from cdc_dagster.mysql.state import load_state
 from cdc_dagster.upstream.changelog import write_json
 
 CHUNK_KEY = b"cdc_dagster.chunk"
@@ -87,17 +88,27 @@ class Plan:
     table_id: int
     generation: int
     ranges: tuple[tuple[Key, Key], ...]
+    rows: int = 0  # the table's rows when planned (an estimate of the work: progress)
+    chunk_rows: int = 0  # the chunk size it was planned with (0: a plan from before)
 
     def to_json(self) -> dict[str, Any]:
         return {
             "table_id": self.table_id,
             "generation": self.generation,
             "ranges": [list(r) for r in self.ranges],
+            "rows": self.rows,
+            "chunk_rows": self.chunk_rows,
         }
 
     @staticmethod
     def from_json(obj: dict[str, Any]) -> Plan:
-        return Plan(obj["table_id"], obj["generation"], tuple(tuple(r) for r in obj["ranges"]))
+        return Plan(
+            obj["table_id"],
+            obj["generation"],
+            tuple(tuple(r) for r in obj["ranges"]),
+            int(obj.get("rows", 0)),
+            int(obj.get("chunk_rows", 0)),
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -280,10 +291,120 @@ def next_read(
     return NextRead(n, expect, hi, limit, False)
 
 
+@dataclass(frozen=True, slots=True)
+class SnapshotProgress:
+    """Where one table's chunked snapshot is: the record the Dagster runs and ``changefeed
+    query`` render (chunks and rows *read* by the chunk readers, *placed* by the puller)."""
+
+    table_id: int
+    database: str
+    table: str
+    generation: int
+    ranges: int  # key ranges planned (0: not planned yet)
+    ranges_read: int  # ranges read from their low end to their last chunk
+    chunks_read: int
+    chunks_placed: int
+    chunks_total: int  # estimated from the planned rows until every range is read
+    rows_read: int
+    rows_placed: int
+    rows_planned: int  # the table's rows when planned (an estimate)
+    complete: bool  # every range placed: the table's resolved mark moves on
+
+    @property
+    def name(self) -> str:
+        return f"{self.database}.{self.table}"
+
+    def line(self) -> str:
+        """One line for a run log."""
+        if self.complete:
+            return (
+                f"snapshot of {self.name}: complete, {self.rows_placed} rows in "
+                f"{self.chunks_placed} chunks"
+            )
+        if not self.ranges:
+            return f"snapshot of {self.name}: not planned yet"
+        return (
+            f"snapshot of {self.name}: chunks {self.chunks_read}/{self.chunks_total} read "
+            f"({self.chunks_placed} placed), rows {self.rows_read}/~{self.rows_planned} read "
+            f"({self.rows_placed} placed), ranges {self.ranges_read}/{self.ranges} read"
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "table": self.name,
+            "table_id": self.table_id,
+            "generation": self.generation,
+            "chunks_read": self.chunks_read,
+            "chunks_placed": self.chunks_placed,
+            "chunks_total": self.chunks_total,
+            "rows_read": self.rows_read,
+            "rows_placed": self.rows_placed,
+            "rows_planned": self.rows_planned,
+            "ranges": self.ranges,
+            "ranges_read": self.ranges_read,
+            "complete": self.complete,
+        }
+
+
+def table_progress(
+    root: str | os.PathLike[str], table_id: int, generation: int, database: str, table: str
+) -> SnapshotProgress:
+    """One table's snapshot progress, from its generation's files (a generation released
+    meanwhile reads as not planned: the caller sees the table leave the puller state)."""
+    gen_dir = generation_dir(root, table_id, generation)
+    plan = read_plan(root, table_id, generation)
+    # pending first: the puller marks a chunk done before it removes its file
+    pending = {(c.range_no, c.chunk_no): c for _, c in pending_chunks(gen_dir)}
+    done = done_chunks(gen_dir)
+    read = pending | done
+    ranges = 0 if plan is None else len(plan.ranges)
+    ranges_read = 0
+    if plan is not None:
+        ranges_read = sum(
+            _chain(lo, range_chunks(read, r))[2] for r, (lo, _) in enumerate(plan.ranges)
+        )
+    total = len(read)
+    if plan is None or ranges_read < ranges:
+        estimate = -(-plan.rows // plan.chunk_rows) if plan and plan.chunk_rows else 0
+        total = max(estimate, len(read) + ranges - ranges_read)
+    return SnapshotProgress(
+        table_id,
+        database,
+        table,
+        generation,
+        ranges,
+        ranges_read,
+        len(read),
+        len(done),
+        total,
+        sum(c.rows for c in read.values()),
+        sum(c.rows for c in done.values()),
+        0 if plan is None else plan.rows,
+        plan is not None and covered(plan, done),
+    )
+
+
+def snapshot_progress(root: str | os.PathLike[str]) -> list[SnapshotProgress]:
+    """Progress of every snapshot the change log's puller state holds, by table id."""
+    state = load_state(root)
+    if state is None:
+        return []
+    out = []
+    for tid, gen in sorted(state.snapshots.items()):
+        schema = state.tables.get(tid)
+        db, name = (schema.database, schema.table) if schema else ("?", f"table_{tid}")
+        try:
+            out.append(table_progress(root, tid, gen, db, name))
+        except FileNotFoundError:
+            continue  # released while listed: complete, and gone from the next state read
+    return out
+
+
 __all__ = [
     "Chunk",
     "NextRead",
     "Plan",
+    "SnapshotProgress",
     "covered",
     "decode_key",
     "done_chunks",
@@ -294,6 +415,8 @@ __all__ = [
     "pending_chunks",
     "read_plan",
     "release_generation",
+    "snapshot_progress",
+    "table_progress",
     "write_chunk",
     "write_plan",
 ]

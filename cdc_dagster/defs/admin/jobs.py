@@ -46,6 +46,13 @@ class MoveTableConfig(dg.Config):
     capture_id: str
 
 
+class ResnapshotConfig(dg.Config):
+    """A table of a mysql:// changefeed to snapshot again, as DATABASE.TABLE."""
+
+    changefeed_id: str
+    table: str
+
+
 class CaptureConfig(dg.Config):
     """A capture by id."""
 
@@ -137,6 +144,10 @@ def _move(ms: Any, c: MoveTableConfig) -> str:
     return f"asked the owner to move table {c.table_id} to {c.capture_id}"
 
 
+def _resnapshot(ms: Any, c: ResnapshotConfig) -> str:
+    return " ".join(admin.request_resnapshot(ms, c.changefeed_id, c.table).lines())
+
+
 def _drain(ms: Any, c: CaptureConfig) -> str:
     n = len(admin.drain_capture(ms, c.capture_id))
     return f"asked the owner to drain {c.capture_id} ({n} changefeed(s))"
@@ -178,6 +189,13 @@ ADMIN_JOBS: list[dg.JobDefinition] = [
         "Move a table to another capture (two-phase, no pause).",
         MoveTableConfig,
         _move,
+    ),
+    _admin_job(
+        "resnapshot_table",
+        "Snapshot one table of a mysql:// changefeed again, in chunks, replacing its "
+        "downstream rows; the other tables replicate on (`cdc-dagster table resnapshot`).",
+        ResnapshotConfig,
+        _resnapshot,
     ),
     _admin_job("drain_capture", "Move every table off a capture.", CaptureConfig, _drain),
     _admin_job("rebalance", "Spread a changefeed's tables evenly.", ChangefeedConfig, _rebalance),

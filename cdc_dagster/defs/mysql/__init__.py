@@ -2,6 +2,6 @@
 
 from cdc_dagster.defs.mysql.job import mysql_puller
 from cdc_dagster.defs.mysql.requests import PULLER_JOB, SNAPSHOT_JOB, puller_requests
-from cdc_dagster.defs.mysql.snapshot_job import mysql_snapshot
+from cdc_dagster.defs.mysql.snapshot_job import build_snapshot_job
 
-__all__ = ["PULLER_JOB", "SNAPSHOT_JOB", "mysql_puller", "mysql_snapshot", "puller_requests"]
+__all__ = ["PULLER_JOB", "SNAPSHOT_JOB", "build_snapshot_job", "mysql_puller", "puller_requests"]

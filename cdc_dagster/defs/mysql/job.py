@@ -103,6 +103,36 @@ class FollowStop:
         return ""
 
 
+class EtcdResnapshotRequests:
+    """``table resnapshot`` requests of one changefeed in etcd, as its puller run takes them
+    (``cdc_dagster.mysql.context.ResnapshotRequests``); outcomes go to the run's log."""
+
+    def __init__(self, context: dg.OpExecutionContext, ms: Any, changefeed_id: str) -> None:
+        self.context, self.ms, self.changefeed_id = context, ms, changefeed_id
+        self.keys: dict[str, str] = {}
+
+    def pending(self) -> list[str]:
+        from cdc_dagster import admin
+        from cdc_dagster.metastore.errors import MetastoreError
+
+        try:
+            self.keys = admin.resnapshot_requests(self.ms, self.changefeed_id)
+        except MetastoreError as exc:  # etcd away for a moment: looked at again soon
+            self.context.log.warning("re-snapshot requests not read: %s", exc)
+            return []
+        return sorted(self.keys)
+
+    def taken(self, outcome: Any) -> None:
+        from cdc_dagster.metastore.errors import MetastoreError
+
+        (self.context.log.info if outcome.started else self.context.log.warning)(outcome.note)
+        try:
+            self.ms.client.delete(self.keys.pop(outcome.name))
+        except MetastoreError as exc:  # taken again later: refused while it snapshots
+            self.context.log.warning("re-snapshot request of %s not deleted: %s",
+                                     outcome.name, exc)  # fmt: skip
+
+
 def _pull(context: dg.OpExecutionContext, config: PullConfig, ms: Any, cf: Any) -> Any:
     from cdc_dagster.mysql.puller import PullerConfig, PullerError, run_puller
     from cdc_dagster.upstream.uri import UpstreamError, changelog_path
@@ -110,7 +140,9 @@ def _pull(context: dg.OpExecutionContext, config: PullConfig, ms: Any, cf: Any) 
     stop = FollowStop(config, ms)
     try:
         uri = cf.info.upstream_uri
-        pcfg = PullerConfig(uri, changelog_path(uri), tuple(cf.info.table_filter))
+        requests = EtcdResnapshotRequests(context, ms, cf.changefeed_id)
+        pcfg = PullerConfig(uri, changelog_path(uri), tuple(cf.info.table_filter),
+                            requests=requests)  # fmt: skip
         stats = run_puller(pcfg, stop_after=stop)
         context.log.info("puller stopped: %s", stop.why or "done")
         return stats

@@ -5,20 +5,35 @@ each chunk at its binlog position (``cdc_dagster.mysql.snapshots``).
 Launched by the owner sensor for a running ``mysql://`` changefeed whose change log has
 snapshots pending (a new changefeed's tables, a table joining, ``table resnapshot``) and
 no snapshot run in flight. A run killed midway is followed by another that resumes at each
-range's first chunk not read. Progress: an asset observation per table on
-``mysql_snapshot/<changefeed>`` (rows read, ranges) and one per run.
+range's first chunk not read.
+
+Progress, while the tasks read (they run in Spark's workers, so the op watches the
+snapshot files every ``POLL_S``): one ``SnapshotProgress`` per table, rendered as an asset
+observation on the table's replica asset (``snapshot_chunks_read`` / ``_placed`` /
+``_total``, ``snapshot_rows_read`` / ``_placed`` / ``_planned``, ``snapshot_complete``)
+when it changed, and as a run log line; once the reads are done the run waits up to
+``place_wait_s`` for the puller to place them, so the last observation says ``complete``.
+One observation per run on ``mysql_snapshot/<changefeed>`` sums it up.
 """
 
+import threading
 import time
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
 
 import dagster as dg
 
-from cdc_dagster.defs.catalog import key_segment
+from cdc_dagster.defs.catalog import Catalog, TableRef, key_segment
 from cdc_dagster.defs.mysql.requests import SNAPSHOT_JOB
 from cdc_dagster.defs.resources import CdcResource, SparkResource
 from cdc_dagster.secrets import redact_text
 
 SNAPSHOT_ASSET_PREFIX = "mysql_snapshot"
+POLL_S = 3.0  # how often a run looks at the chunks its tasks wrote
+# Observations per run (dagster#19618: ~1,000 in one run slowed each to seconds): past
+# this, a table's progress goes to the log only, and its last observation at its end.
+MAX_OBSERVATIONS = 400
 
 
 class SnapshotConfig(dg.Config):
@@ -27,37 +42,172 @@ class SnapshotConfig(dg.Config):
     changefeed_id: str
     parallelism: int = 4  # key ranges per table (Spark tasks)
     chunk_rows: int = 50_000
+    use_spark: bool = True  # False: the ranges one after another in the run's process
+    place_wait_s: float = 30.0  # after reading: wait this long for the chunks to be placed
 
 
 def snapshot_asset_key(changefeed_id: str) -> dg.AssetKey:
     return dg.AssetKey([SNAPSHOT_ASSET_PREFIX, key_segment(changefeed_id)])
 
 
-@dg.op(name="read_snapshots")
-def read_snapshots(
-    context: dg.OpExecutionContext, config: SnapshotConfig, cdc: CdcResource, spark: SparkResource
-) -> None:
-    """Read every pending snapshot range of the changefeed's tables into chunk files."""
-    from cdc_dagster.metastore.errors import MetastoreError
-    from cdc_dagster.mysql.errors import PullerError
-    from cdc_dagster.mysql.snapshot_runner import run_snapshots, snapshot_specs
-    from cdc_dagster.upstream.uri import UpstreamError, changelog_path
+def progress_metadata(p: Any, changefeed_id: str) -> dict[str, dg.MetadataValue]:
+    """A table's ``SnapshotProgress`` as observation metadata (ints plot in the UI)."""
+    return {
+        "changefeed": dg.MetadataValue.text(changefeed_id),
+        "snapshot_generation": dg.MetadataValue.int(p.generation),
+        "snapshot_chunks_read": dg.MetadataValue.int(p.chunks_read),
+        "snapshot_chunks_placed": dg.MetadataValue.int(p.chunks_placed),
+        "snapshot_chunks_total": dg.MetadataValue.int(p.chunks_total),
+        "snapshot_rows_read": dg.MetadataValue.int(p.rows_read),
+        "snapshot_rows_placed": dg.MetadataValue.int(p.rows_placed),
+        "snapshot_rows_planned": dg.MetadataValue.int(p.rows_planned),
+        "snapshot_ranges": dg.MetadataValue.int(p.ranges),
+        "snapshot_ranges_read": dg.MetadataValue.int(p.ranges_read),
+        "snapshot_complete": dg.MetadataValue.bool(p.complete),
+    }
 
-    try:
-        cf = cdc.metastore().changefeeds.get(config.changefeed_id)
-        uri = cf.info.upstream_uri
-        root = changelog_path(uri)
-        specs = snapshot_specs(uri, root, config.parallelism, config.chunk_rows)
-        context.log.info("%d table range(s) to read, of tables %s", len(specs),
-                         sorted({s["table_id"] for s in specs}))  # fmt: skip
-        started = time.monotonic()
-        rows = run_snapshots(uri, root, spark.live_session(), config.parallelism, config.chunk_rows)
-    except (MetastoreError, PullerError, UpstreamError) as exc:
-        raise dg.Failure(redact_text(" ".join(str(exc).split()))) from None
-    seconds = time.monotonic() - started
+
+class ProgressWatch:
+    """Renders the changefeed's snapshot progress records while a run reads (see module)."""
+
+    def __init__(
+        self, context: dg.OpExecutionContext, catalog: Catalog, changefeed_id: str, root: str
+    ) -> None:
+        self.context, self.catalog, self.changefeed_id, self.root = (
+            context,
+            catalog,
+            changefeed_id,
+            root,
+        )
+        self.last: dict[tuple[int, int], Any] = {}  # (table, generation) -> last rendered
+        self.observations = 0
+
+    def watch(self, read: Callable[[], int]) -> int:
+        """Run ``read`` (the Spark job) in a thread, rendering progress until it ends."""
+        result: dict[str, Any] = {}
+
+        def go() -> None:
+            try:
+                result["rows"] = read()
+            except BaseException as exc:  # re-raised in the op's thread below
+                result["error"] = exc
+
+        job = threading.Thread(target=go, name="snapshot-read", daemon=True)
+        job.start()
+        while job.is_alive():
+            job.join(POLL_S)
+            self.poll()
+        if "error" in result:
+            raise result["error"]
+        return int(result["rows"])
+
+    def wait_placed(self, seconds: float) -> None:
+        """Poll until the puller placed every table this run saw, or ``seconds`` passed."""
+        deadline = time.monotonic() + seconds
+        while self.poll() and time.monotonic() < deadline:
+            time.sleep(min(POLL_S, max(deadline - time.monotonic(), 0.0)))
+
+    def poll(self) -> bool:
+        """Render what changed; whether any table this run saw is still being snapshotted."""
+        from cdc_dagster.mysql.snapshots import snapshot_progress
+
+        try:
+            now = {(p.table_id, p.generation): p for p in snapshot_progress(self.root)}
+        except (OSError, ValueError, KeyError) as exc:  # a file replaced while read
+            self.context.log.warning("snapshot progress not read this time: %s", exc)
+            return True
+        for key, p in now.items():
+            if self.last.get(key) != p:
+                self._render(p, final=p.complete)
+        for key in [k for k in self.last if k not in now]:  # released: complete
+            gone = self.last[key]
+            if not gone.complete:
+                self._render(_completed(gone), final=True)
+        self.last.update(now)
+        return any(not p.complete for p in now.values())
+
+    def _render(self, p: Any, final: bool) -> None:
+        self.last[(p.table_id, p.generation)] = p
+        self.context.log.info(p.line())
+        if self.observations >= MAX_OBSERVATIONS and not final:
+            return
+        self.observations += 1
+        ref = TableRef(p.table_id, p.database, p.table, self.changefeed_id)
+        self.context.log_event(
+            dg.AssetObservation(
+                asset_key=self.catalog.replica_key(ref),
+                metadata=progress_metadata(p, self.changefeed_id),
+            )
+        )
+
+
+def _completed(p: Any) -> Any:
+    """The last record of a table the puller released: every chunk read was placed."""
+    return replace(p, chunks_placed=p.chunks_read, chunks_total=p.chunks_read,
+                   rows_placed=p.rows_read, ranges_read=p.ranges, complete=True)  # fmt: skip
+
+
+def _read(config: SnapshotConfig, uri: str, root: str, spark: SparkResource) -> int:
+    from cdc_dagster.mysql.snapshot_runner import run_snapshots
+
+    session = spark.live_session() if config.use_spark else None
+    return run_snapshots(uri, root, session, config.parallelism, config.chunk_rows)
+
+
+def build_snapshot_job(catalog: Catalog) -> dg.JobDefinition:
+    """The ``mysql_snapshot`` job; progress lands on ``catalog``'s replica asset keys."""
+
+    @dg.op(name="read_snapshots")
+    def read_snapshots(
+        context: dg.OpExecutionContext,
+        config: SnapshotConfig,
+        cdc: CdcResource,
+        spark: SparkResource,
+    ) -> None:
+        """Read every pending snapshot range of the changefeed's tables into chunk files."""
+        from cdc_dagster.metastore.errors import MetastoreError
+        from cdc_dagster.mysql.errors import PullerError
+        from cdc_dagster.mysql.snapshot_runner import snapshot_specs
+        from cdc_dagster.upstream.uri import UpstreamError, changelog_path
+
+        try:
+            cf = cdc.metastore().changefeeds.get(config.changefeed_id)
+            uri = cf.info.upstream_uri
+            root = changelog_path(uri)
+            specs = snapshot_specs(uri, root, config.parallelism, config.chunk_rows)
+            context.log.info("%d table range(s) to read, of tables %s", len(specs),
+                             sorted({s["table_id"] for s in specs}))  # fmt: skip
+            watch = ProgressWatch(context, catalog, config.changefeed_id, root)
+            watch.poll()
+            started = time.monotonic()
+            rows = watch.watch(lambda: _read(config, uri, root, spark))
+            seconds = time.monotonic() - started
+            watch.wait_placed(config.place_wait_s)
+        except (MetastoreError, PullerError, UpstreamError) as exc:
+            raise dg.Failure(redact_text(" ".join(str(exc).split()))) from None
+        _summary(context, config.changefeed_id, rows, seconds, specs)
+
+    @dg.job(
+        name=SNAPSHOT_JOB,
+        executor_def=dg.in_process_executor,
+        description=(
+            "Reads a mysql:// changefeed's pending table snapshots in chunks, as Spark tasks "
+            "(lock-free, resumable); launched by the owner sensor. Progress per table on its "
+            "replica asset (snapshot_* observations)."
+        ),
+    )
+    def mysql_snapshot() -> None:
+        read_snapshots()
+
+    return mysql_snapshot
+
+
+def _summary(
+    context: dg.OpExecutionContext, changefeed_id: str, rows: int, seconds: float, specs: list
+) -> None:
     context.log_event(
         dg.AssetObservation(
-            asset_key=snapshot_asset_key(config.changefeed_id),
+            asset_key=snapshot_asset_key(changefeed_id),
             metadata={
                 "rows": dg.MetadataValue.int(rows),
                 "rows_per_s": dg.MetadataValue.float(rows / max(seconds, 1e-9)),
@@ -67,15 +217,3 @@ def read_snapshots(
         )
     )
     context.log.info("%d rows read in %.1f s; the puller places them", rows, seconds)
-
-
-@dg.job(
-    name=SNAPSHOT_JOB,
-    executor_def=dg.in_process_executor,
-    description=(
-        "Reads a mysql:// changefeed's pending table snapshots in chunks, as Spark tasks "
-        "(lock-free, resumable); launched by the owner sensor."
-    ),
-)
-def mysql_snapshot() -> None:
-    read_snapshots()

@@ -20,6 +20,7 @@ ADMIN_JOBS = {
     "remove_capture",
     "remove_changefeed",
     "resign_owner",
+    "resnapshot_table",
     "resume_changefeed",
     "update_changefeed",
 }

@@ -51,3 +51,30 @@ def test_a_released_generation_is_gone_at_once_and_lists_as_empty(tmp_path: Path
     assert not gen.exists() and list(gen.parent.iterdir()) == []
     assert pending_chunks(gen) == [] and done_chunks(gen) == {}
     release_generation(gen)  # twice: nothing to do
+
+
+def _range_chunk(range_no: int, n: int, lo, hi, last: bool, rows: int) -> Chunk:
+    return Chunk(range_no, n, {0: "0-1-5"}, lo, hi, last, rows, 7)
+
+
+def test_progress_counts_chunks_read_and_placed_against_the_planned_rows(tmp_path: Path) -> None:
+    from cdc_dagster.mysql.snapshots import Plan, table_progress, write_plan
+
+    gen = snapshots.generation_dir(tmp_path, 3, 9)
+    write_plan(tmp_path, Plan(3, 9, ((None, [100]), ([100], None)), rows=1000, chunk_rows=100))
+    first = table_progress(tmp_path, 3, 9, "shop", "orders")
+    assert (first.ranges, first.chunks_read, first.chunks_total, first.rows_read) == (2, 0, 10, 0)
+    assert not first.complete and "chunks 0/10 read" in first.line()
+    # range 0: two chunks read, the first placed; range 1: read to its end, placed
+    mark_done(gen, _range_chunk(0, 0, None, [50], False, 100), fsync=False)
+    write_chunk(gen, _range_chunk(0, 1, [50], [90], False, 100), pa.table({"c1": [1]}))
+    mark_done(gen, _range_chunk(1, 0, [100], None, True, 40), fsync=False)
+    p = table_progress(tmp_path, 3, 9, "shop", "orders")
+    assert (p.chunks_read, p.chunks_placed, p.rows_read, p.rows_placed) == (3, 2, 240, 140)
+    assert (p.ranges_read, p.chunks_total, p.complete) == (1, 10, False)
+    mark_done(gen, _range_chunk(0, 1, [50], [90], False, 100), fsync=False)
+    mark_done(gen, _range_chunk(0, 2, [90], [100], True, 10), fsync=False)
+    done = table_progress(tmp_path, 3, 9, "shop", "orders")
+    # every range read: the total is what was read, not the estimate
+    assert (done.chunks_read, done.chunks_placed, done.chunks_total) == (4, 4, 4)
+    assert done.complete and done.line().endswith("complete, 250 rows in 4 chunks")
