@@ -66,7 +66,7 @@ class SimConfig:
     sync_point_interval_ms: int | None = None  # syncpoints every this many ms of commit ts
     reads_ddl_stream: bool = False  # sinks go past an open barrier to the stream's next DDL
     coordinator: CoordinatorConfig = field(
-        default_factory=lambda: CoordinatorConfig(balance_interval_ticks=10)
+        default_factory=lambda: CoordinatorConfig(balance_interval_ms=10 * TICK_MS)
     )
 
 
@@ -312,7 +312,7 @@ class Simulator:
         inbox = self.bus.deliver(self.now, owner.owner_id)
         # The simulator is the DDL puller: every DDL up to now has been queued.
         owner.advance_ddl_resolved(self.upstream.resolved_ts(0))
-        result = owner.tick(self.alive(), inbox)
+        result = owner.tick(self.alive(), inbox, now_ms=START_MS + self.now * TICK_MS)
         for m in result.messages:
             self.bus.send(self.now, m)
         if owner is self.owner:
