@@ -33,9 +33,17 @@ def plan_moves(
     same ones. A capture's movable tables are listed only when it is a source; heaps keep
     the rest O(moves x log captures).
     """
+    return _plan(ctx, limit, rng, cost)[0]
+
+
+def _plan(
+    ctx: ScheduleContext, limit: int, rng: random.Random, cost: TableCost
+) -> tuple[list[MoveTableTask], bool]:
+    # (moves, even): ``even`` is False when the load would still be uneven after the moves
+    # (the limit was hit, or the loaded captures' tables are all in flight for now).
     targets = ctx.schedulable()
-    if len(targets) < 2 or limit <= 0:
-        return []
+    if len(targets) < 2:
+        return [], True
     shuffle = np.random.default_rng(rng.getrandbits(64))
     load = ctx.replications.landing_loads(targets, cost)
     pools: dict[str, list[tuple[int, float]]] = {}
@@ -44,25 +52,27 @@ def plan_moves(
     heapq.heapify(hi_heap)
     heapq.heapify(lo_heap)
     moves: list[MoveTableTask] = []
+    blocked = False  # a capture above the rest had nothing movable (all in flight)
     while len(moves) < limit:
         hi = _top(hi_heap, load, sign=-1.0)
         lo = _top(lo_heap, load, sign=1.0)
         if hi is None or lo is None or hi == lo:
-            break
+            return moves, not blocked
         if hi not in pools:
             pools[hi] = _movable(ctx, hi, cost, shuffle)
         if not pools[hi]:
+            blocked = blocked or load[hi] - load[lo] > 1
             heapq.heappop(hi_heap)  # nothing it holds can move now: the next source
             continue
         tid, c = pools[hi].pop()
         if load[hi] - load[lo] <= c:
-            break  # moving it would not narrow the gap
+            return moves, True  # moving it would not narrow the gap
         load[hi] -= c
         load[lo] += c
         heapq.heappush(hi_heap, (-load[hi], hi))
         heapq.heappush(lo_heap, (load[lo], lo))
         moves.append(MoveTableTask(tid, lo))
-    return moves
+    return moves, False
 
 
 def _movable(
@@ -140,7 +150,9 @@ class BalanceScheduler:
         self._members = tuple(ctx.schedulable())
         if ctx.now_ms is not None:
             self._last_ms = ctx.now_ms
-        moves = plan_moves(ctx, free, self.rng, self.cost)
-        self._again = bool(moves)
+        moves, even = _plan(ctx, free, self.rng, self.cost)
+        # Not even yet (tables still on their way, or the free slots ran out): look again
+        # next tick, not an interval later.
+        self._again = bool(moves) or not even
         # Plain tasks, not a burst: the replication manager keeps them under its cap.
         return list(moves)

@@ -178,3 +178,18 @@ def test_balance_config_errors() -> None:
         BalanceScheduler(rng=random.Random(0), interval_ms=-1)
     with pytest.raises(ConfigError, match="max_moves"):
         BalanceScheduler(rng=random.Random(0), max_moves=0)
+
+
+def test_new_capture_joining_while_every_table_is_still_being_added_is_balanced_once_they_replicate() -> (
+    None
+):
+    # The soak's scale_out seed 102: a capture joined while the other's nine tables were all
+    # being re-added; the round found nothing movable, and the capture sat idle.
+    adding = replicating({})
+    adding.handle_tasks([AddTableTask(t, "a", 100) for t in range(1, 7)])
+    bal = balance()
+    first = context(adding, ["a", "b"], T0)
+    assert bal.schedule(first) == [] and bal.due(first)  # uneven, nothing movable yet: due
+    settled = replicating({"a": list(range(1, 7))})
+    tasks = moves(bal.schedule(context(settled, ["a", "b"], T0 + 5_000)))
+    assert len(tasks) == 3 and {t.dest_capture_id for t in tasks} == {"b"}
