@@ -62,7 +62,8 @@ class CoordinatorConfig:
 
     max_task_concurrency: int = 10
     add_table_batch_size: int = 50
-    balance_interval_ticks: int = 60
+    # TiCDC's check-balance-interval. A capture-set change balances at once (scale-out).
+    balance_interval_ms: int = 60_000
     drain_batch_size: int = 10
     table_cost: TableCost = unit_cost
 
@@ -135,7 +136,7 @@ class Coordinator:
             self.rebalance,
             BalanceScheduler(
                 rng=rng,
-                interval_ticks=cfg.balance_interval_ticks,
+                interval_ms=cfg.balance_interval_ms,
                 max_moves=cfg.max_task_concurrency,
                 cost=cfg.table_cost,
             ),
@@ -195,9 +196,17 @@ class Coordinator:
 
     # ------------------------------------------------------------------ the tick
     def tick(
-        self, alive_captures: Mapping[str, str], messages: Iterable[CaptureMessage]
+        self,
+        alive_captures: Mapping[str, str],
+        messages: Iterable[CaptureMessage],
+        *,
+        now_ms: int | None = None,
     ) -> TickResult:
-        """One owner tick; see the module docstring for the order of steps."""
+        """One owner tick; see the module docstring for the order of steps.
+
+        ``now_ms``: the owner's clock (wall ms), for the periodic balance; without it the
+        balance runs only when the capture set changed or its last round moved tables.
+        """
         self.stats.ticks += 1
         accepted = [m for m in messages if self._accept(m)]
         changes = self.captures.update_alive(alive_captures)
@@ -212,7 +221,7 @@ class Coordinator:
                 self._rebuild()
             self._apply_table_changes()
             if self.error is None:
-                scheduler, more = self._schedule()
+                scheduler, more = self._schedule(now_ms)
                 out.extend(more)
         if self._rebuilt:
             self.replications.drop_removed(self.current_tables)
@@ -312,13 +321,15 @@ class Coordinator:
             len(reports),
         )
 
-    def _schedule(self) -> tuple[str | None, list[Dispatch]]:
+    def _schedule(self, now_ms: int | None) -> tuple[str | None, list[Dispatch]]:
         ctx = ScheduleContext(
             checkpoint_ts=self.checkpoint.checkpoint_ts,
             current_tables=self.current_tables,
             start_ts=self.start_ts,
             captures=self.captures.captures,
             replications=self.replications,
+            now_ms=now_ms,
+            draining=self.drain.target,
         )
         for sched in self.schedulers:
             tasks = sched.schedule(ctx)

@@ -25,7 +25,7 @@ are decided.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -171,6 +171,38 @@ class ReplicationManager:
                 if cid in counts:
                     counts[cid] += 1
         return counts
+
+    def landing_loads(
+        self, capture_ids: Iterable[str], cost: Callable[[np.ndarray], np.ndarray]
+    ) -> dict[str, float]:
+        """The load (sum of ``cost`` over table ids) each capture will carry once the tasks
+        in flight are done.
+
+        A steady table counts on its primary; a table being added or moved counts on the
+        capture it goes to (the secondary, else the promoted primary), never on the one it
+        leaves; a table being removed, or held by no capture, counts nowhere. So a balance
+        planned while tasks run does not move tables twice for the same gap. O(tables) in
+        numpy plus O(tables in flight).
+        """
+        owner = self._column_owner()
+        held = owner >= 0
+        per_idx = np.bincount(
+            owner[held], weights=cost(self._ids[held]), minlength=len(self._cap_names)
+        )
+        extra: dict[str, list[int]] = {}
+        for rs in self._active.values():
+            if rs.state in (S.REMOVING, S.ABSENT) or rs.table_id in self.failures:
+                continue
+            dest = rs.secondary or rs.primary
+            if dest is not None:
+                extra.setdefault(dest, []).append(rs.table_id)
+        out: dict[str, float] = {}
+        for cid in capture_ids:
+            idx = self._cap_index.get(cid)
+            load = float(per_idx[idx]) if idx is not None else 0.0
+            more = extra.get(cid)
+            out[cid] = load + float(cost(np.asarray(more, np.int64)).sum()) if more else load
+        return out
 
     def absent_tables(self) -> np.ndarray:
         """Ids of tables tracked but held by no capture (to be added again)."""

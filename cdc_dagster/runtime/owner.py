@@ -471,7 +471,7 @@ class OwnerLoop:
         else:
             feed.feed_ddls()
         reports = feed.reports_from(snapshot, step.alive, self.owner_id)
-        result = feed.coordinator.tick(step.alive, reports)
+        result = feed.coordinator.tick(step.alive, reports, now_ms=step.now_ms)
         for m in result.messages:
             step.messages.setdefault(m.to, {}).setdefault(cf_id, []).append(m)
         if stopped:

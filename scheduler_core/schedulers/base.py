@@ -22,10 +22,14 @@ class ScheduleContext:
     start_ts: Mapping[int, int]  # tables that must start elsewhere (created at a barrier)
     captures: Mapping[str, CaptureStatus]
     replications: ReplicationManager
+    now_ms: int | None = None  # the owner's clock (None: the caller keeps no time)
+    draining: str | None = None  # the capture being drained: it receives no table
 
     def schedulable(self) -> list[str]:
         """Captures that may receive tables, sorted."""
-        return sorted(cid for cid, st in self.captures.items() if st.schedulable)
+        return sorted(
+            cid for cid, st in self.captures.items() if st.schedulable and cid != self.draining
+        )
 
 
 class Scheduler(Protocol):

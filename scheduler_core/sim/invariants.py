@@ -173,6 +173,48 @@ class DDLSafeCheckpoint:
                 raise InvariantViolation(f"step {sim.now}: checkpoint {cp} passed pending {ev}")
 
 
+class IdleCaptureGetsTables:
+    """Liveness of scale-out: a capture that may take tables does not sit idle for long
+    while another holds two or more (issue 17: a capture added under load held nothing).
+
+    Counted in owner ticks while the same owner is up and the capture stays schedulable;
+    any role counts (a move to it was dispatched). ``patience`` is generous enough for a
+    lossy bus; the old balance (only once every table replicated) missed it under DDL load.
+    """
+
+    name = "idle-capture-gets-tables"
+
+    def __init__(self, patience: int = 25) -> None:
+        self.patience = patience
+        self._owner: object = None
+        self._idle_since: dict[str, int] = {}
+
+    def check(self, sim: Simulator) -> None:
+        owner = sim.owner
+        if owner is not self._owner:
+            self._owner, self._idle_since = owner, {}
+        if owner is None or owner.error is not None:
+            return
+        schedulable = [c for c, st in owner.captures.captures.items() if st.schedulable]
+        counts = owner.replications.table_counts(schedulable)
+        if not schedulable or max(counts.values()) < 2:
+            self._idle_since = {}
+            return
+        for cid in schedulable:
+            if counts[cid]:
+                self._idle_since.pop(cid, None)
+                continue
+            since = self._idle_since.setdefault(cid, sim.now)
+            if sim.now - since > self.patience:
+                raise InvariantViolation(
+                    f"step {sim.now}: capture {cid} holds no table since step {since} while "
+                    f"others hold {counts} (scale-out never balanced)"
+                )
+        for cid in list(self._idle_since):
+            if cid not in schedulable:
+                del self._idle_since[cid]
+
+
 class Coverage:
     """Not a check: notes which table states, set states and roles the schedule reached."""
 
@@ -225,5 +267,6 @@ def default_validators() -> list:
         DownstreamContent(),
         ExactHandoff(),
         DDLSafeCheckpoint(),
+        IdleCaptureGetsTables(),
         Coverage(),
     ]

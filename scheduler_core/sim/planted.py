@@ -16,6 +16,7 @@ from scheduler_core.captures import CaptureManager
 from scheduler_core.ddl import DDLEvent, DDLKind, DDLManager
 from scheduler_core.messages import AddTableRequest
 from scheduler_core.replication import ReplicationSet
+from scheduler_core.schedulers import BalanceScheduler
 from scheduler_core.sim import fake_executor
 
 
@@ -99,6 +100,31 @@ def open_barrier_ignores_stream_ddls() -> contextlib.AbstractContextManager[None
     return _patched(fake_executor.FakeUpstream, "stream_ts", lambda self, after: self._resolved_ts)
 
 
+def balance_waits_for_a_quiet_changefeed() -> contextlib.AbstractContextManager[None]:
+    """The balance runs only on a tick where every table replicates and no task runs (what
+    it did before issue 17's scale-out fix): under DDLs and moves a new capture stays idle."""
+    real = BalanceScheduler.schedule
+
+    def schedule(self: BalanceScheduler, ctx):
+        rm = ctx.replications
+        if rm.running_tasks or not rm.all_replicating():
+            return []
+        return real(self, ctx)
+
+    return _patched(BalanceScheduler, "schedule", schedule)
+
+
+def balance_ignores_capture_changes() -> contextlib.AbstractContextManager[None]:
+    """A new capture waits for the periodic balance (no round when the captures change)."""
+    real = BalanceScheduler.due
+
+    def due(self: BalanceScheduler, ctx) -> bool:
+        self._members = tuple(ctx.schedulable())
+        return real(self, ctx)
+
+    return _patched(BalanceScheduler, "due", due)
+
+
 PLANTS: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
     "cap_ignores_table_barriers": cap_ignores_table_barriers,
     "multi_table_drop_blocks_first_table_only": multi_table_drop_blocks_first_table_only,
@@ -108,4 +134,6 @@ PLANTS: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
     "sink_spans_syncpoints": sink_spans_syncpoints,
     "table_set_changes_before_syncpoint_record": table_set_changes_before_syncpoint_record,
     "open_barrier_ignores_stream_ddls": open_barrier_ignores_stream_ddls,
+    "balance_waits_for_a_quiet_changefeed": balance_waits_for_a_quiet_changefeed,
+    "balance_ignores_capture_changes": balance_ignores_capture_changes,
 }

@@ -66,7 +66,7 @@ class SimConfig:
     sync_point_interval_ms: int | None = None  # syncpoints every this many ms of commit ts
     reads_ddl_stream: bool = False  # sinks go past an open barrier to the stream's next DDL
     coordinator: CoordinatorConfig = field(
-        default_factory=lambda: CoordinatorConfig(balance_interval_ticks=10)
+        default_factory=lambda: CoordinatorConfig(balance_interval_ms=10 * TICK_MS)
     )
 
 
@@ -176,6 +176,12 @@ class Simulator:
         cap.crashed = True
         cap.lost = cap.lost or permanent
         self.bus.drop_for(cid)
+
+    def add_capture(self) -> str:
+        """Scale out: a capture with a new id joins (its lease registered, nothing held)."""
+        cid = f"capture-{len(self.captures)}"
+        self._start_capture(cid)
+        return cid
 
     def restart_capture(self, cid: str) -> None:
         """A crashed or partitioned capture comes back as a new process (new epoch)."""
@@ -312,7 +318,7 @@ class Simulator:
         inbox = self.bus.deliver(self.now, owner.owner_id)
         # The simulator is the DDL puller: every DDL up to now has been queued.
         owner.advance_ddl_resolved(self.upstream.resolved_ts(0))
-        result = owner.tick(self.alive(), inbox)
+        result = owner.tick(self.alive(), inbox, now_ms=START_MS + self.now * TICK_MS)
         for m in result.messages:
             self.bus.send(self.now, m)
         if owner is self.owner:
@@ -409,10 +415,21 @@ class Profile:
     # stream past an open barrier, a table-set change the owner decides alone could be at a
     # TS a sink already passed (Coordinator.change_tables).
     changes_by_ddl: bool = False
+    scale_out: float = 0.0  # chance per step a capture is added (up to MAX_CAPTURES)
 
 
 def _slow(prepare: int, stop: int, **kw) -> SimConfig:
     return SimConfig(prepare_ticks=prepare, stop_ticks=stop, **kw)
+
+
+MAX_CAPTURES = 6  # scale-out adds captures up to this many (lost ones count)
+
+
+def _scaling(**kw) -> SimConfig:
+    # The periodic balance never comes in a schedule: a capture added gets tables only from
+    # the round its join sets off, while DDLs create and drop tables and moves run.
+    balance = CoordinatorConfig(balance_interval_ms=60_000)
+    return _slow(2, 2, captures=2, tables=10, coordinator=balance, **kw)
 
 
 PROFILES: dict[str, Profile] = {
@@ -436,6 +453,10 @@ PROFILES: dict[str, Profile] = {
     # Syncpoints every 5 ticks, sinks past open barriers, tables created and dropped by DDL.
     "syncpoints": Profile(
         SimConfig(sync_point_interval_ms=5 * TICK_MS), ddl_heavy=True, moves=0.03
+    ),
+    # Captures join under a DDL-heavy load with moves, and some leave for good (scale in).
+    "scale_out": Profile(
+        _scaling(), ddl_heavy=True, moves=0.03, permanent_loss=0.5, scale_out=0.03
     ),
     "open_barriers": Profile(
         _slow(2, 2, reads_ddl_stream=True, sync_point_interval_ms=3 * TICK_MS),
@@ -477,6 +498,10 @@ def _random_fault(sim: Simulator, rng: random.Random, prof: Profile) -> None:
     cids = sorted(sim.captures)
     cid = rng.choice(cids)
     cap = sim.captures[cid]
+    # (No draw when the profile does not scale: the other profiles keep their schedules.)
+    if prof.scale_out and rng.random() < prof.scale_out and len(sim.captures) < MAX_CAPTURES:
+        sim.add_capture()
+        return
     if prof.ddl_heavy and rng.random() < 0.06:
         _random_ddl(sim, rng)
         return

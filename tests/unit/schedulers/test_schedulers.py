@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import numpy as np
@@ -14,7 +15,6 @@ from scheduler_core.messages import Header, HeartbeatResponse, Liveness, TableSt
 from scheduler_core.replication_manager import ReplicationManager
 from scheduler_core.schedule_tasks import BurstAddTask, BurstTask, MoveTableTask, RemoveTableTask
 from scheduler_core.schedulers import (
-    BalanceScheduler,
     BasicScheduler,
     DrainCaptureScheduler,
     MoveTableScheduler,
@@ -83,6 +83,13 @@ def test_basic_waits_when_no_capture_accepts_tables() -> None:
     assert BasicScheduler().schedule(ctx) == []
 
 
+def test_basic_adds_no_table_to_a_capture_being_drained() -> None:
+    base = with_current(cluster({"a": [1, 2, 3], "b": []}), [1, 2, 3, 4, 5])
+    ctx = dataclasses.replace(base, draining="b")
+    [task] = BasicScheduler().schedule(ctx)
+    assert {task.captures[i] for i in task.capture_index} == {"a"}
+
+
 def test_basic_batch_size_below_one_is_a_config_error() -> None:
     with pytest.raises(ConfigError, match="add_table_batch_size"):
         BasicScheduler(add_table_batch_size=0)
@@ -140,29 +147,8 @@ def test_move_of_a_table_that_is_not_replicating_is_dropped() -> None:
     assert move.schedule(ctx) == []
 
 
-# --------------------------------------------------------------------------- balance / rebalance
-def test_balance_waits_for_its_interval_then_evens_the_load() -> None:
-    ctx = cluster({"a": [1, 2, 3, 4, 5, 6], "b": []})
-    balance = BalanceScheduler(rng=random.Random(0), interval_ticks=3, max_moves=10)
-    assert balance.schedule(ctx) == [] and balance.schedule(ctx) == []
-    [burst] = balance.schedule(ctx)
-    assert len(burst.tasks) == 3 and {t.dest_capture_id for t in burst.tasks} == {"b"}
-
-
-def test_balance_is_bounded_by_max_moves_and_skips_a_busy_cluster() -> None:
-    ctx = cluster({"a": list(range(1, 21)), "b": []})
-    balance = BalanceScheduler(rng=random.Random(0), interval_ticks=1, max_moves=4)
-    [burst] = balance.schedule(ctx)
-    assert len(burst.tasks) == 4
-    ctx.replications.handle_tasks(list(burst.tasks))
-    assert balance.schedule(ctx) == []  # moves running: wait
-
-
-def test_balanced_cluster_plans_no_moves() -> None:
-    ctx = cluster({"a": [1, 2], "b": [3, 4], "c": [5]})
-    assert BalanceScheduler(rng=random.Random(0), interval_ticks=1).schedule(ctx) == []
-
-
+# --------------------------------------------------------------------------- rebalance
+# (the balance scheduler has its own module: test_balance.py)
 def test_rebalance_runs_once_when_requested_and_everything_replicates() -> None:
     ctx = cluster({"a": [1, 2, 3, 4], "b": []})
     rebalance = RebalanceScheduler(rng=random.Random(0))

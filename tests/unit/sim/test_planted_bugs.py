@@ -24,6 +24,8 @@ CATCHING_PROFILE = {
     "sink_spans_syncpoints": "syncpoints",
     "table_set_changes_before_syncpoint_record": "syncpoints",
     "open_barrier_ignores_stream_ddls": "open_barriers",
+    "balance_waits_for_a_quiet_changefeed": "scale_out",
+    "balance_ignores_capture_changes": "scale_out",
 }
 
 
