@@ -11,7 +11,9 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import dagster as dg
 import pytest
@@ -134,6 +136,66 @@ def test_one_run_per_capture_follows_the_owner_until_every_table_replicates(
         assert metastore.mailbox.held("c1") + metastore.mailbox.held("c2") <= 4
 
 
+@dataclass
+class _OneCapture:
+    """A changelog changefeed ``cf`` into Delta, one capture ``c1``, the definitions."""
+
+    changelog: Path
+    workload: object
+    defs: dg.Definitions
+    sink: Any
+    schemas: list[Any]
+
+    def sunk(self, table: Any) -> int:
+        return self.sink.committed("cf", table).committed_ts
+
+    def step(self) -> int:
+        """One more upstream transaction step, resolved; the new resolved ts."""
+        self.workload.step()  # type: ignore[attr-defined]
+        return self.workload.advance_resolved()  # type: ignore[attr-defined]
+
+
+def _one_capture(
+    tmp_path: Path,
+    metastore: Metastore,
+    etcd_endpoints: list[str],
+    cluster_id: str,
+    monkeypatch: pytest.MonkeyPatch,
+    loop_s: float,
+) -> _OneCapture:
+    from cdc_dagster.sinks.uri import open_sink
+    from cdc_dagster.upstream.changelog import ChangeLog
+
+    changelog = tmp_path / "changelog"
+    for name, value in {
+        "ETCD": ",".join(etcd_endpoints),
+        "CLUSTER_ID": cluster_id,
+        "STATE_DIR": str(tmp_path / "state"),
+        "CHANGELOG": str(changelog),
+        "OWNER_ID": "owner-1",
+        "CAPTURE_LOOP_S": str(loop_s),
+    }.items():
+        monkeypatch.setenv(f"CDC_DAGSTER_{name}", value)
+    monkeypatch.setattr(dg.DagsterInstance, "get_yaml_python_handlers", lambda self: [])
+    CdcResource.forget_owner_loops()
+    workload = _workload(changelog)
+    admin.create_changefeed(
+        metastore,
+        "cf",
+        f"delta://{tmp_path / 'lake'}",
+        start_ts=_first_create(changelog),
+        upstream_uri=f"changelog://{changelog}",
+    )
+    admin.add_capture(metastore, "c1")
+    return _OneCapture(
+        changelog,
+        workload,
+        build_definitions(catalog_from_changelog(changelog, 2000)),
+        open_sink(f"delta://{tmp_path / 'lake'}"),
+        list(ChangeLog(changelog).tables_at(1 << 62).values()),
+    )
+
+
 @pytest.mark.slow
 def test_a_following_capture_sinks_new_data_without_waiting_for_an_owner_tick(
     tmp_path: Path,
@@ -146,82 +208,36 @@ def test_a_following_capture_sinks_new_data_without_waiting_for_an_owner_tick(
     """Once the tables replicate, the sensor stops ticking; the upstream goes on. The runs
     tick on their own when the change log resolves further, and sink past the last barrier
     the owner sent (it was open past the DDL stream): the downstream follows the upstream."""
-    from cdc_dagster.sinks.uri import open_sink
     from cdc_dagster.upstream.changelog import ChangeLog
 
-    changelog = tmp_path / "changelog"
-    for name, value in {
-        "ETCD": ",".join(etcd_endpoints),
-        "CLUSTER_ID": cluster_id,
-        "STATE_DIR": str(tmp_path / "state"),
-        "CHANGELOG": str(changelog),
-        "OWNER_ID": "owner-1",
-        "CAPTURE_LOOP_S": "60",
-    }.items():
-        monkeypatch.setenv(f"CDC_DAGSTER_{name}", value)
-    CdcResource.forget_owner_loops()
-    workload = _workload(changelog)
-    admin.create_changefeed(
-        metastore,
-        "cf",
-        f"delta://{tmp_path / 'lake'}",
-        start_ts=_first_create(changelog),
-        upstream_uri=f"changelog://{changelog}",
-    )
-    admin.add_capture(metastore, "c1")
-    catalog = catalog_from_changelog(changelog, 2000)
-    defs = build_definitions(catalog)
-    sensor = defs.get_repository_def().get_sensor_def("cdc_owner")
-    job = defs.get_job_def("capture_tick")
-    sink = open_sink(f"delta://{tmp_path / 'lake'}")
-    schemas = list(ChangeLog(changelog).tables_at(1 << 62).values())
-    results: list[dg.ExecuteInProcessResult] = []
-    threads: list[threading.Thread] = []
+    one = _one_capture(tmp_path, metastore, etcd_endpoints, cluster_id, monkeypatch, 60)
+    start = _first_create(one.changelog)
 
     def sunk() -> int:
-        return min(sink.committed("cf", t).committed_ts for t in schemas)
+        return min(one.sunk(t) for t in one.schemas)
 
     with dg.instance_for_test() as instance:
-        cursor, deadline = None, time.monotonic() + 120
-        while sunk() <= _first_create(changelog) and time.monotonic() < deadline:
-            result = evaluate_sensor(sensor, instance, cursor=cursor, definitions=defs)
-            cursor = result.cursor
-            for req in result.dynamic_partitions_requests or []:
-                instance.add_dynamic_partitions("captures", list(req.partition_keys))
-            for run in result.run_requests:
-                threads.append(
-                    threading.Thread(
-                        target=lambda run=run: results.append(
-                            job.execute_in_process(
-                                run_config=run.run_config,
-                                partition_key=run.partition_key,
-                                instance=instance,
-                                raise_on_error=False,
-                            )
-                        )
-                    )
-                )
-                threads[-1].start()
-            workload.step()  # type: ignore[attr-defined]
-            workload.advance_resolved()  # type: ignore[attr-defined]
+        daemon = _Daemon(one.defs, instance)
+        deadline = time.monotonic() + 120
+        while sunk() <= start and time.monotonic() < deadline:
+            daemon.tick()
+            one.step()
             time.sleep(1.0)
-        assert sunk() > _first_create(changelog), "the tables never replicated"
+        assert sunk() > start, "the tables never replicated"
         # No more owner ticks from here on: its last barrier is at most what it read then.
-        last_owner_view = ChangeLog(changelog).ddl_resolved_ts()
+        last_owner_view = ChangeLog(one.changelog).ddl_resolved_ts()
         for _ in range(3):
-            workload.step()  # type: ignore[attr-defined]
-            top = workload.advance_resolved()  # type: ignore[attr-defined]
+            top = one.step()
             time.sleep(1.0)
         assert top > last_owner_view
         deadline = time.monotonic() + 30
         while sunk() < top and time.monotonic() < deadline:
             time.sleep(0.5)
         assert sunk() >= top, (sunk(), top, last_owner_view)
-        for t in threads:
-            t.join(timeout=90)
-        assert all(out.success for out in results)
+        daemon.join(timeout=90)
+        assert all(out.success for out in daemon.results)
         lines = [
-            e.user_message for out in results for e in instance.all_logs(out.run_id)
+            e.user_message for out in daemon.results for e in instance.all_logs(out.run_id)
         ]  # fmt: skip
         assert any("(new resolved data)" in (line or "") for line in lines)
 
@@ -325,9 +341,9 @@ class _Daemon:
             self.threads.append(threading.Thread(target=execute))
             self.threads[-1].start()
 
-    def join(self) -> None:
+    def join(self, timeout: float = 120) -> None:
         for t in self.threads:
-            t.join(timeout=120)
+            t.join(timeout=timeout)
 
 
 @pytest.mark.slow
@@ -344,36 +360,9 @@ def test_a_table_fenced_between_owner_ticks_is_taken_up_again(
     overwrite, several times between two owner ticks (5 s apart, as the daemon runs the
     sensor): the owner must still learn the table left and give it out again, and the
     table replicates again without anyone stepping in."""
-    from cdc_dagster.sinks.uri import open_sink
     from cdc_dagster.upstream.changelog import ChangeLog
 
-    changelog = tmp_path / "changelog"
-    for name, value in {
-        "ETCD": ",".join(etcd_endpoints),
-        "CLUSTER_ID": cluster_id,
-        "STATE_DIR": str(tmp_path / "state"),
-        "CHANGELOG": str(changelog),
-        "OWNER_ID": "owner-1",
-        "CAPTURE_LOOP_S": "40",
-    }.items():
-        monkeypatch.setenv(f"CDC_DAGSTER_{name}", value)
-    monkeypatch.setattr(dg.DagsterInstance, "get_yaml_python_handlers", lambda self: [])
-    CdcResource.forget_owner_loops()
-    workload = _workload(changelog)
-    admin.create_changefeed(
-        metastore,
-        "cf",
-        f"delta://{tmp_path / 'lake'}",
-        start_ts=_first_create(changelog),
-        upstream_uri=f"changelog://{changelog}",
-    )
-    admin.add_capture(metastore, "c1")
-    defs = build_definitions(catalog_from_changelog(changelog, 2000))
-    sink = open_sink(f"delta://{tmp_path / 'lake'}")
-    schemas = list(ChangeLog(changelog).tables_at(1 << 62).values())
-
-    def sunk(table: object) -> int:
-        return sink.committed("cf", table).committed_ts  # type: ignore[arg-type]
+    one = _one_capture(tmp_path, metastore, etcd_endpoints, cluster_id, monkeypatch, 40)
 
     def run_until(done: Callable[[], bool], seconds: float, owner_every_s: float) -> None:
         deadline, last_owner = time.monotonic() + seconds, 0.0
@@ -381,19 +370,18 @@ def test_a_table_fenced_between_owner_ticks_is_taken_up_again(
             if time.monotonic() - last_owner >= owner_every_s:
                 daemon.tick()
                 last_owner = time.monotonic()
-            workload.step()  # type: ignore[attr-defined]
-            workload.advance_resolved()  # type: ignore[attr-defined]
+            one.step()
             time.sleep(1.0)
 
     with dg.instance_for_test() as instance:
-        daemon = _Daemon(defs, instance)
-        start = _first_create(changelog)
-        run_until(lambda: min(sunk(t) for t in schemas) > start, 120, 1.0)
-        assert min(sunk(t) for t in schemas) > start, "the tables never replicated"
-        victim = schemas[0]
-        token = sink.acquire("cf", victim)  # another holder: the run's next write is fenced
-        fenced_at = ChangeLog(changelog).ddl_resolved_ts()
-        run_until(lambda: sunk(victim) > fenced_at, 90, 5.0)
-        assert sunk(victim) > fenced_at, "the fenced table was never taken up again"
-        assert sink.committed("cf", victim).token > token  # acquired anew, not written past
+        daemon = _Daemon(one.defs, instance)
+        start = _first_create(one.changelog)
+        run_until(lambda: min(one.sunk(t) for t in one.schemas) > start, 120, 1.0)
+        assert min(one.sunk(t) for t in one.schemas) > start, "the tables never replicated"
+        victim = one.schemas[0]
+        token = one.sink.acquire("cf", victim)  # another holder: the next write is fenced
+        fenced_at = ChangeLog(one.changelog).ddl_resolved_ts()
+        run_until(lambda: one.sunk(victim) > fenced_at, 90, 5.0)
+        assert one.sunk(victim) > fenced_at, "the fenced table was never taken up again"
+        assert one.sink.committed("cf", victim).token > token  # acquired anew
         daemon.join()  # each run follows for CAPTURE_LOOP_S
