@@ -342,7 +342,13 @@ def snapshot_in_process(
              *ranges[(sp["table_id"], sp["range"])])
             for sp in specs
         ]  # fmt: skip
+        try:
         bare_s = _bare_read(spark, uri, work, pieces, tables * rows)
+    finally:
+        # Release the Connect session while its server is up: a session left open kept the
+        # client's release threads retrying after the stack stopped, and the bench never
+        # exited after its closing line.
+        spark.stop()
     finally:
         stop.touch()
         proc.join(60)
@@ -583,7 +589,13 @@ def stack_snapshot(
             plan_table(parse_uri(uri), str(root), tid, 999_999, 4, 50_000).ranges
         )
     ]
-    bare_s = _bare_read(spark, uri, work, pieces, tables * rows)
+    try:
+        bare_s = _bare_read(spark, uri, work, pieces, tables * rows)
+    finally:
+        # Release the Connect session while its server is up: a session left open kept the
+        # client's release threads retrying after the stack stopped, and the bench never
+        # exited after its closing line.
+        spark.stop()
     admin.remove_changefeed(ms, cf)
     n = tables * rows
     q, b = quiet.summary(), busy.summary()
