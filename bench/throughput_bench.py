@@ -342,13 +342,7 @@ def snapshot_in_process(
              *ranges[(sp["table_id"], sp["range"])])
             for sp in specs
         ]  # fmt: skip
-        try:
         bare_s = _bare_read(spark, uri, work, pieces, tables * rows)
-    finally:
-        # Release the Connect session while its server is up: a session left open kept the
-        # client's release threads retrying after the stack stopped, and the bench never
-        # exited after its closing line.
-        spark.stop()
     finally:
         stop.touch()
         proc.join(60)
