@@ -918,15 +918,22 @@ class PostgresFeed:
                 )
 
     def syncpoints(self) -> list[tuple[int, dict[int, TableVersion]]]:
-        """Syncpoints recorded since the last call, from the copies made at each."""
+        """Syncpoints recorded since the last call, from the copies made at each.
+
+        Only recorded ones (in ``cdc_dagster.syncpoints``): each table's copy is made by its
+        own write ending at the syncpoint, whenever that table gets there, so until the
+        owner records the syncpoint (every table passed it) its copies are a partial set (a
+        table on a frozen capture has none yet), as a reader must not see it either."""
         import psycopg
 
         out = []
         try:
             with self._connect() as conn:
                 found = conn.execute(
-                    "SELECT upstream_ts, table_id, copy_table FROM cdc_dagster.syncpoint_copies "
-                    "WHERE changefeed = %s ORDER BY upstream_ts",
+                    "SELECT c.upstream_ts, c.table_id, c.copy_table "
+                    "FROM cdc_dagster.syncpoint_copies c JOIN cdc_dagster.syncpoints s "
+                    "ON s.changefeed = c.changefeed AND s.upstream_ts = c.upstream_ts "
+                    "WHERE c.changefeed = %s ORDER BY c.upstream_ts",
                     (self.changefeed_id,),
                 ).fetchall()
                 by_ts: dict[int, dict[int, TableVersion]] = {}

@@ -388,6 +388,29 @@ def test_write_ending_at_a_syncpoint_copies_a_registered_table_that_then_moves_o
     assert rows_of(pg_conn, t) == [(1, Decimal("9.00"), None)]
 
 
+def test_the_validators_feed_reads_a_syncpoint_once_it_is_recorded_not_before(
+    pg_server, pg_db, pg_uri, pg_conn
+):
+    """One table's write ended at the syncpoint (its copy made), the other's did not yet (a
+    frozen capture): the syncpoint is a partial set until recorded, and the feed the fault
+    matrix validates shows it only then, with every table."""
+    from cdc_dagster.sinks import pg_syncpoint
+    from cdc_dagster.testing.validators import PostgresFeed
+
+    sink, t, other = PostgresSink(pg_uri), accounts(), accounts(8, table="other")
+    pg_syncpoint.register(pg_conn, CF, [("bank", "accounts"), ("bank", "other")])
+    tokens = {x.table_id: sink.acquire(CF, x) for x in (t, other)}
+    feed = PostgresFeed(pg_server.dsn(pg_db), CF)
+    sink.write(CF, t, batch(t, [{"id": 1, "balance": Decimal(1)}]), 0, 100, tokens[7],
+               at_syncpoint=True)  # fmt: skip
+    assert feed.syncpoints() == []  # table 8 not at 100 yet: nothing to read
+    sink.write(CF, other, batch(other, [{"id": 2, "balance": Decimal(2)}]), 0, 100, tokens[8],
+               at_syncpoint=True)  # fmt: skip
+    sink.record_syncpoint(CF, 100, [t, other])
+    [(ts, pinned)] = feed.syncpoints()
+    assert ts == 100 and sorted(pinned) == [7, 8]
+
+
 def test_record_copies_a_registered_table_not_past_the_syncpoint(pg_uri, pg_conn):
     """A table idle since before the syncpoint (its last write ended at 50 < 100) is at 100
     as it is: the record copies it. A syncpoint with a table already past it and no copy of
