@@ -134,7 +134,11 @@ def test_builds_while_replication_runs_see_each_syncpoint_whole(pg_uri: str) -> 
 def test_no_copy_when_a_table_is_not_at_the_syncpoint(pg_uri: str) -> None:
     replica = _replica(pg_uri)
     ts = replica.syncpoint()
-    replica.transfer_half(True)  # accounts_0 moves past ts: a replayed record must not copy
+    # accounts_0 moves past ts + 1 (two commits, at ts + 1 and ts + 2) with no copy made
+    # at ts + 1: a late record of ts + 1 must not copy (a table whose last commit is at or
+    # below the record's ts is at it, idle since, and would be copied).
+    replica.transfer_half(True)
+    replica.transfer_half(True)
     replica.sink.record_syncpoint(CF, ts + 1, list(replica.schemas.values()))
     with pg.connect(pg_uri) as conn:
         assert pg.list_pinned_syncpoints(conn, CF) == [ts]
