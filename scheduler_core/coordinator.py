@@ -322,6 +322,7 @@ class Coordinator:
         )
 
     def _schedule(self, now_ms: int | None) -> tuple[str | None, list[Dispatch]]:
+        self.drain.forget_gone(self.captures.captures)
         ctx = ScheduleContext(
             checkpoint_ts=self.checkpoint.checkpoint_ts,
             current_tables=self.current_tables,
@@ -330,6 +331,7 @@ class Coordinator:
             replications=self.replications,
             now_ms=now_ms,
             draining=self.drain.target,
+            drained=frozenset(self.drain.drained),
         )
         for sched in self.schedulers:
             tasks = sched.schedule(ctx)

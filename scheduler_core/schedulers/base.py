@@ -24,11 +24,16 @@ class ScheduleContext:
     replications: ReplicationManager
     now_ms: int | None = None  # the owner's clock (None: the caller keeps no time)
     draining: str | None = None  # the capture being drained: it receives no table
+    # Captures whose drain finished: they receive no table until they leave (the user
+    # drains to remove; a balance would otherwise hand the emptied capture tables again).
+    drained: frozenset[str] = frozenset()
 
     def schedulable(self) -> list[str]:
         """Captures that may receive tables, sorted."""
         return sorted(
-            cid for cid, st in self.captures.items() if st.schedulable and cid != self.draining
+            cid
+            for cid, st in self.captures.items()
+            if st.schedulable and cid != self.draining and cid not in self.drained
         )
 
 

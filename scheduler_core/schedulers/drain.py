@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 
 from scheduler_core.errors import ConfigError
 from scheduler_core.schedule_tasks import MoveTableTask, Task
@@ -19,6 +20,8 @@ class DrainCaptureScheduler:
     def __init__(self, *, batch_size: int = 10) -> None:
         self.batch_size = batch_size
         self.target: str | None = None
+        # Drains that finished, kept until the capture leaves: it takes no table meanwhile.
+        self.drained: set[str] = set()
 
     def drain(self, capture_id: str, ctx_captures: list[str]) -> None:
         """Start draining ``capture_id``; refuses an unknown or the last capture."""
@@ -30,6 +33,11 @@ class DrainCaptureScheduler:
         if self.target is not None and self.target != capture_id:
             raise ConfigError(f"already draining {self.target!r}; wait for it to finish")
         self.target = capture_id
+        self.drained.discard(capture_id)
+
+    def forget_gone(self, captures: Iterable[str]) -> None:
+        """Drained captures no longer among ``captures`` (removed): forgotten."""
+        self.drained &= set(captures)
 
     def remaining(self, ctx: ScheduleContext) -> int:
         """Tables the drained capture still holds (0 when done or idle)."""
@@ -52,7 +60,8 @@ class DrainCaptureScheduler:
             return []
         movable = ctx.replications.replicating_on(target)[: self.batch_size].tolist()
         if not movable and self.remaining(ctx) == 0:
-            log.info("drain of %s done", target)
+            log.info("drain of %s done; it takes no table until it is removed", target)
+            self.drained.add(target)
             self.target = None
             return []
         counts = ctx.replications.table_counts(dests)

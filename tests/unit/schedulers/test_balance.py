@@ -40,6 +40,7 @@ def context(
     *,
     stopping: tuple[str, ...] = (),
     draining: str | None = None,
+    drained: frozenset[str] = frozenset(),
 ) -> ScheduleContext:
     caps = {
         c: CaptureStatus(
@@ -51,7 +52,9 @@ def context(
         for c in captures
     }
     current = np.asarray(sorted(rm.table_ids.tolist()), np.int64)
-    return ScheduleContext(100, current, {}, caps, rm, now_ms=now_ms, draining=draining)
+    return ScheduleContext(
+        100, current, {}, caps, rm, now_ms=now_ms, draining=draining, drained=drained
+    )
 
 
 def balance(max_moves: int = 10, interval_ms: int = MINUTE) -> BalanceScheduler:
@@ -171,6 +174,16 @@ def test_balance_waits_while_a_capture_is_drained_or_stopping() -> None:
     assert bal.schedule(context(rm, ["a", "b", "c"], T0, stopping=("c",))) == []
     tasks = moves(bal.schedule(context(rm, ["a", "b", "c"], T0 + 1)))  # still due, now it runs
     assert landing(rm, tasks, ["a", "b", "c"]) == [1, 1, 2]
+
+
+def test_a_drained_capture_gets_no_table_back_until_it_is_removed() -> None:
+    """Its drain done, the emptied capture is not balanced onto again: the user drains it to
+    remove it (a balance handing it tables back would never let the drain be seen done)."""
+    rm = replicating({"a": [1, 2, 3, 4], "b": [5, 6, 7, 8], "c": []})
+    bal = balance()
+    assert bal.schedule(context(rm, ["a", "b", "c"], T0, drained=frozenset({"c"}))) == []
+    tasks = moves(bal.schedule(context(rm, ["a", "b", "c"], T0 + 1)))  # forgotten: a newcomer
+    assert {t.dest_capture_id for t in tasks} == {"c"}
 
 
 def test_balance_config_errors() -> None:
