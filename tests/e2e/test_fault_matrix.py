@@ -62,6 +62,16 @@ def fs(tmp_path_factory: pytest.TempPathFactory, artefacts: Path) -> Iterator[Fa
         (artefacts / "fault-matrix.txt").write_text("\n".join(report) + "\n")
 
 
+def _states(fs: FaultStack) -> str:
+    """Each changefeed's state with its whole message (a failing assertion shows it all)."""
+    out = []
+    for cf in fs.changefeeds:
+        st = fs.status(cf)
+        out.append(f"{cf}: gone" if st is None else f"{cf}: {st.state.value} checkpoint "
+                   f"{st.checkpoint_ts} resolved {st.resolved_ts} {st.last_error}")  # fmt: skip
+    return "\n".join(out)
+
+
 def _all_normal(fs: FaultStack) -> bool:
     """Every changefeed normal, and every capture the user asked for registered again."""
     states = {cf: fs.status(cf) for cf in fs.changefeeds}
@@ -78,16 +88,15 @@ def test_the_fault_heals_by_itself(fs: FaultStack, fault: str) -> None:
     injected.notes.append("lag before: " + ", ".join(f"{k} {v:.0f} s" for k, v in lag.items()))
     recovery = fs.recover(injected, timeout_s=RECOVER_S)
     assert recovery.recovered_s is not None, (
-        f"{fault}: a checkpoint did not pass the fault within {RECOVER_S:.0f} s: "
-        + ", ".join(f"{cf} {fs.status(cf)}" for cf in fs.changefeeds)
+        f"{fault}: a checkpoint did not pass the fault within {RECOVER_S:.0f} s:\n{_states(fs)}"
     )
     deadline = time.monotonic() + NORMAL_S
     while not _all_normal(fs) and time.monotonic() < deadline:
         fs.poll()
         time.sleep(2)
     assert _all_normal(fs), (
-        {cf: fs.status(cf) for cf in fs.changefeeds},
-        f"captures asked for but not registered: {fs.missing_captures()}",
+        f"{fault}: not every changefeed normal {NORMAL_S:.0f} s after it caught up:\n"
+        f"{_states(fs)}\ncaptures asked for but not registered: {fs.missing_captures()}"
     )
     for watch in fs.watches.values():
         watch.validators.assert_ok()
