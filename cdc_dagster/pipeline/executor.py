@@ -47,6 +47,7 @@ from typing import Any
 import numpy as np
 
 from cdc_dagster.pipeline import job
+from cdc_dagster.pipeline.spark_tasks import RESTAGE
 from cdc_dagster.pipeline.staging import StagedFile, Staging, TableRecord
 from cdc_dagster.schema import SchemaError, TableSchema
 from cdc_dagster.sinks.base import Sink
@@ -77,6 +78,7 @@ class SparkTableExecutor:
         spark: Any,
         sync_point_interval_ms: int | None = None,
         local_max_bytes: int = 0,
+        registration: str = "",
     ) -> None:
         self.capture_id = capture_id
         self.sync_point_interval_ms = sync_point_interval_ms
@@ -85,7 +87,8 @@ class SparkTableExecutor:
         self.changelog = changelog
         self.sink_uri = sink_uri
         self.spark = spark
-        self.staging = Staging(staging_dir, changefeed_id, capture_id)
+        # A registration's own area: a late run of an expired one cannot touch it.
+        self.staging = Staging(staging_dir, changefeed_id, capture_id, registration)
         self.barrier = Barrier(0)  # sink nothing until the owner says how far
         self._stream_ts = 0  # how far the DDL stream lets sinks pass an open barrier
         self._tables: dict[int, TableRecord] = {}
@@ -104,6 +107,7 @@ class SparkTableExecutor:
         spark: Any,
         sync_point_interval_ms: int | None = None,
         local_max_bytes: int = 0,
+        registration: str = "",
     ) -> SparkTableExecutor:
         """The executor as the last :meth:`save` left it (empty if none), reconciled with the sink."""
         ex = cls(
@@ -115,6 +119,7 @@ class SparkTableExecutor:
             spark,
             sync_point_interval_ms,
             local_max_bytes,
+            registration,
         )
         loaded = ex.staging.load()
         if loaded is None:
@@ -340,6 +345,9 @@ class SparkTableExecutor:
                     res["message"],
                 )
                 rec.state, rec.token = T.STOPPED, 0
+            elif res["status"] == RESTAGE:
+                self._fail(table_id, rec, res["message"])
+                self._restage(table_id, rec)
             elif res["status"] != "ok":
                 self._fail(table_id, rec, res["message"])
             else:
@@ -417,6 +425,21 @@ class SparkTableExecutor:
             "files": files,
             "weight": sum(_size(p) for p in files),
         }
+
+    def _restage(self, table_id: int, rec: TableRecord) -> None:
+        """Drop the table's staged files and pull again from its checkpoint: staging only
+        caches the change log above the checkpoint (which GC keeps), so a damaged one is
+        rebuilt by the next pull phase instead of holding the table until someone acts."""
+        log.warning(
+            "capture %s: table %s: staging dropped, staged again from checkpoint %s",
+            self.capture_id,
+            table_id,
+            rec.checkpoint_ts,
+        )
+        if rec.files:
+            self._doomed_files.append((table_id, rec.files))
+        rec.files = []
+        rec.staged_upto = rec.checkpoint_ts
 
     def _prune(self) -> None:
         for table_id, rec in self._tables.items():

@@ -266,12 +266,15 @@ def sink_table(spec: dict[str, Any]) -> dict[str, Any]:
     try:
         staged = read_staged(spec["files"]) if spec["files"] else _empty_staged(schema)
     except (OSError, pa.ArrowException) as exc:
+        # Staging is a cache of the change log above the checkpoint: the executor drops the
+        # table's and stages it again (RESTAGE), which heals a damaged staging by itself.
+        where_files = os.path.dirname(spec["files"][0]) if spec["files"] else "(none)"
         return _result(
             table_id,
-            "error",
-            f"{where}: staged files {spec['files']} cannot be read ({shorten(exc, 200)}); the "
-            "capture's staging was damaged: remove the table from this capture so another "
-            "prepares it again",
+            RESTAGE,
+            f"{where}: {len(spec['files'])} staged file(s) in {where_files} cannot be read "
+            f"({shorten(exc, 200)}); the capture's staging was damaged: the table is staged "
+            "again from the change log at its checkpoint (nothing to do)",
         )
     cuts = list(spec.get("syncpoints", ()))
     copy_at = set(spec.get("copy_at", cuts))
@@ -307,6 +310,10 @@ def _empty_staged(schema: TableSchema) -> pa.Table:
 
 
 # ---------------------------------------------------------------------------- Spark glue
+# A sink task's status for a table whose staged files cannot be read: stage it again.
+RESTAGE = "restage"
+
+
 def _result(table_id: int, status: str, message: str, detail: str = "", rows: int = 0) -> dict:
     return {
         "table_id": table_id,

@@ -1,10 +1,16 @@
 """A capture's staging area: staged Parquet per table and the manifest that names them.
 
-Layout: ``<staging>/<changefeed>/<capture>/manifest.json`` and
-``<staging>/<changefeed>/<capture>/tables/<table_id>/<lo:020d>-<hi:020d>.parquet`` (the
-table's mounted changes with commit ts in ``(lo, hi]``, sorted by (commit ts, seq)). The
+Layout: ``<area>/manifest.json`` and ``<area>/tables/<table_id>/<lo:020d>-<hi:020d>.parquet``
+(the table's mounted changes with commit ts in ``(lo, hi]``, sorted by (commit ts, seq)),
+where ``<area>`` is ``<staging>/<changefeed>/<capture>/reg-<registration>`` under a capture
+registration (the runtime's case), else ``<staging>/<changefeed>/<capture>``. The
 manifest is the truth: it is rewritten atomically (temp + rename + fsync) only after the
 files it names are durable, and a staged file it does not name is an orphan of a crash.
+
+One area per registration: a run of an expired registration that still runs (frozen past
+its lease, then thawed) writes only into its own area. Shared, its late manifest and its
+deletions of files with the same names (names are ts ranges, the same for both) damaged
+the new registration's staging (the fault matrix's etcd kill -9 under load).
 """
 
 from __future__ import annotations
@@ -83,11 +89,24 @@ class TableRecord:
         )
 
 
+def registration_area(registration: str) -> str:
+    """The name of a registration's staging area inside its capture's directory."""
+    return f"reg-{registration}"
+
+
 class Staging:
     """Paths and the manifest of one capture's staging area for one changefeed."""
 
-    def __init__(self, staging_dir: str | os.PathLike[str], changefeed_id: str, capture_id: str):
+    def __init__(
+        self,
+        staging_dir: str | os.PathLike[str],
+        changefeed_id: str,
+        capture_id: str,
+        registration: str = "",
+    ) -> None:
         self.root = os.path.join(os.fspath(staging_dir), changefeed_id, capture_id)
+        if registration:
+            self.root = os.path.join(self.root, registration_area(registration))
         self.manifest_path = os.path.join(self.root, "manifest.json")
 
     def table_dir(self, table_id: int) -> str:

@@ -38,6 +38,7 @@ from cdc_dagster.metastore.errors import (
 from cdc_dagster.metastore.problems import Problem, reported
 from cdc_dagster.metastore.status_codec import decode as decode_status
 from cdc_dagster.metastore.status_codec import encode as encode_status
+from cdc_dagster.pipeline.staging import registration_area
 from cdc_dagster.runtime import wire
 from cdc_dagster.runtime.progress import TableProgress
 from cdc_dagster.runtime.spec import ExecutorFactory, ExecutorSpec, RuntimeExecutor, capture_epoch
@@ -211,16 +212,17 @@ class _Tick:
         self.adopting_rev = 0
         ms = ctx.metastore
         cf = ms.changefeeds.get(ctx.changefeed_id).info
-        _reset_staging_if_new(ctx.staging_dir, session.epoch)
+        area = _registration_area(ctx.staging_dir, session.epoch)
         spec = ExecutorSpec(
             ctx.capture_id,
             ctx.changefeed_id,
-            ctx.staging_dir,
+            area,
             Path(ctx.staging_root),
             cf.upstream_uri,
             cf.sink_uri,
             cf.start_ts,
             cf.sync_point_interval_s * 1000 or None,
+            registration=session.epoch,
         )
         self.executor: RuntimeExecutor = ctx.executor_factory(spec)  # loaded from its manifest
         self.agent = Agent(
@@ -322,16 +324,23 @@ def attach_or_register(ctx: CaptureContext) -> tuple[CaptureSession, bool]:
     return session, True
 
 
-def _reset_staging_if_new(staging: Path, registration: str) -> None:
-    """Staging written under another registration belongs to a dead epoch: start empty."""
-    marker = staging / "REGISTRATION"
-    if marker.exists() and marker.read_text() == registration:
-        return
-    if staging.exists():
-        log.info("staging %s belongs to an expired registration: reset", staging)
-        shutil.rmtree(staging)
-    staging.mkdir(parents=True, exist_ok=True)
-    marker.write_text(registration)
+def _registration_area(staging: Path, registration: str) -> Path:
+    """The registration's own staging area under the capture's ``staging`` directory; what
+    other (expired) registrations left there is removed. Staging of a dead epoch is never
+    read again: its tables were taken away and are prepared anew. A run of such a
+    registration that still runs writes only into its own area (a late write finds it gone
+    or makes it again, and it is removed again at the next tick of the live one)."""
+    mine = staging / registration_area(registration)
+    if staging.is_dir():
+        for entry in staging.iterdir():
+            if entry.name != mine.name:
+                log.info("staging %s belongs to an expired registration: removed", entry)
+                if entry.is_dir():
+                    shutil.rmtree(entry, ignore_errors=True)
+                else:
+                    entry.unlink(missing_ok=True)
+    mine.mkdir(parents=True, exist_ok=True)
+    return mine
 
 
 def _counts(stats: AgentStats) -> dict[str, int]:

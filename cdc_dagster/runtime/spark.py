@@ -24,6 +24,7 @@ def spark_executor_factory(spark: Any, *, local_max_bytes: int = 0) -> ExecutorF
             spark,
             spec.sync_point_interval_ms,
             local_max_bytes,
+            spec.registration,
         )
 
     return make

@@ -20,12 +20,15 @@ class ExecutorSpec:
 
     capture_id: str
     changefeed_id: str
-    staging_dir: Path  # <staging_root>/<changefeed>/<capture>; the manifest lives here
+    # <staging_root>/<changefeed>/<capture>/reg-<registration>: the registration's own area,
+    # where the manifest lives (a late run of an expired registration has another)
+    staging_dir: Path
     staging_root: Path  # the staging of every capture (SparkTableExecutor takes this one)
     upstream_uri: str  # changelog:///abs/path
     sink_uri: str
     start_ts: int  # the changefeed's start ts (a fake downstream's initial committed ts)
     sync_point_interval_ms: int | None = None  # sinks split their batches at syncpoint TSs
+    registration: str = ""  # the capture registration (lease epoch) the executor works under
 
 
 @runtime_checkable

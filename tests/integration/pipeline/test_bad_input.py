@@ -144,3 +144,37 @@ def test_an_unknown_column_type_stops_its_table_until_the_ddl_record_is_fixed(
     staged = ex.tables()[1].files[-1]
     data = pq.read_table(ex.staging.path(1, staged))
     assert data.column_names[:4] == ["id", "owner", "balance", "note"]
+
+
+def test_a_lost_staged_file_is_staged_again_from_the_change_log_by_itself(
+    tmp_path: Path, spark: Any, writer: Any
+) -> None:
+    """Staging caches the change log above the checkpoint: a staged file that is gone (a
+    damaged disk, a late writer) costs one tick with the table's error shown, then the table
+    is pulled again from its checkpoint and goes on with nothing lost, without anyone."""
+    w = Workload(writer, [1, 2])
+    w.write(steps=2)
+    ex = make(tmp_path, spark)
+    ex.set_barrier(OPEN)
+    start(ex, [1, 2], ts(1))
+    ex.sink_phase()
+    good = ex.status(1).checkpoint.checkpoint_ts
+    ex.set_barrier(Barrier(good))  # stage more, sink nothing yet
+    top = w.write(steps=2)
+    ex.pull_phase()
+    staged = ex.tables()[1].files
+    assert staged, "the tick staged table 1's new rows"
+    os.remove(ex.staging.path(1, staged[0]))
+    ex.set_barrier(OPEN)
+    ex.sink_phase()
+    errors = ex.errors()
+    assert list(errors) == [1]
+    for word in ("cannot be read", "staged again", "nothing to do", "accounts_1"):
+        assert word in errors[1], (word, errors[1])
+    assert ex.status(1).checkpoint.checkpoint_ts == good  # nothing written past the damage
+    assert ex.status(2).checkpoint.checkpoint_ts == top  # the other table goes on
+    again = make(tmp_path, spark)  # the next tick, in a fresh process
+    again.advance()
+    assert not again.errors()
+    assert again.status(1).checkpoint.checkpoint_ts == top
+    assert_replicated(tmp_path, w, top)

@@ -9,10 +9,13 @@ import pytest
 from upstream_helpers import Upstream, check_downstream
 
 from cdc_dagster.admin import AdminError
+from cdc_dagster.pipeline.staging import registration_area
 from cdc_dagster.runtime.capture import capture_commit, capture_prepare
+from cdc_dagster.runtime.spec import ExecutorSpec
 from cdc_dagster.runtime.wire import decode, encode
 from cdc_dagster.testing.driver import Driver
 from cdc_dagster.testing.fake_runtime import FileDownstream
+from cdc_dagster.upstream.uri import changelog_uri
 from scheduler_core.messages import DispatchTableRequest, Header, RemoveTableRequest
 
 
@@ -144,6 +147,28 @@ def test_a_capture_whose_lease_expired_registers_anew_in_its_next_run(
     step = driver.tick()
     anew = [p for p in step.prepares if p.capture_id == "capture-1"]
     assert anew and anew[0].registered_anew and anew[0].registration != old_epoch
+    driver.run_until(lambda t: driver.caught_up(t, upstream.resolved), max_ticks=30)
+    check_downstream(sink_uri)
+    # A late run of the old registration (frozen past its lease, then thawed) writes only
+    # into its own staging area: the live registration's manifest is not touched, and the
+    # stray area is gone after the live registration's next tick.
+    capture_dir = driver.staging_root / "cf" / "capture-1"
+    live = capture_dir / registration_area(anew[0].registration)
+    stale = capture_dir / registration_area(old_epoch)
+    assert sorted(p.name for p in capture_dir.iterdir()) == [live.name]
+    manifest = (live / "manifest.json").read_bytes()
+    ctx = driver.context("capture-1")
+    spec = ExecutorSpec(
+        "capture-1", "cf", stale, driver.staging_root, changelog_uri(upstream.root), sink_uri,
+        0, registration=old_epoch,
+    )  # fmt: skip
+    late = ctx.executor_factory(spec)
+    late.save()
+    assert (stale / "manifest.json").exists()
+    assert (live / "manifest.json").read_bytes() == manifest
+    driver.tick()
+    assert not stale.exists()
+    upstream.advance(upstream.ts(9000))
     driver.run_until(lambda t: driver.caught_up(t, upstream.resolved), max_ticks=30)
     check_downstream(sink_uri)
 
