@@ -44,7 +44,11 @@ def run(
     spark: Any, kind: str, specs: Sequence[dict[str, Any]], *, local_max_bytes: int = 0
 ) -> list[dict[str, Any]]:
     """Run ``kind`` ("pull" or "sink") for every spec in one Spark job, or in this process
-    when they read at most ``local_max_bytes`` together; one result per spec."""
+    when they read at most ``local_max_bytes`` together; one result per spec.
+
+    ``spark`` is a session, or a function returning one, called only when a job runs: a
+    capture whose ticks run in its process then never touches Spark, so a Spark Connect
+    server that is down or restarting holds up only the ticks that need it."""
     from pyspark.sql import functions as F
 
     if not specs:
@@ -52,6 +56,8 @@ def run(
     if sum(max(0, s.get("weight", 0)) for s in specs) <= local_max_bytes:
         fn = spark_tasks.pull_table if kind == "pull" else spark_tasks.sink_table
         return [fn(s) for s in specs]
+    if callable(spark):
+        spark = spark()
     slots = balance(specs, min(len(specs), parallelism(spark)))
     payload = F.array(*(F.lit(json.dumps(s)) for s in slots))
     df = spark.range(0, len(slots), 1, len(slots)).select(

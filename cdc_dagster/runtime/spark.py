@@ -11,8 +11,9 @@ from cdc_dagster.upstream.uri import changelog_path
 
 
 def spark_executor_factory(spark: Any, *, local_max_bytes: int = 0) -> ExecutorFactory:
-    """A factory of SparkTableExecutors on ``spark`` (a local session or Spark Connect); a
-    tick phase reading at most ``local_max_bytes`` runs in this process, without a job."""
+    """A factory of SparkTableExecutors on ``spark`` (a local session or Spark Connect, or a
+    function returning one when a job runs); a tick phase reading at most
+    ``local_max_bytes`` runs in this process, without a job."""
 
     def make(spec: ExecutorSpec) -> RuntimeExecutor:
         return SparkTableExecutor.load(  # type: ignore[return-value]

@@ -117,8 +117,9 @@ def capture_tick(
         capture_id,
         work,
         staging_root=settings.staging_dir(),
+        # The session only when a tick phase runs a Spark job (not for in-process ticks)
         executor_factory=spark_executor_factory(
-            spark.live_session(), local_max_bytes=settings.local_tick_bytes
+            spark.live_session, local_max_bytes=settings.local_tick_bytes
         ),
         lease_ttl_s=settings.capture_ttl_s,
     )

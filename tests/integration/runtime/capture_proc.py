@@ -66,6 +66,8 @@ def spark_factory() -> object:
             spec.sink_uri,
             spec.staging_root,
             spark,
+            spec.sync_point_interval_ms,
+            registration=spec.registration,
         )
 
     return make
