@@ -32,6 +32,7 @@ import dagster as dg
 from cdc_dagster.defs.capture.fencing import Received, StaleRunError, check_owner_rev
 from cdc_dagster.defs.catalog import Catalog
 from cdc_dagster.defs.owner.plan import CAPTURE_JOB
+from cdc_dagster.defs.owner.stale_runs import REGISTRATION_TAG
 from cdc_dagster.defs.partitions import CAPTURES
 from cdc_dagster.defs.resources import CdcResource, SparkResource
 from cdc_dagster.defs.tables.assets import MaterializationThrottle, materializations
@@ -83,7 +84,9 @@ def receive(context: dg.OpExecutionContext, config: ReceiveConfig, cdc: CdcResou
         owner = ms.election.current_owner()
         check_owner_rev(config.capture_id, config.owner_rev, owner.owner_rev if owner else None)
         try:
-            ttl = ms.captures.attach(config.capture_id).keep_alive()
+            session = ms.captures.attach(config.capture_id)
+            ttl = session.keep_alive()
+            tag_registration(context, session.epoch)
         except CaptureNotRegisteredError:
             ttl = 0  # expired: prepare registers it anew (new epoch, empty staging)
         # What the owner sent after this run was requested (while it waited in the queue
@@ -105,6 +108,13 @@ def receive(context: dg.OpExecutionContext, config: ReceiveConfig, cdc: CdcResou
         f"renewed, ttl {ttl} s" if ttl else "expired: registering anew",
     )
     return Received(config.capture_id, config.owner_rev, config.tick, ttl, merge(work, later))
+
+
+def tag_registration(context: dg.OpExecutionContext, registration: str) -> None:
+    """Tag the run with the registration it works under: the owner retires only runs of an
+    expired one (cdc_dagster/defs/owner/stale_runs.py), never one that has not attached."""
+    if registration and context.run.tags.get(REGISTRATION_TAG) != registration:
+        context.instance.add_run_tags(context.run_id, {REGISTRATION_TAG: registration})
 
 
 def capture_tick(
@@ -177,7 +187,10 @@ class FollowConfig(dg.Config):
 class _Follow:
     """The follow loop's state: what to tick next, and when it last ticked on its own."""
 
-    def __init__(self, cdc: CdcResource, received: Received) -> None:
+    def __init__(
+        self, context: dg.OpExecutionContext, cdc: CdcResource, received: Received
+    ) -> None:
+        self.context = context
         self.ms, self.cid, self.rev = cdc.metastore(), received.capture_id, received.owner_rev
         self.serving = set(received.messages)  # changefeeds the owner sent this capture
         self.watch = FrontierWatch(self.ms)
@@ -191,6 +204,7 @@ class _Follow:
             self.registration = self.ms.captures.attach(self.cid).epoch
         except (CaptureNotRegisteredError, LeaseExpiredError):
             self.registration = ""
+        tag_registration(context, self.registration)
 
     def next_work(self) -> tuple[dict[str, Any], str]:
         """The owner's messages if any, else changefeeds with new resolved data (when a
@@ -215,6 +229,12 @@ class _Follow:
             self.idle = sum(p.rows_applied for p in progress) == before
         for outcome in capture.prepared.values():  # the registration its tick attached to
             self.registration = outcome.registration
+        tag_registration(self.context, self.registration)
+
+    def canceling(self) -> bool:
+        """Whether this run was marked canceling (by the owner, or a person in the UI)."""
+        run = self.context.instance.get_run_by_id(self.context.run_id)
+        return run is not None and run.status == dg.DagsterRunStatus.CANCELING
 
 
 def _still_ours(f: _Follow, state: dict[str, float]) -> str:
@@ -223,6 +243,8 @@ def _still_ours(f: _Follow, state: dict[str, float]) -> str:
     it too)."""
     now = time.monotonic()
     if now - state["owner_checked"] >= OWNER_CHECK_S:
+        if f.canceling():
+            return "the run was marked canceling"
         owner = f.ms.election.current_owner()
         if owner is None or owner.owner_rev != f.rev:
             return f"owner_rev {f.rev} is no longer the owner"
@@ -260,7 +282,7 @@ def build_follow_op(catalog: Catalog) -> dg.OpDefinition:
         if config.seconds <= 0:
             context.log.info("one tick per run (follow seconds = 0)")
             return
-        f = _Follow(cdc, received)
+        f = _Follow(context, cdc, received)
         started = time.monotonic()
         state = {"renewed": started, "owner_checked": 0.0}
         ticks, why_stopped = {"owner": 0, "data": 0}, "time is up"

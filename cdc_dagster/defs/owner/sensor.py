@@ -159,7 +159,12 @@ def build_owner_sensor(
             ),
         )
         if owner.is_owner:  # runs of expired registrations must not hold their capture's slot
-            stopped = cancel_expired_runs(context.instance, owner.registered)
+            registered = {
+                c: info.epoch
+                for c in owner.registered
+                if (info := loop.metastore.captures.get(c)) is not None
+            }
+            stopped = cancel_expired_runs(context.instance, registered)
             for line in stopped + force_cancel_hung_runs(context.instance):
                 context.log.warning(line)
         # A run that follows its mailbox (capture_loop_s > 0) takes the messages sent while

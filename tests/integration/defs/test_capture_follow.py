@@ -27,6 +27,7 @@ from test_capture_job import _first_create, _workload, spark  # noqa: F401 - a f
 from cdc_dagster import admin
 from cdc_dagster.defs import build_definitions
 from cdc_dagster.defs.catalog import catalog_from_changelog
+from cdc_dagster.defs.owner.stale_runs import REGISTRATION_TAG
 from cdc_dagster.defs.resources import CdcResource
 from cdc_dagster.metastore import Metastore
 
@@ -243,7 +244,9 @@ def test_a_following_capture_sinks_new_data_without_waiting_for_an_owner_tick(
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("leave", ["owner_resigns", "capture_removed", "registered_again"])
+@pytest.mark.parametrize(
+    "leave", ["owner_resigns", "capture_removed", "registered_again", "run_canceling"]
+)
 def test_follow_stops_early_when_its_owner_or_its_capture_is_gone(
     leave: str,
     tmp_path: Path,
@@ -285,8 +288,14 @@ def test_follow_stops_early_when_its_owner_or_its_capture_is_gone(
         run.start()
         time.sleep(8)  # past the first tick, into the follow loop
         assert run.is_alive()
+        (running,) = instance.get_runs()
+        # The run says which registration it works under (the owner retires only runs of
+        # an expired one: cdc_dagster/defs/owner/stale_runs.py).
+        assert running.tags[REGISTRATION_TAG] == metastore.captures.attach("c1").epoch
         if leave == "owner_resigns":
             session.resign()
+        elif leave == "run_canceling":  # the owner retired it, or a person in the UI
+            instance.report_run_canceling(running)
         elif leave == "capture_removed":
             admin.remove_capture(metastore, "c1")
         else:  # what the owner does once a frozen run let the lease expire
@@ -302,6 +311,7 @@ def test_follow_stops_early_when_its_owner_or_its_capture_is_gone(
             "owner_resigns": "no longer the owner",
             "capture_removed": "no longer registered",
             "registered_again": "was registered again",
+            "run_canceling": "marked canceling",
         }[leave]
         assert want in summary, summary
         if leave == "registered_again":  # the run left the new registration alone

@@ -11,7 +11,13 @@ from dagster._core.test_utils import create_run_for_test
 
 from cdc_dagster.defs.owner.plan import CAPTURE_JOB
 from cdc_dagster.defs.owner.sensor import queued_captures
-from cdc_dagster.defs.owner.stale_runs import cancel_expired_runs, force_cancel_hung_runs
+from cdc_dagster.defs.owner.stale_runs import (
+    REGISTRATION_TAG,
+    UNATTACHED_S,
+    cancel_expired_runs,
+    force_cancel_hung_runs,
+    is_stale,
+)
 
 
 @pytest.fixture
@@ -20,10 +26,16 @@ def instance() -> Iterator[dg.DagsterInstance]:
         yield inst
 
 
-def _run(instance: dg.DagsterInstance, capture: str, status: dg.DagsterRunStatus) -> str:
-    run = create_run_for_test(
-        instance, job_name=CAPTURE_JOB, status=status, tags={"dagster/partition": capture}
-    )
+def _run(
+    instance: dg.DagsterInstance,
+    capture: str,
+    status: dg.DagsterRunStatus,
+    registration: str | None = None,
+) -> str:
+    tags = {"dagster/partition": capture}
+    if registration is not None:
+        tags[REGISTRATION_TAG] = registration
+    run = create_run_for_test(instance, job_name=CAPTURE_JOB, status=status, tags=tags)
     return run.run_id
 
 
@@ -36,17 +48,27 @@ def _status(instance: dg.DagsterInstance, run_id: str) -> dg.DagsterRunStatus:
 def test_a_frozen_run_of_a_re_registered_capture_frees_its_slot(
     instance: dg.DagsterInstance, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    frozen = _run(instance, "capture-1", dg.DagsterRunStatus.STARTED)
-    healthy = _run(instance, "capture-2", dg.DagsterRunStatus.STARTED)
+    frozen = _run(instance, "capture-1", dg.DagsterRunStatus.STARTED, "old")
+    healthy = _run(instance, "capture-2", dg.DagsterRunStatus.STARTED, "c2")
+    # Runs that belong to the new registration, or to none yet, are left alone: they
+    # renew it (retiring them kept a loaded machine's captures expiring, run after run).
+    launching = _run(instance, "capture-1", dg.DagsterRunStatus.STARTING)
+    attached_anew = _run(instance, "capture-1", dg.DagsterRunStatus.STARTED, "new")
+    not_attached_yet = _run(instance, "capture-1", dg.DagsterRunStatus.STARTED)
     # Never the launcher's terminate: on a frozen run it hangs the code server with it.
     monkeypatch.setattr(
         instance.run_launcher, "terminate", lambda run_id: pytest.fail(run_id), raising=False
     )
-    lines = cancel_expired_runs(instance, ["capture-1"])
+    lines = cancel_expired_runs(instance, {"capture-1": "new"})
 
     assert len(lines) == 1 and frozen in lines[0]
     assert _status(instance, frozen) == dg.DagsterRunStatus.CANCELING
     assert _status(instance, healthy) == dg.DagsterRunStatus.STARTED
+    assert _status(instance, launching) == dg.DagsterRunStatus.STARTING
+    assert _status(instance, attached_anew) == dg.DagsterRunStatus.STARTED
+    assert _status(instance, not_attached_yet) == dg.DagsterRunStatus.STARTED
+    for run_id in (launching, attached_anew, not_attached_yet):  # out of the way below
+        instance.report_run_canceled(instance.get_run_by_id(run_id))
     # Still canceling within the grace: left alone; past it: canceled, the slot is free.
     assert force_cancel_hung_runs(instance, grace_s=3600) == []
     lines = force_cancel_hung_runs(instance, grace_s=0)
@@ -62,7 +84,22 @@ def test_no_capture_registered_again_terminates_nothing(
     monkeypatch.setattr(
         instance.run_launcher, "terminate", lambda run_id: pytest.fail(run_id), raising=False
     )
-    assert cancel_expired_runs(instance, []) == []
-    assert cancel_expired_runs(instance, ["capture-9"]) == []
+    assert cancel_expired_runs(instance, {}) == []
+    assert cancel_expired_runs(instance, {"capture-9": "e9"}) == []
     assert force_cancel_hung_runs(instance, grace_s=0) == []
     assert _status(instance, running) == dg.DagsterRunStatus.STARTED
+
+
+def test_a_run_is_stale_when_it_attached_to_another_registration_or_never_attached() -> None:
+    def run(tag: str | None) -> dg.DagsterRun:
+        tags = {"dagster/partition": "capture-1"}
+        if tag is not None:
+            tags[REGISTRATION_TAG] = tag
+        return dg.DagsterRun(job_name=CAPTURE_JOB, tags=tags)
+
+    now = 10_000.0
+    assert is_stale(run("old"), now - 5, "new", now)
+    assert not is_stale(run("new"), now - 5, "new", now)
+    assert not is_stale(run(None), now - 5, "new", now)  # attaches to "new" in its first op
+    assert not is_stale(run(None), None, "new", now)
+    assert is_stale(run(None), now - UNATTACHED_S - 1, "new", now)  # hung before attaching
