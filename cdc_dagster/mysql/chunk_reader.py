@@ -2,27 +2,28 @@
 
 What one Spark task (or any worker) does for one key range of a table
 (``mysql.snapshots``): for each chunk, take the table's metadata lock (a transaction that
-opened it: DDL waits, writes do not), check the catalog's columns are the change log's
-schema, open ``START TRANSACTION WITH CONSISTENT SNAPSHOT`` and note its binlog position,
-read the next keys (keyset, in key order), end both transactions, and write the chunk's
-rows in the data-file layout (no ``_commit_ts``: the puller places them). A killed reader
-loses at most the chunk it was reading: the next one starts at the first key not read.
+opened it, on a connection kept for the range: DDL waits, writes do not), check the
+catalog's columns are the change log's schema, read the next keys (keyset, in key order)
+in a ``START TRANSACTION WITH CONSISTENT SNAPSHOT`` whose binlog position comes with the
+rows (``mysql.chunk_select``), end both transactions, and write the chunk's rows in the
+data-file layout (no ``_commit_ts``: the puller places them). A killed reader loses at most
+the chunk it was reading: the next one starts at the first key not read.
 """
 
 from __future__ import annotations
 
 import itertools
+import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
-import numpy as np
 import pyarrow as pa
 
 from cdc_dagster.mysql.catalog import quote_ident as _q
 from cdc_dagster.mysql.catalog import read_table
+from cdc_dagster.mysql.chunk_select import ChunkClient, client_for
 from cdc_dagster.mysql.errors import PullerBusyError
-from cdc_dagster.mysql.position import mariadb_snapshot_state
 from cdc_dagster.mysql.snapshots import (
     Chunk,
     Key,
@@ -38,12 +39,12 @@ from cdc_dagster.mysql.snapshots import (
     write_chunk,
     write_plan,
 )
-from cdc_dagster.mysql.types import converter, passthrough
 from cdc_dagster.mysql.upstream import connect
-from cdc_dagster.schema import TableSchema, arrow_type
+from cdc_dagster.schema import TableSchema
 from cdc_dagster.upstream.changelog import ChangeLog
-from cdc_dagster.upstream.uri import UpstreamConfig
+from cdc_dagster.upstream.uri import UpstreamConfig, parse_uri
 
+RESULT = pa.schema([("table_id", pa.int64()), ("range", pa.int64()), ("rows", pa.int64())])
 SCHEMA_WAIT_S = 60.0  # a DDL the puller has not written yet: wait this long for it
 Progress = Callable[[Chunk], None]
 
@@ -56,32 +57,48 @@ def read_range(
     range_no: int,
     chunk_rows: int = 50_000,
     progress: Progress | None = None,
+    client: str = "auto",
 ) -> int:
-    """Read range ``range_no`` of the table's snapshot plan to its end; rows read."""
+    """Read range ``range_no`` of the table's snapshot plan to its end; rows read.
+    ``client``: which client reads the rows (``chunk_select.client_for``)."""
     plan = read_plan(root, table_id, generation)
     if plan is None:
         raise PullerBusyError(f"table {table_id}: no snapshot plan of generation {generation}")
     gen_dir = generation_dir(root, table_id, generation)
-    total = 0
-    while True:
-        # pending first: the puller marks a chunk done before it removes its file
-        pending = {(c.range_no, c.chunk_no): c for _, c in pending_chunks(gen_dir)}
-        records = done_chunks(gen_dir) | pending
-        if not gen_dir.exists():
-            return total  # released meanwhile: every chunk was placed
-        nr = next_read(plan, range_no, records, chunk_rows)
-        if nr is None:
-            return total
-        schema, version = _schema(root, table_id)
-        chunk, rows = _read_chunk(upstream, schema, version, range_no, nr)
-        write_chunk(gen_dir, chunk, rows)
-        total += chunk.rows
-        if progress is not None:
-            progress(chunk)
-
-
-def _schema(root: str, table_id: int) -> tuple[TableSchema, int]:
     log = ChangeLog(root)
+    lock = connect(upstream)
+    reader: tuple[int, ChunkClient] | None = None  # (schema version, client)
+    total = 0
+    try:
+        while True:
+            # pending first: the puller marks a chunk done before it removes its file
+            pending = {(c.range_no, c.chunk_no): c for _, c in pending_chunks(gen_dir)}
+            records = done_chunks(gen_dir) | pending
+            if not gen_dir.exists():
+                return total  # released meanwhile: every chunk was placed
+            nr = next_read(plan, range_no, records, chunk_rows)
+            if nr is None:
+                return total
+            schema, version = _lock_and_check(lock, log, table_id)
+            try:
+                if reader is None or reader[0] != version:
+                    if reader is not None:
+                        reader[1].close()
+                    reader = (version, client_for(upstream, schema, version, client))
+                chunk, rows = _read_chunk(reader[1], version, range_no, nr)
+            finally:
+                lock.rollback()  # the metadata lock: held only while the chunk was read
+            write_chunk(gen_dir, chunk, rows)
+            total += chunk.rows
+            if progress is not None:
+                progress(chunk)
+    finally:
+        if reader is not None:
+            reader[1].close()
+        lock.close()
+
+
+def _schema(log: ChangeLog, table_id: int) -> tuple[TableSchema, int]:
     ts = log.ddl_resolved_ts()
     schema, version = log.schema_at(table_id, ts), log.schema_version_at(table_id, ts)
     if schema is None or version is None:
@@ -90,43 +107,32 @@ def _schema(root: str, table_id: int) -> tuple[TableSchema, int]:
 
 
 def _read_chunk(
-    upstream: UpstreamConfig, schema: TableSchema, version: int, range_no: int, nr: NextRead
-) -> tuple[Chunk, pa.Table]:
-    lock = connect(upstream)
-    snap = connect(upstream)
-    try:
-        _lock_and_check(lock, schema)
-        with snap.cursor() as cur:
-            cur.execute("SET SESSION time_zone = '+00:00'")
-            cur.execute("SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ")
-            position = mariadb_snapshot_state(cur).position
-            cur.execute(*_select(schema, nr))
-            rows = cur.fetchall()
-        snap.rollback()
-        lock.rollback()
-    finally:
-        snap.close()
-        lock.close()
-    key_pos = [[c.id for c in schema.columns].index(k) for k in schema.primary_key]
-    full = nr.limit is not None and len(rows) == nr.limit
-    hi = encode_key([rows[-1][i] for i in key_pos]) if full else nr.bound
-    chunk = Chunk(range_no, nr.chunk_no, position, nr.lo, hi, not full and not nr.fills_hole,
-                  len(rows), version)  # fmt: skip
-    return chunk, chunk_table(schema, version, rows)
+    client: ChunkClient, version: int, range_no: int, nr: NextRead
+) -> tuple[Chunk, Any]:
+    got = client.select((decode_key(nr.lo), decode_key(nr.bound)), nr.limit, snapshot=True)
+    n = got.rows.num_rows
+    full = nr.limit is not None and n == nr.limit
+    hi = encode_key(got.last_key) if full else nr.bound
+    chunk = Chunk(range_no, nr.chunk_no, got.position, nr.lo, hi,
+                  not full and not nr.fills_hole, n, version)  # fmt: skip
+    return chunk, got.rows
 
 
-def _lock_and_check(lock: Any, schema: TableSchema) -> None:
-    """Take the table's metadata lock; wait while the catalog is ahead of the change log."""
-    table = f"{_q(schema.database)}.{_q(schema.table)}"
+def _lock_and_check(lock: Any, log: ChangeLog, table_id: int) -> tuple[TableSchema, int]:
+    """Take the table's metadata lock on ``lock`` (its transaction stays open: the caller
+    ends it) once the catalog's columns are the change log's schema; that schema. While the
+    catalog is ahead (a DDL the puller has not written yet), wait for the change log."""
     deadline = time.monotonic() + SCHEMA_WAIT_S
-    want = [(c.name, c.type) for c in schema.columns]
     while True:
+        schema, version = _schema(log, table_id)
+        table = f"{_q(schema.database)}.{_q(schema.table)}"
         with lock.cursor() as cur:
             cur.execute("START TRANSACTION")
             cur.execute(f"SELECT 1 FROM {table} LIMIT 0")  # the metadata lock
         raw = read_table(lock, schema.database, schema.table)
+        want = [(c.name, c.type) for c in schema.columns]
         if raw is not None and [(n, t) for n, t, _, _ in raw.columns] == want:
-            return
+            return schema, version
         lock.rollback()
         if time.monotonic() > deadline:
             raise PullerBusyError(
@@ -136,63 +142,22 @@ def _lock_and_check(lock: Any, schema: TableSchema) -> None:
         time.sleep(0.5)
 
 
-def _select(schema: TableSchema, nr: NextRead) -> tuple[str, tuple]:
-    # FLOAT through the text protocol keeps 6 digits; as DOUBLE it is the exact float32 value
-    cols = ", ".join(
-        f"CAST({_q(c.name)} AS DOUBLE)" if c.type == "float32" else _q(c.name)
-        for c in schema.columns
-    )
-    keys = [_q(schema.column(k).name) for k in schema.primary_key]
-    where, args = [], []
-    lo, bound = decode_key(nr.lo), decode_key(nr.bound)
-    if lo is not None:
-        w, a = _compare(keys, list(lo), ">")
-        where.append(w)
-        args += a
-    if bound is not None:
-        w, a = _compare(keys, list(bound), "<")
-        where.append(w)
-        args += a
-    sql = f"SELECT {cols} FROM {_q(schema.database)}.{_q(schema.table)}"
-    if where:
-        sql += " WHERE " + " AND ".join(where)
-    sql += f" ORDER BY {', '.join(keys)}"
-    if nr.limit is not None:
-        sql += f" LIMIT {nr.limit}"
-    return sql, tuple(args)
+def read_spec(spec: dict[str, Any]) -> int:
+    """Read one (table, range) spec to its end; rows read."""
+    return read_range(parse_uri(spec["upstream_uri"]), spec["root"], spec["table_id"],
+                      spec["generation"], spec["range"], spec["chunk_rows"],
+                      client=spec.get("client", "auto"))  # fmt: skip
 
 
-def _compare(cols: list[str], values: list[Any], op: str) -> tuple[str, list[Any]]:
-    """Keys after (``>``) or up to (``<``: at or before) ``values`` in key order, as OR of
-    prefixes (an index range scan in every MariaDB/MySQL version)."""
-    terms, args = [], []
-    for i in range(len(cols)):
-        eq = [f"{c} = %s" for c in cols[:i]]
-        last = len(cols) - 1
-        cmp = f"{cols[i]} {op}{'=' if op == '<' and i == last else ''} %s"
-        terms.append("(" + " AND ".join([*eq, cmp]) + ")")
-        args += [*values[:i], values[i]]
-    return "(" + " OR ".join(terms) + ")", args
-
-
-def chunk_table(schema: TableSchema, version: int, rows: list[tuple]) -> pa.Table:
-    """Snapshot rows (tuples in schema order, as pymysql gives them) in the data-file layout
-    without ``_commit_ts``: inserts, ``_seq`` 0..n-1."""
-    n = len(rows)
-    arrays: dict[str, Any] = {
-        "_seq": pa.array(np.arange(n, dtype=np.int32)),
-        "_op": pa.array(np.ones(n, np.int8)),
-        "_schema_version": pa.array(np.full(n, version, np.int64)),
-    }
-    for i, c in enumerate(schema.columns):
-        values = [r[i] for r in rows]
-        ok, fn = passthrough(c.type), converter(c.type)
-        if ok is None or any(v is not None and type(v) is not ok for v in values):
-            values = [None if v is None else fn(v) for v in values]
-        arrays[f"c{c.id}"] = pa.array(values, arrow_type(c.type))
-    for k in schema.primary_key:
-        arrays[f"b{k}"] = pa.nulls(n, arrow_type(schema.column(k).type))
-    return pa.table(arrays)
+def read_groups(groups: list[str], batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """``mapInArrow`` body over ``spark.range``: group ``id``'s specs, one after another."""
+    out = []
+    for batch in batches:
+        for gid in batch.column("id").to_pylist():
+            for spec in json.loads(groups[gid]):
+                out.append({"table_id": spec["table_id"], "range": spec["range"],
+                            "rows": read_spec(spec)})  # fmt: skip
+    yield pa.RecordBatch.from_pylist(out, schema=RESULT)
 
 
 def plan_table(
@@ -209,7 +174,7 @@ def plan_table(
     plan = read_plan(root, table_id, generation)
     if plan is not None:
         return plan
-    schema, _ = _schema(root, table_id)
+    schema, _ = _schema(ChangeLog(root), table_id)
     ranges: list[tuple[Key, Key]] = [(None, None)]
     key = [schema.column(k) for k in schema.primary_key]
     split = len(key) == 1 and key[0].type.startswith(("int", "uint")) and parallelism > 1
@@ -236,4 +201,4 @@ def plan_table(
     return plan
 
 
-__all__ = ["chunk_table", "plan_table", "read_range"]
+__all__ = ["RESULT", "plan_table", "read_groups", "read_range", "read_spec"]
