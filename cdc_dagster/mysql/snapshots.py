@@ -169,6 +169,31 @@ def release_generation(gen_dir: Path) -> None:
     shutil.rmtree(away, ignore_errors=True)
 
 
+def sweep_generations(root: str | os.PathLike[str], snapshots: dict[int, int]) -> int:
+    """Remove the generation dirs of snapshots no longer held (``snapshots``: table id ->
+    generation), and what a removal cut short left; how many. A puller that saved a table's
+    release and died before removing its files leaves them; nothing reads them again."""
+    base = Path(root) / "snapshot"
+    if not base.is_dir():
+        return 0
+    removed = 0
+    for table_dir in base.iterdir():
+        for gen_dir in table_dir.iterdir() if table_dir.is_dir() else ():
+            keep = (
+                table_dir.name.isdigit()
+                and gen_dir.name.isdigit()
+                and (snapshots.get(int(table_dir.name)) == int(gen_dir.name))
+            )
+            if keep or not gen_dir.is_dir():
+                continue
+            if gen_dir.name.isdigit():
+                release_generation(gen_dir)
+            else:  # a ``.released-*`` dir whose removal was cut short
+                shutil.rmtree(gen_dir, ignore_errors=True)
+            removed += 1
+    return removed
+
+
 def write_plan(root: str | os.PathLike[str], plan: Plan) -> None:
     path = generation_dir(root, plan.table_id, plan.generation) / "plan.json"
     write_json(path, plan.to_json())
@@ -416,6 +441,7 @@ __all__ = [
     "read_plan",
     "release_generation",
     "snapshot_progress",
+    "sweep_generations",
     "table_progress",
     "write_chunk",
     "write_plan",
