@@ -31,6 +31,7 @@ from cdc_dagster.secrets import redact_text
 
 SNAPSHOT_ASSET_PREFIX = "mysql_snapshot"
 POLL_S = 3.0  # how often a run looks at the chunks its tasks wrote
+PLACED_POLL_S = 0.5  # ... and, its reads done, whether the puller placed them (then it ends)
 # Observations per run (dagster#19618: ~1,000 in one run slowed each to seconds): past
 # this, a table's progress goes to the log only, and its last observation at its end.
 MAX_OBSERVATIONS = 400
@@ -40,8 +41,10 @@ class SnapshotConfig(dg.Config):
     """Which changefeed's snapshots to read, and how."""
 
     changefeed_id: str
-    parallelism: int = 4  # key ranges per table (Spark tasks)
+    parallelism: int = 4  # key ranges per table (read in parallel)
     chunk_rows: int = 50_000
+    tasks: int = 0  # Spark tasks the ranges are spread over (0: the session's task slots)
+    client: str = "auto"  # chunk reads: auto (connectorx where it can), arrow, rows (pymysql)
     use_spark: bool = True  # False: the ranges one after another in the run's process
     place_wait_s: float = 30.0  # after reading: wait this long for the chunks to be placed
 
@@ -105,7 +108,7 @@ class ProgressWatch:
         """Poll until the puller placed every table this run saw, or ``seconds`` passed."""
         deadline = time.monotonic() + seconds
         while self.poll() and time.monotonic() < deadline:
-            time.sleep(min(POLL_S, max(deadline - time.monotonic(), 0.0)))
+            time.sleep(min(PLACED_POLL_S, max(deadline - time.monotonic(), 0.0)))
 
     def poll(self) -> bool:
         """Render what changed; whether any table this run saw is still being snapshotted."""
@@ -149,9 +152,12 @@ def _completed(p: Any) -> Any:
 
 def _read(config: SnapshotConfig, uri: str, root: str, spark: SparkResource) -> int:
     from cdc_dagster.mysql.snapshot_runner import run_snapshots
+    from cdc_dagster.pipeline.job import parallelism
 
     session = spark.live_session() if config.use_spark else None
-    return run_snapshots(uri, root, session, config.parallelism, config.chunk_rows)
+    tasks = config.tasks or (parallelism(session) if session is not None else 0)
+    return run_snapshots(uri, root, session, config.parallelism, config.chunk_rows, tasks,
+                         config.client)  # fmt: skip
 
 
 def build_snapshot_job(catalog: Catalog) -> dg.JobDefinition:
@@ -174,7 +180,7 @@ def build_snapshot_job(catalog: Catalog) -> dg.JobDefinition:
             cf = cdc.metastore().changefeeds.get(config.changefeed_id)
             uri = cf.info.upstream_uri
             root = changelog_path(uri)
-            specs = snapshot_specs(uri, root, config.parallelism, config.chunk_rows)
+            specs = snapshot_specs(uri, root, config.parallelism, config.chunk_rows, config.client)
             context.log.info("%d table range(s) to read, of tables %s", len(specs),
                              sorted({s["table_id"] for s in specs}))  # fmt: skip
             watch = ProgressWatch(context, catalog, config.changefeed_id, root)
@@ -182,6 +188,8 @@ def build_snapshot_job(catalog: Catalog) -> dg.JobDefinition:
             started = time.monotonic()
             rows = watch.watch(lambda: _read(config, uri, root, spark))
             seconds = time.monotonic() - started
+            context.log.info("reads done: %d rows in %.1f s; waiting for the puller to place "
+                             "them", rows, seconds)  # fmt: skip
             watch.wait_placed(config.place_wait_s)
         except (MetastoreError, PullerError, UpstreamError) as exc:
             raise dg.Failure(redact_text(" ".join(str(exc).split()))) from None
