@@ -44,7 +44,10 @@ from cdc_dagster.schema import TableSchema
 from cdc_dagster.upstream.changelog import ChangeLog
 from cdc_dagster.upstream.uri import UpstreamConfig, parse_uri
 
-RESULT = pa.schema([("table_id", pa.int64()), ("range", pa.int64()), ("rows", pa.int64())])
+# one row per (table, range) a task read: its rows and when (wall clock) it began and ended
+RESULT = pa.schema([("table_id", pa.int64()), ("range", pa.int64()), ("rows", pa.int64()),
+                    ("task", pa.int64()), ("began", pa.float64()), ("ended", pa.float64())])  # fmt: skip
+RESULT_DDL = "table_id long, range long, rows long, task long, began double, ended double"
 SCHEMA_WAIT_S = 60.0  # a DDL the puller has not written yet: wait this long for it
 Progress = Callable[[Chunk], None]
 
@@ -149,14 +152,23 @@ def read_spec(spec: dict[str, Any]) -> int:
                       client=spec.get("client", "auto"))  # fmt: skip
 
 
+def read_group(specs: list[dict[str, Any]], task: int) -> list[dict[str, Any]]:
+    """Read the specs one after another; a ``RESULT`` row each."""
+    out = []
+    for spec in specs:
+        began = time.time()
+        rows = read_spec(spec)
+        out.append({"table_id": spec["table_id"], "range": spec["range"], "rows": rows,
+                    "task": task, "began": began, "ended": time.time()})  # fmt: skip
+    return out
+
+
 def read_groups(groups: list[str], batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     """``mapInArrow`` body over ``spark.range``: group ``id``'s specs, one after another."""
     out = []
     for batch in batches:
         for gid in batch.column("id").to_pylist():
-            for spec in json.loads(groups[gid]):
-                out.append({"table_id": spec["table_id"], "range": spec["range"],
-                            "rows": read_spec(spec)})  # fmt: skip
+            out += read_group(json.loads(groups[gid]), gid)
     yield pa.RecordBatch.from_pylist(out, schema=RESULT)
 
 
@@ -168,37 +180,70 @@ def plan_table(
     parallelism: int,
     chunk_rows: int,
 ) -> Plan:
-    """Split the table into key ranges read in parallel: a single integer key by equal
-    spans of [min, max]; any other key as one range. Written once (a resumed run reuses it),
-    with the table's row count then (what progress counts chunks against)."""
-    plan = read_plan(root, table_id, generation)
-    if plan is not None:
-        return plan
-    schema, _ = _schema(ChangeLog(root), table_id)
+    """Split the table into key ranges read in parallel (``plan_tables``)."""
+    return plan_tables(upstream, root, {table_id: generation}, parallelism, chunk_rows)[table_id]
+
+
+def plan_tables(
+    upstream: UpstreamConfig,
+    root: str,
+    snapshots: dict[int, int],
+    parallelism: int,
+    chunk_rows: int,
+) -> dict[int, Plan]:
+    """Each snapshot's (table id -> generation) key ranges, read in parallel: a single
+    integer key by equal spans of [min, max]; any other key as one range. Written once (a
+    resumed run reuses it), with the table's row count then (what progress counts chunks
+    against). One connection and one change-log reader for all of them."""
+    plans: dict[int, Plan] = {}
+    for tid, gen in snapshots.items():
+        if (plan := read_plan(root, tid, gen)) is not None:
+            plans[tid] = plan
+    todo = [tid for tid in snapshots if tid not in plans]
+    if not todo:
+        return plans
+    log = ChangeLog(root)
+    conn = connect(upstream)
+    try:
+        for tid in todo:
+            plans[tid] = _plan(conn, log, tid, snapshots[tid], parallelism, chunk_rows)
+            write_plan(root, plans[tid])
+    finally:
+        conn.close()
+    return plans
+
+
+def _plan(
+    conn: Any, log: ChangeLog, table_id: int, generation: int, parallelism: int, chunk_rows: int
+) -> Plan:
+    schema, _ = _schema(log, table_id)
     ranges: list[tuple[Key, Key]] = [(None, None)]
     key = [schema.column(k) for k in schema.primary_key]
     split = len(key) == 1 and key[0].type.startswith(("int", "uint")) and parallelism > 1
     table = f"{_q(schema.database)}.{_q(schema.table)}"
-    conn = connect(upstream)
-    try:
-        with conn.cursor() as cur:
-            if split:
-                name = _q(key[0].name)
-                cur.execute(f"SELECT MIN({name}), MAX({name}), COUNT(*) FROM {table}")
-                lo, hi, count = cur.fetchone()
-            else:  # the count only sizes the progress shown (chunks done / total)
-                cur.execute(f"SELECT COUNT(*) FROM {table}")
-                lo, hi, count = None, None, cur.fetchone()[0]
-    finally:
-        conn.close()
+    with conn.cursor() as cur:
+        if split:
+            name = _q(key[0].name)
+            cur.execute(f"SELECT MIN({name}), MAX({name}), COUNT(*) FROM {table}")
+            lo, hi, count = cur.fetchone()
+        else:  # the count only sizes the progress shown (chunks done / total)
+            cur.execute(f"SELECT COUNT(*) FROM {table}")
+            lo, hi, count = None, None, cur.fetchone()[0]
     n = min(parallelism, max(1, (count or 0) // chunk_rows))
     if split and lo is not None and n > 1:
         cuts = [lo + (hi - lo) * i // n for i in range(1, n)]
         bounds: list[Key] = [None, *([c] for c in cuts), None]
         ranges = list(itertools.pairwise(bounds))
-    plan = Plan(table_id, generation, tuple(ranges), int(count or 0), chunk_rows)
-    write_plan(root, plan)
-    return plan
+    return Plan(table_id, generation, tuple(ranges), int(count or 0), chunk_rows)
 
 
-__all__ = ["RESULT", "plan_table", "read_groups", "read_range", "read_spec"]
+__all__ = [
+    "RESULT",
+    "RESULT_DDL",
+    "plan_table",
+    "plan_tables",
+    "read_group",
+    "read_groups",
+    "read_range",
+    "read_spec",
+]

@@ -14,9 +14,11 @@ from __future__ import annotations
 import functools
 import json
 import os
+import time
+from dataclasses import dataclass
 from typing import Any
 
-from cdc_dagster.mysql.chunk_reader import plan_table, read_groups, read_spec
+from cdc_dagster.mysql.chunk_reader import RESULT_DDL, plan_tables, read_group, read_groups
 from cdc_dagster.mysql.state import load_state
 from cdc_dagster.pipeline.job import balance
 from cdc_dagster.secrets import resolve_uri
@@ -35,14 +37,75 @@ def snapshot_specs(
     # not): the specs carry the credentials to the tasks; they are never printed
     resolved = resolve_uri(upstream_uri, os.environ)
     specs = []
+    plans = plan_tables(upstream, root, state.snapshots, parallelism, chunk_rows)
     for tid, gen in sorted(state.snapshots.items()):
-        plan = plan_table(upstream, root, tid, gen, parallelism, chunk_rows)
+        plan = plans[tid]
         for r in range(len(plan.ranges)):
             specs.append({"upstream_uri": resolved, "root": root, "table_id": tid,
                           "generation": gen, "range": r, "chunk_rows": chunk_rows,
                           "client": client,
                           "weight": plan.rows // max(len(plan.ranges), 1)})  # fmt: skip
     return specs
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotReads:
+    """What one ``run_snapshot_reads`` did: rows, and where its time went."""
+
+    rows: int
+    ranges: int
+    tasks: int  # Spark tasks (0: read here, one range after another)
+    seconds: float  # the whole call, planning included
+    first_began: float  # wall clock: the first range's read began (after planning, the
+    last_ended: float  # job's start and the workers' start), ... and the last one ended
+    task_seconds: float  # the longest task's reading time
+
+    def line(self) -> str:
+        """One line for a run log."""
+        return (
+            f"{self.rows} rows of {self.ranges} range(s) read in {self.seconds:.1f} s by "
+            f"{self.tasks or 'no'} Spark task(s): reading from {self.first_began:.3f} to "
+            f"{self.last_ended:.3f} (wall clock), the longest task {self.task_seconds:.1f} s"
+        )
+
+
+def run_snapshot_reads(
+    upstream_uri: str,
+    root: str,
+    spark: Any = None,
+    parallelism: int = 2,
+    chunk_rows: int = 50_000,
+    tasks: int = 0,
+    client: str = "auto",
+) -> SnapshotReads:
+    """Read every pending snapshot's ranges (the puller places them). ``tasks``: Spark
+    tasks at most (0: one per range)."""
+    started = time.monotonic()
+    specs = snapshot_specs(upstream_uri, root, parallelism, chunk_rows, client)
+    if not specs:
+        return SnapshotReads(0, 0, 0, time.monotonic() - started, 0.0, 0.0, 0.0)
+    if spark is None:
+        groups = [[s] for s in specs]
+        rows = [r for g in groups for r in read_group(g, 0)]
+    else:
+        n = max(1, min(tasks or len(specs), len(specs)))
+        texts = [json.dumps(g) for g in balance(specs, n)]
+        # one partition per group, no shuffle; the groups travel in the task's closure
+        df = spark.range(0, len(texts), 1, len(texts))
+        body = functools.partial(read_groups, texts)
+        rows = [r.asDict() for r in df.mapInArrow(body, RESULT_DDL).collect()]
+    per_task: dict[int, float] = {}
+    for r in rows:
+        per_task[r["task"]] = per_task.get(r["task"], 0.0) + r["ended"] - r["began"]
+    return SnapshotReads(
+        sum(r["rows"] for r in rows),
+        len(specs),
+        0 if spark is None else len(per_task),
+        time.monotonic() - started,
+        min(r["began"] for r in rows),
+        max(r["ended"] for r in rows),
+        max(per_task.values()),
+    )
 
 
 def run_snapshots(
@@ -54,19 +117,10 @@ def run_snapshots(
     tasks: int = 0,
     client: str = "auto",
 ) -> int:
-    """Read every pending snapshot's ranges; rows read (the puller places them).
-    ``tasks``: Spark tasks at most (0: one per range)."""
-    specs = snapshot_specs(upstream_uri, root, parallelism, chunk_rows, client)
-    if not specs:
-        return 0
-    if spark is None:
-        return sum(read_spec(s) for s in specs)
-    groups = [json.dumps(g) for g in balance(specs, max(1, min(tasks or len(specs), len(specs))))]
-    # one partition per group, no shuffle; the groups travel in the task's closure
-    df = spark.range(0, len(groups), 1, len(groups))
-    body = functools.partial(read_groups, groups)
-    result = df.mapInArrow(body, "table_id long, range long, rows long").collect()
-    return sum(r["rows"] for r in result)
+    """Read every pending snapshot's ranges; rows read (``run_snapshot_reads``)."""
+    return run_snapshot_reads(
+        upstream_uri, root, spark, parallelism, chunk_rows, tasks, client
+    ).rows
 
 
-__all__ = ["run_snapshots", "snapshot_specs"]
+__all__ = ["SnapshotReads", "run_snapshot_reads", "run_snapshots", "snapshot_specs"]

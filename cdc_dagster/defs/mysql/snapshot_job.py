@@ -85,13 +85,13 @@ class ProgressWatch:
         self.last: dict[tuple[int, int], Any] = {}  # (table, generation) -> last rendered
         self.observations = 0
 
-    def watch(self, read: Callable[[], int]) -> int:
+    def watch(self, read: Callable[[], Any]) -> Any:
         """Run ``read`` (the Spark job) in a thread, rendering progress until it ends."""
         result: dict[str, Any] = {}
 
         def go() -> None:
             try:
-                result["rows"] = read()
+                result["reads"] = read()
             except BaseException as exc:  # re-raised in the op's thread below
                 result["error"] = exc
 
@@ -102,7 +102,7 @@ class ProgressWatch:
             self.poll()
         if "error" in result:
             raise result["error"]
-        return int(result["rows"])
+        return result["reads"]
 
     def wait_placed(self, seconds: float) -> None:
         """Poll until the puller placed every table this run saw, or ``seconds`` passed."""
@@ -150,14 +150,14 @@ def _completed(p: Any) -> Any:
                    rows_placed=p.rows_read, ranges_read=p.ranges, complete=True)  # fmt: skip
 
 
-def _read(config: SnapshotConfig, uri: str, root: str, spark: SparkResource) -> int:
-    from cdc_dagster.mysql.snapshot_runner import run_snapshots
+def _read(config: SnapshotConfig, uri: str, root: str, spark: SparkResource) -> Any:
+    from cdc_dagster.mysql.snapshot_runner import run_snapshot_reads
     from cdc_dagster.pipeline.job import parallelism
 
     session = spark.live_session() if config.use_spark else None
     tasks = config.tasks or (parallelism(session) if session is not None else 0)
-    return run_snapshots(uri, root, session, config.parallelism, config.chunk_rows, tasks,
-                         config.client)  # fmt: skip
+    return run_snapshot_reads(uri, root, session, config.parallelism, config.chunk_rows, tasks,
+                              config.client)  # fmt: skip
 
 
 def build_snapshot_job(catalog: Catalog) -> dg.JobDefinition:
@@ -186,10 +186,9 @@ def build_snapshot_job(catalog: Catalog) -> dg.JobDefinition:
             watch = ProgressWatch(context, catalog, config.changefeed_id, root)
             watch.poll()
             started = time.monotonic()
-            rows = watch.watch(lambda: _read(config, uri, root, spark))
-            seconds = time.monotonic() - started
-            context.log.info("reads done: %d rows in %.1f s; waiting for the puller to place "
-                             "them", rows, seconds)  # fmt: skip
+            reads = watch.watch(lambda: _read(config, uri, root, spark))
+            rows, seconds = reads.rows, time.monotonic() - started
+            context.log.info("reads done: %s; the puller places them", reads.line())
             watch.wait_placed(config.place_wait_s)
         except (MetastoreError, PullerError, UpstreamError) as exc:
             raise dg.Failure(redact_text(" ".join(str(exc).split()))) from None
