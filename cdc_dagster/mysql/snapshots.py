@@ -217,6 +217,12 @@ def write_chunk(gen_dir: Path, chunk: Chunk, rows: pa.Table) -> None:
     tmp = path.parent / f".{path.name}.tmp-{uuid.uuid4().hex}"
     rows = rows.replace_schema_metadata({CHUNK_KEY: json.dumps(chunk.to_json()).encode()})
     pq.write_table(rows, tmp)
+    # on disk before the puller links it into the change log (as its own data files are)
+    fd = os.open(tmp, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
     os.replace(tmp, path)
 
 
