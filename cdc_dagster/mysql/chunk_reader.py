@@ -75,8 +75,8 @@ def read_range(
     try:
         while True:
             # pending first: the puller marks a chunk done before it removes its file
-            pending = {(c.range_no, c.chunk_no): c for _, c in pending_chunks(gen_dir)}
-            records = done_chunks(gen_dir) | pending
+            pending = {(c.range_no, c.chunk_no): c for _, c in pending_chunks(gen_dir, range_no)}
+            records = done_chunks(gen_dir, range_no) | pending
             if not gen_dir.exists():
                 return total  # released meanwhile: every chunk was placed
             nr = next_read(plan, range_no, records, chunk_rows)

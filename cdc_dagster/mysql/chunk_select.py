@@ -225,9 +225,8 @@ def arrow_table(schema: TableSchema, version: int, got: pa.Table) -> pa.Table:
     """connectorx's result (``arrow_select``'s columns) in the data-file layout."""
     columns = {}
     for c in schema.columns:
-        col = got.column(f"c{c.id}")
+        arr = got.column(f"c{c.id}")  # chunked as connectorx gave it (no copy)
         want = arrow_type(c.type)
-        arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
         if pa.types.is_large_binary(arr.type) and want == pa.string():
             arr = arr.cast(pa.large_string())  # TEXT reported with a binary flag: UTF-8 checked
         if arr.type != want:

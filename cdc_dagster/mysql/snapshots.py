@@ -232,15 +232,22 @@ def chunk_of(path: Path) -> Chunk:
     return Chunk.from_json(json.loads(meta[CHUNK_KEY]))
 
 
-def pending_chunks(gen_dir: Path) -> list[tuple[Path, Chunk]]:
-    """Chunk files written and not yet placed, in (range, chunk) order. A file the puller
-    removes meanwhile (placed, so marked done first; or dropped, to be read again) is left
-    out: a reader lists these before ``done_chunks``, so a chunk is never in neither."""
+def _of_range(name: str, range_no: int | None) -> bool:
+    return _CHUNK_NAME.fullmatch(name) is not None and (
+        range_no is None or name.startswith(f"{range_no:04d}-")
+    )
+
+
+def pending_chunks(gen_dir: Path, range_no: int | None = None) -> list[tuple[Path, Chunk]]:
+    """Chunk files written and not yet placed (of one range, or all), in (range, chunk)
+    order. A file the puller removes meanwhile (placed, so marked done first; or dropped, to
+    be read again) is left out: a reader lists these before ``done_chunks``, so a chunk is
+    never in neither."""
     d = gen_dir / "chunks"
     if not d.exists():
         return []
     out = []
-    for p in sorted(p for p in d.iterdir() if _CHUNK_NAME.fullmatch(p.name)):
+    for p in sorted(p for p in d.iterdir() if _of_range(p.name, range_no)):
         try:
             out.append((p, chunk_of(p)))
         except FileNotFoundError:
@@ -248,15 +255,15 @@ def pending_chunks(gen_dir: Path) -> list[tuple[Path, Chunk]]:
     return out
 
 
-def done_chunks(gen_dir: Path) -> dict[tuple[int, int], Chunk]:
-    """Chunks in the change log (or empty), by (range, chunk)."""
+def done_chunks(gen_dir: Path, range_no: int | None = None) -> dict[tuple[int, int], Chunk]:
+    """Chunks in the change log (or empty), of one range or all, by (range, chunk)."""
     d = gen_dir / "done"
     if not d.exists():
         return {}
     out = {}
     try:
         for p in d.iterdir():
-            if _CHUNK_NAME.fullmatch(p.name):
+            if _of_range(p.name, range_no):
                 c = Chunk.from_json(json.loads(p.read_text()))
                 out[(c.range_no, c.chunk_no)] = c
     except FileNotFoundError:
