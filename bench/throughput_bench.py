@@ -39,6 +39,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -47,6 +48,7 @@ import pyarrow as pa
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from cdc_dagster.defs.mysql.snapshot_job import LOCAL_MAX_ROWS
 from cdc_dagster.mysql.changefeed import take_initial_snapshot
 from cdc_dagster.mysql.puller import Puller, PullerConfig
 from cdc_dagster.pipeline.engine import spark_session
@@ -242,13 +244,15 @@ def _snapshot_tables(my: Any, prefix: str, tables: int, rows: int) -> None:
 
 
 def _bare_read(
-    spark: Any, uri: str, work: Path, pieces: list[tuple], expect: int, tasks: int
-) -> float:
+    spark: Any, uri: str, work: Path, pieces: list[tuple], expect: int, tasks: int,
+    local: bool = False,
+) -> float:  # fmt: skip
     """The bare baseline: each (name, schema, lo, hi, weight) key range read in 50,000-row
     keyset chunks into Parquet by the snapshot's own chunk client (connectorx where the
     snapshot uses it), the ranges spread over ``tasks`` Spark tasks as the snapshot job
-    spreads them; no snapshot transaction or position, metadata lock, catalog check, chunk
-    records or puller. The seconds it took."""
+    spreads them -- or, ``local`` (where the snapshot job reads without a Spark job), one
+    after another in this process; no snapshot transaction or position, metadata lock,
+    catalog check, chunk records or puller. The seconds it took."""
     from cdc_dagster.pipeline.job import balance
 
     specs = []
@@ -259,9 +263,14 @@ def _bare_read(
                       "chunk": 50_000, "out": str(out), "weight": weight})  # fmt: skip
     groups = [json.dumps(g) for g in balance(specs, max(1, min(tasks, len(specs))))]
     t0 = time.perf_counter()
-    df = spark.range(0, len(groups), 1, len(groups))
-    body = functools.partial(_bare_groups, groups)
-    got = sum(r["rows"] for r in df.mapInArrow(body, "rows long").collect())
+    if local:
+        ids = pa.RecordBatch.from_pydict({"id": [0]})
+        done = _bare_groups([json.dumps(specs)], iter([ids]))
+        got = sum(sum(b.column("rows").to_pylist()) for b in done)
+    else:
+        df = spark.range(0, len(groups), 1, len(groups))
+        body = functools.partial(_bare_groups, groups)
+        got = sum(r["rows"] for r in df.mapInArrow(body, "rows long").collect())
     bare_s = time.perf_counter() - t0
     assert got == expect, (got, expect)
     return bare_s
@@ -525,6 +534,29 @@ def stack_drain(
     }
 
 
+def _warm_spark(spark_remote: str) -> float:
+    """A first Python job on the stack's Spark Connect server, importing what the chunk
+    readers import: the server's first job pays its code generation and Python workers'
+    start (~8-10 s here), which a running deployment paid long ago, and which would fall on
+    whichever of the snapshot and the bare read came first. Seconds it took."""
+    from pyspark.sql import SparkSession
+
+    spark = SparkSession.builder.remote(spark_remote).getOrCreate()
+    try:
+        t0 = time.perf_counter()
+        for _ in range(2):
+            spark.range(0, 4, 1, 4).mapInArrow(_warm_body, "id long").collect()
+        return time.perf_counter() - t0
+    finally:
+        spark.stop()
+
+
+def _warm_body(batches: Any) -> Any:
+    import cdc_dagster.mysql.chunk_reader  # noqa: F401  (the chunk readers' imports)
+
+    yield from batches
+
+
 def snapshot_breakdown(
     state_dir: Path, changefeed_id: str, created: float, placed: float
 ) -> dict[str, float]:
@@ -558,8 +590,8 @@ def snapshot_breakdown(
         instance.dispose()
     out, last = {}, created
     for name, key in (("sensor tick", "requested"), ("run launch", "started"),
-                      ("planning", "planned"), ("Spark job start", "first_began"),
-                      ("reading", "last_ended"), ("Spark job end", "read")):  # fmt: skip
+                      ("planning", "planned"), ("to the first read", "first_began"),
+                      ("reading", "last_ended"), ("to the reads' end", "read")):  # fmt: skip
         if key in marks:
             out[name], last = marks[key] - last, marks[key]
     out["placing and release"] = placed - last
@@ -580,14 +612,14 @@ def stack_snapshot(
     from cdc_dagster.upstream.uri import parse_uri
 
     work = base / f"stack-{cores}"
-    prefix = f"snap{cores}x{tables}_"
+    prefix = f"snap{cores}x{tables}x{rows}_"
     _snapshot_tables(my, prefix, tables, rows)
     say(f"[{cores} core(s)] stream lag without a snapshot ({rate} txn/s for {lag_s} s)")
     quiet = LagSampler(ms, my, sizes, rate)
     quiet.run(lag_s)
-    cf = f"snap-{cores}-{tables}"
+    cf = f"snap-{cores}-{tables}x{rows}"
     root = work / f"changelog-{cf}"
-    uri = my.uri(query=f"server-id={4300 + cores * 10 + min(tables, 9)}")
+    uri = my.uri(query=f"server-id={4300 + cores * 100 + zlib.crc32(prefix.encode()) % 97}")
     busy = LagSampler(ms, my, sizes, rate)
     import threading
 
@@ -627,11 +659,12 @@ def stack_snapshot(
         for tid, p in plans.items()
         for r, (lo, hi) in enumerate(p.ranges)
     ]
+    local = tables * rows <= LOCAL_MAX_ROWS  # where the snapshot job reads without Spark
     breakdown = snapshot_breakdown(state_dir, cf, times["t0_wall"], times["placed_wall"])
     say(f"[{cores} core(s)] where the time went: " + ", ".join(
         f"{k} {v:.1f} s" for k, v in breakdown.items()))  # fmt: skip
     try:
-        bare_s = _bare_read(spark, uri, work, pieces, tables * rows, parallelism(spark))
+        bare_s = _bare_read(spark, uri, work, pieces, tables * rows, parallelism(spark), local)
     finally:
         # Release the Connect session while its server is up: a session left open kept the
         # client's release threads retrying after the stack stopped, and the bench never
@@ -688,6 +721,8 @@ def run_stack(
                          "the initial snapshot's replication")  # fmt: skip
             snaps = []
             if not args.skip_snapshot:
+                say(f"[{cores} core(s)] Spark Connect's first Python jobs (warm-up): "
+                    f"{_warm_spark(st.spark_remote):.1f} s")  # fmt: skip
                 for tables, rows in shapes:
                     say(f"[{cores} core(s)] snapshot of {tables} table(s) x {rows} rows")
                     snaps.append(stack_snapshot(base, my, sizes, cores, ms, st.spark_remote,

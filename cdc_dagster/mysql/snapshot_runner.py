@@ -77,16 +77,20 @@ def run_snapshot_reads(
     chunk_rows: int = 50_000,
     tasks: int = 0,
     client: str = "auto",
+    local_max_rows: int = 0,
 ) -> SnapshotReads:
     """Read every pending snapshot's ranges (the puller places them). ``tasks``: Spark
-    tasks at most (0: one per range)."""
+    tasks at most (0: one per range). Snapshots of ``local_max_rows`` planned rows or fewer
+    are read here, one range after another, without a Spark job: a job costs seconds to
+    start over Spark Connect (planning, Python workers, imports), more than reading a few
+    hundred thousand rows takes (as the capture ticks' ``local_max_bytes``)."""
     started = time.monotonic()
     specs = snapshot_specs(upstream_uri, root, parallelism, chunk_rows, client)
     if not specs:
         return SnapshotReads(0, 0, 0, time.monotonic() - started, 0.0, 0.0, 0.0)
-    if spark is None:
-        groups = [[s] for s in specs]
-        rows = [r for g in groups for r in read_group(g, 0)]
+    local = spark is None or sum(int(s["weight"]) for s in specs) <= local_max_rows
+    if local:
+        rows = read_group(specs, 0)
     else:
         n = max(1, min(tasks or len(specs), len(specs)))
         texts = [json.dumps(g) for g in balance(specs, n)]
@@ -100,7 +104,7 @@ def run_snapshot_reads(
     return SnapshotReads(
         sum(r["rows"] for r in rows),
         len(specs),
-        0 if spark is None else len(per_task),
+        0 if local else len(per_task),
         time.monotonic() - started,
         min(r["began"] for r in rows),
         max(r["ended"] for r in rows),
@@ -116,10 +120,11 @@ def run_snapshots(
     chunk_rows: int = 50_000,
     tasks: int = 0,
     client: str = "auto",
+    local_max_rows: int = 0,
 ) -> int:
     """Read every pending snapshot's ranges; rows read (``run_snapshot_reads``)."""
     return run_snapshot_reads(
-        upstream_uri, root, spark, parallelism, chunk_rows, tasks, client
+        upstream_uri, root, spark, parallelism, chunk_rows, tasks, client, local_max_rows
     ).rows
 
 

@@ -31,6 +31,9 @@ from cdc_dagster.secrets import redact_text
 
 SNAPSHOT_ASSET_PREFIX = "mysql_snapshot"
 POLL_S = 3.0  # how often a run looks at the chunks its tasks wrote
+# A Spark job costs 2-6 s to start over Spark Connect here (planning, Python workers and
+# their imports), about what reading half a million rows in one process takes
+LOCAL_MAX_ROWS = 500_000
 PLACED_POLL_S = 0.5  # ... and, its reads done, whether the puller placed them (then it ends)
 # Observations per run (dagster#19618: ~1,000 in one run slowed each to seconds): past
 # this, a table's progress goes to the log only, and its last observation at its end.
@@ -45,6 +48,8 @@ class SnapshotConfig(dg.Config):
     chunk_rows: int = 50_000
     tasks: int = 0  # Spark tasks the ranges are spread over (0: the session's task slots)
     client: str = "auto"  # chunk reads: auto (connectorx where it can), arrow, rows (pymysql)
+    # snapshots of at most this many planned rows are read in the run's process (no job)
+    local_max_rows: int = LOCAL_MAX_ROWS
     use_spark: bool = True  # False: the ranges one after another in the run's process
     place_wait_s: float = 30.0  # after reading: wait this long for the chunks to be placed
 
@@ -150,14 +155,16 @@ def _completed(p: Any) -> Any:
                    rows_placed=p.rows_read, ranges_read=p.ranges, complete=True)  # fmt: skip
 
 
-def _read(config: SnapshotConfig, uri: str, root: str, spark: SparkResource) -> Any:
+def _read(config: SnapshotConfig, uri: str, root: str, spark: SparkResource, planned: int) -> Any:
     from cdc_dagster.mysql.snapshot_runner import run_snapshot_reads
     from cdc_dagster.pipeline.job import parallelism
 
-    session = spark.live_session() if config.use_spark else None
+    # no Spark Connect session for a snapshot read here anyway (a client costs ~0.5 s)
+    use = config.use_spark and planned > config.local_max_rows
+    session = spark.live_session() if use else None
     tasks = config.tasks or (parallelism(session) if session is not None else 0)
     return run_snapshot_reads(uri, root, session, config.parallelism, config.chunk_rows, tasks,
-                              config.client)  # fmt: skip
+                              config.client, config.local_max_rows)  # fmt: skip
 
 
 def build_snapshot_job(catalog: Catalog) -> dg.JobDefinition:
@@ -181,12 +188,15 @@ def build_snapshot_job(catalog: Catalog) -> dg.JobDefinition:
             uri = cf.info.upstream_uri
             root = changelog_path(uri)
             specs = snapshot_specs(uri, root, config.parallelism, config.chunk_rows, config.client)
-            context.log.info("%d table range(s) to read, of tables %s", len(specs),
-                             sorted({s["table_id"] for s in specs}))  # fmt: skip
+            planned = sum(int(s["weight"]) for s in specs)
+            context.log.info("%d table range(s) to read, of tables %s, ~%d rows (%s)",
+                             len(specs), sorted({s["table_id"] for s in specs}), planned,
+                             "Spark tasks" if config.use_spark and planned > config.local_max_rows
+                             else "in this process")  # fmt: skip
             watch = ProgressWatch(context, catalog, config.changefeed_id, root)
             watch.poll()
             started = time.monotonic()
-            reads = watch.watch(lambda: _read(config, uri, root, spark))
+            reads = watch.watch(lambda: _read(config, uri, root, spark, planned))
             rows, seconds = reads.rows, time.monotonic() - started
             context.log.info("reads done: %s; the puller places them", reads.line())
             watch.wait_placed(config.place_wait_s)
