@@ -13,13 +13,19 @@ updates carrying both row images). For each Spark core count:
     resume until then; every table is then compared with the upstream (fingerprints).
     Baselines from the same backlog: ``mariadb-binlog`` decoding it, the bare puller (binlog
     -> change log), and mounting the events (change log -> rows, one process).
-(b) **Snapshot.** Tables made with sysbench's layout (``--snapshot-tables`` x
-    ``--snapshot-rows``), a changefeed created (create records only), the puller following
-    in its own process, and the snapshot runner reading every table's key ranges as Spark
-    tasks on ``local[N]``: rows/s from the start of the reads until the puller has placed
-    every chunk and released every table (the rows are in the change log). Baseline in the
-    same run: a bare chunked ``SELECT`` of the same ranges, same chunk size and tasks, into
-    Parquet files (no snapshot positions, no metadata lock, no puller).
+(b) **Snapshot.** Tables made with sysbench's layout (``--snapshot-shapes TABLESxROWS``), a
+    changefeed created through the stack (``changefeed create``: create records only), and
+    its ``mysql_snapshot`` and ``mysql_puller`` runs: rows/s from create until the puller
+    has placed every chunk and released every table (the rows are in the change log), and
+    until readable downstream; where that time went (sensor tick, run launch, planning, to
+    the first read, reading, to the reads' end, placing), from the stack's event log; the
+    stream's lag (the drain changefeed, sysbench at ``--lag-rate``) with and without the
+    snapshot. Baseline in the same run: a bare chunked ``SELECT`` of the same key ranges,
+    same chunk size, with the snapshot's own client (connectorx where it reads), spread
+    over the same number of Spark tasks on the stack's Spark Connect server (or, below the
+    snapshot job's ``local_max_rows``, in one process as the job then reads), into Parquet
+    (no snapshot positions, metadata lock, catalog check or puller). The Spark Connect
+    server's first Python jobs are run before either is timed.
 
 It ends with one line: ``drain_rows_per_s=... drain_ratio=... snapshot_rows_per_s=...
 snapshot_ratio=...`` (drain_ratio: the drain's rate over the bare puller's; snapshot_ratio:
