@@ -13,13 +13,19 @@ updates carrying both row images). For each Spark core count:
     resume until then; every table is then compared with the upstream (fingerprints).
     Baselines from the same backlog: ``mariadb-binlog`` decoding it, the bare puller (binlog
     -> change log), and mounting the events (change log -> rows, one process).
-(b) **Snapshot.** Tables made with sysbench's layout (``--snapshot-tables`` x
-    ``--snapshot-rows``), a changefeed created (create records only), the puller following
-    in its own process, and the snapshot runner reading every table's key ranges as Spark
-    tasks on ``local[N]``: rows/s from the start of the reads until the puller has placed
-    every chunk and released every table (the rows are in the change log). Baseline in the
-    same run: a bare chunked ``SELECT`` of the same ranges, same chunk size and tasks, into
-    Parquet files (no snapshot positions, no metadata lock, no puller).
+(b) **Snapshot.** Tables made with sysbench's layout (``--snapshot-shapes TABLESxROWS``), a
+    changefeed created through the stack (``changefeed create``: create records only), and
+    its ``mysql_snapshot`` and ``mysql_puller`` runs: rows/s from create until the puller
+    has placed every chunk and released every table (the rows are in the change log), and
+    until readable downstream; where that time went (sensor tick, run launch, planning, to
+    the first read, reading, to the reads' end, placing), from the stack's event log; the
+    stream's lag (the drain changefeed, sysbench at ``--lag-rate``) with and without the
+    snapshot. Baseline in the same run: a bare chunked ``SELECT`` of the same key ranges,
+    same chunk size, with the snapshot's own client (connectorx where it reads), spread
+    over the same number of Spark tasks on the stack's Spark Connect server (or, below the
+    snapshot job's ``local_max_rows``, in one process as the job then reads), into Parquet
+    (no snapshot positions, metadata lock, catalog check or puller). The Spark Connect
+    server's first Python jobs are run before either is timed.
 
 It ends with one line: ``drain_rows_per_s=... drain_ratio=... snapshot_rows_per_s=...
 snapshot_ratio=...`` (drain_ratio: the drain's rate over the bare puller's; snapshot_ratio:
@@ -29,6 +35,7 @@ the snapshot's rate over a bare parallel chunked read of the same tables into Pa
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import multiprocessing as mp
 import re
@@ -38,6 +45,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -46,9 +54,11 @@ import pyarrow as pa
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from cdc_dagster.defs.mysql.snapshot_job import LOCAL_MAX_ROWS
 from cdc_dagster.mysql.changefeed import take_initial_snapshot
 from cdc_dagster.mysql.puller import Puller, PullerConfig
 from cdc_dagster.pipeline.engine import spark_session
+from cdc_dagster.pipeline.job import parallelism
 from cdc_dagster.runtime.spark import spark_executor_factory
 from cdc_dagster.sinks.delta import read_table_at
 from cdc_dagster.testing.driver import Driver
@@ -239,62 +249,67 @@ def _snapshot_tables(my: Any, prefix: str, tables: int, rows: int) -> None:
     c.close()
 
 
-def _bare_read(spark: Any, uri: str, work: Path, pieces: list[tuple], expect: int) -> float:
-    """The bare baseline: each (name, schema, lo, hi) key range read in 50,000-row keyset
-    chunks into Parquet by one Spark task; the seconds it took."""
-    bare = []
-    for name, schema, lo, hi in pieces:
+def _bare_read(
+    spark: Any, uri: str, work: Path, pieces: list[tuple], expect: int, tasks: int,
+    local: bool = False,
+) -> float:  # fmt: skip
+    """The bare baseline: each (name, schema, lo, hi, weight) key range read in 50,000-row
+    keyset chunks into Parquet by the snapshot's own chunk client (connectorx where the
+    snapshot uses it), the ranges spread over ``tasks`` Spark tasks as the snapshot job
+    spreads them -- or, ``local`` (where the snapshot job reads without a Spark job), one
+    after another in this process; no snapshot transaction or position, metadata lock,
+    catalog check, chunk records or puller. The seconds it took."""
+    from cdc_dagster.pipeline.job import balance
+
+    specs = []
+    for name, schema, lo, hi, weight in pieces:
         out = work / "bare" / name
         out.parent.mkdir(parents=True, exist_ok=True)
-        bare.append((json.dumps({"uri": uri, "schema": schema.to_json(), "lo": lo, "hi": hi,
-                                 "chunk": 50_000, "out": str(out)}),))  # fmt: skip
+        specs.append({"uri": uri, "schema": schema.to_json(), "lo": lo, "hi": hi,
+                      "chunk": 50_000, "out": str(out), "weight": weight})  # fmt: skip
+    groups = [json.dumps(g) for g in balance(specs, max(1, min(tasks, len(specs))))]
     t0 = time.perf_counter()
-    df = spark.createDataFrame(bare, "spec string").repartition(len(bare))
-    got = sum(r["rows"] for r in df.mapInArrow(_bare_partition, "rows long").collect())
+    if local:
+        ids = pa.RecordBatch.from_pydict({"id": [0]})
+        done = _bare_groups([json.dumps(specs)], iter([ids]))
+        got = sum(sum(b.column("rows").to_pylist()) for b in done)
+    else:
+        df = spark.range(0, len(groups), 1, len(groups))
+        body = functools.partial(_bare_groups, groups)
+        got = sum(r["rows"] for r in df.mapInArrow(body, "rows long").collect())
     bare_s = time.perf_counter() - t0
     assert got == expect, (got, expect)
     return bare_s
 
 
-def _bare_partition(batches: Any) -> Any:
-    """mapInArrow body of the bare baseline: read each range in keyset chunks into Parquet."""
+def _bare_groups(groups: list[str], batches: Any) -> Any:
+    """mapInArrow body of the bare baseline: read each range of group ``id`` into Parquet."""
     import pyarrow.parquet as pq
 
-    from cdc_dagster.mysql.catalog import quote_ident as q
-    from cdc_dagster.mysql.chunk_reader import _compare, chunk_table
+    from cdc_dagster.mysql.chunk_select import client_for
     from cdc_dagster.mysql.snapshots import decode_key
-    from cdc_dagster.mysql.upstream import connect
     from cdc_dagster.schema import TableSchema
     from cdc_dagster.upstream.uri import parse_uri
 
     out = []
     for batch in batches:
-        for text in batch.column("spec").to_pylist():
-            spec = json.loads(text)
-            schema = TableSchema.from_json(spec["schema"])
-            conn = connect(parse_uri(spec["uri"]))
-            lo, hi, n, rows_total = decode_key(spec["lo"]), decode_key(spec["hi"]), 0, 0
-            cols = ", ".join(q(c.name) for c in schema.columns)
-            while True:
-                where, args = [], []
-                for key, op in ((lo, ">"), (hi, "<")):
-                    if key is not None:
-                        w, a = _compare(["id"], list(key), op)
-                        where.append(w)
-                        args += a
-                sql = f"SELECT {cols} FROM {DB}.{q(schema.table)}"
-                sql += (" WHERE " + " AND ".join(where)) if where else ""
-                with conn.cursor() as cur:
-                    cur.execute(sql + f" ORDER BY id LIMIT {spec['chunk']}", tuple(args))
-                    rows = cur.fetchall()
-                if rows:
-                    pq.write_table(chunk_table(schema, 1, rows), f"{spec['out']}-{n}.parquet")
-                rows_total += len(rows)
-                if len(rows) < spec["chunk"]:
-                    break
-                lo, n = (rows[-1][0],), n + 1
-            conn.close()
-            out.append({"rows": rows_total})
+        for gid in batch.column("id").to_pylist():
+            for spec in json.loads(groups[gid]):
+                schema = TableSchema.from_json(spec["schema"])
+                client = client_for(parse_uri(spec["uri"]), schema, 1)
+                lo, hi, n, rows_total = decode_key(spec["lo"]), decode_key(spec["hi"]), 0, 0
+                try:
+                    while True:
+                        got = client.select((lo, hi), spec["chunk"], snapshot=False)
+                        if got.rows.num_rows:
+                            pq.write_table(got.rows, f"{spec['out']}-{n}.parquet")
+                        rows_total += got.rows.num_rows
+                        if got.rows.num_rows < spec["chunk"]:
+                            break
+                        lo, n = got.last_key, n + 1
+                finally:
+                    client.close()
+                out.append({"rows": rows_total})
     yield pa.RecordBatch.from_pylist(out, schema=pa.schema([("rows", pa.int64())]))
 
 
@@ -326,8 +341,9 @@ def snapshot_in_process(
             ]
             for sp in specs
         }
+        tasks = parallelism(spark)
         t0 = time.perf_counter()
-        run_snapshots(uri, str(root), spark, cores * 2, 50_000)
+        run_snapshots(uri, str(root), spark, cores * 2, 50_000, tasks)
         read_s = time.perf_counter() - t0
         while load_state(root).snapshots:
             time.sleep(0.1)
@@ -339,10 +355,10 @@ def snapshot_in_process(
         assert placed == tables * rows, (placed, tables * rows)
         pieces = [
             (f"{sp['table_id']}-{sp['range']}", log.schema_at(sp["table_id"], MAX_TS),
-             *ranges[(sp["table_id"], sp["range"])])
+             *ranges[(sp["table_id"], sp["range"])], sp["weight"])
             for sp in specs
         ]  # fmt: skip
-        bare_s = _bare_read(spark, uri, work, pieces, tables * rows)
+        bare_s = _bare_read(spark, uri, work, pieces, tables * rows, tasks)
     finally:
         stop.touch()
         proc.join(60)
@@ -363,7 +379,7 @@ def _snapshot_now(uri: str, root: Path, spark: Any, cores: int, flt: tuple[str, 
     )
     proc.start()
     try:
-        run_snapshots(uri, str(root), spark, cores * 2, 50_000)
+        run_snapshots(uri, str(root), spark, cores * 2, 50_000, parallelism(spark))
         while load_state(root).snapshots:
             time.sleep(0.1)
     finally:
@@ -524,9 +540,73 @@ def stack_drain(
     }
 
 
+def _warm_spark(spark_remote: str) -> float:
+    """A first Python job on the stack's Spark Connect server, importing what the chunk
+    readers import: the server's first job pays its code generation and Python workers'
+    start (~8-10 s here), which a running deployment paid long ago, and which would fall on
+    whichever of the snapshot and the bare read came first. Seconds it took."""
+    from pyspark.sql import SparkSession
+
+    spark = SparkSession.builder.remote(spark_remote).getOrCreate()
+    try:
+        t0 = time.perf_counter()
+        for _ in range(2):
+            spark.range(0, 4, 1, 4).mapInArrow(_warm_body, "id long").collect()
+        return time.perf_counter() - t0
+    finally:
+        spark.stop()
+
+
+def _warm_body(batches: Any) -> Any:
+    import cdc_dagster.mysql.chunk_reader  # noqa: F401  (the chunk readers' imports)
+
+    yield from batches
+
+
+def snapshot_breakdown(
+    state_dir: Path, changefeed_id: str, created: float, placed: float
+) -> dict[str, float]:
+    """Where a snapshot's time went, from the stack's Dagster event log (wall-clock seconds):
+    create until the owner sensor requested the ``mysql_snapshot`` run, its launch until the
+    op started, planning (and the Spark session), the reads, and from the reads' end until
+    the puller had placed every chunk and released every table (``placed``)."""
+    import dagster as dg
+
+    instance = dg.DagsterInstance.from_config(str(state_dir / "dagster"))
+    try:
+        records = instance.get_run_records(
+            dg.RunsFilter(job_name="mysql_snapshot", tags={"cdc/changefeed": changefeed_id})
+        )
+        if not records:
+            return {}
+        run = min(records, key=lambda r: r.create_timestamp.timestamp())
+        marks = {"requested": run.create_timestamp.timestamp()}
+        for e in instance.all_logs(run.dagster_run.run_id):
+            msg = e.user_message or ""
+            if e.dagster_event is not None and e.dagster_event.event_type_value == "STEP_START":
+                marks["started"] = e.timestamp
+            elif "table range(s) to read" in msg:
+                marks["planned"] = e.timestamp
+            elif msg.startswith("reads done"):
+                marks["read"] = e.timestamp
+                m = re.search(r"reading from ([\d.]+) to ([\d.]+)", msg)
+                if m:
+                    marks["first_began"], marks["last_ended"] = float(m[1]), float(m[2])
+    finally:
+        instance.dispose()
+    out, last = {}, created
+    for name, key in (("sensor tick", "requested"), ("run launch", "started"),
+                      ("planning", "planned"), ("to the first read", "first_began"),
+                      ("reading", "last_ended"), ("to the reads' end", "read")):  # fmt: skip
+        if key in marks:
+            out[name], last = marks[key] - last, marks[key]
+    out["placing and release"] = placed - last
+    return out
+
+
 def stack_snapshot(
     base: Path, my: PrivateMariaDB, sizes: Sizes, cores: int, ms: Any, spark_remote: str,
-    tables: int, rows: int, rate: int, lag_s: int,
+    tables: int, rows: int, rate: int, lag_s: int, state_dir: Path,
 ) -> dict[str, Any]:  # fmt: skip
     """Scenario (b) through the stack: ``changefeed create`` of tables with rows, while the
     drain changefeed streams sysbench at ``rate``; rows/s until every chunk is placed (in the
@@ -538,14 +618,14 @@ def stack_snapshot(
     from cdc_dagster.upstream.uri import parse_uri
 
     work = base / f"stack-{cores}"
-    prefix = f"snap{cores}x{tables}_"
+    prefix = f"snap{cores}x{tables}x{rows}_"
     _snapshot_tables(my, prefix, tables, rows)
     say(f"[{cores} core(s)] stream lag without a snapshot ({rate} txn/s for {lag_s} s)")
     quiet = LagSampler(ms, my, sizes, rate)
     quiet.run(lag_s)
-    cf = f"snap-{cores}-{tables}"
+    cf = f"snap-{cores}-{tables}x{rows}"
     root = work / f"changelog-{cf}"
-    uri = my.uri(query=f"server-id={4300 + cores * 10 + min(tables, 9)}")
+    uri = my.uri(query=f"server-id={4300 + cores * 100 + zlib.crc32(prefix.encode()) % 97}")
     busy = LagSampler(ms, my, sizes, rate)
     import threading
 
@@ -553,11 +633,13 @@ def stack_snapshot(
 
     def snap() -> None:
         t0 = time.perf_counter()
+        times["t0_wall"] = time.time()
         admin.create_changefeed(ms, cf, f"delta://{work / 'lake-snap'}", table_filter=(
             f"{DB}.{prefix}*",), upstream_uri=uri, changelog_root=str(root))  # fmt: skip
         times["created"] = time.perf_counter() - t0
         wait_for(lambda: not snapshots_pending(root), 1800, "the snapshot", poll_s=0.1)
         times["placed"] = time.perf_counter() - t0
+        times["placed_wall"] = time.time()
         last = load_state(root).last_ts
         wait_for(lambda: readable_ts(ms, cf, tables) >= last, 1800, "the snapshot downstream")
         times["readable"] = time.perf_counter() - t0
@@ -576,15 +658,19 @@ def stack_snapshot(
     from pyspark.sql import SparkSession
 
     spark = SparkSession.builder.remote(spark_remote).getOrCreate()
+    plans = {tid: plan_table(parse_uri(uri), str(root), tid, 999_999, 4, 50_000)
+             for tid in sorted(state.tables)}  # fmt: skip
     pieces = [
-        (f"{cf}-{tid}-{r}", log.schema_at(tid, MAX_TS), lo, hi)
-        for tid in sorted(state.tables)
-        for r, (lo, hi) in enumerate(
-            plan_table(parse_uri(uri), str(root), tid, 999_999, 4, 50_000).ranges
-        )
+        (f"{cf}-{tid}-{r}", log.schema_at(tid, MAX_TS), lo, hi, p.rows // len(p.ranges))
+        for tid, p in plans.items()
+        for r, (lo, hi) in enumerate(p.ranges)
     ]
+    local = tables * rows <= LOCAL_MAX_ROWS  # where the snapshot job reads without Spark
+    breakdown = snapshot_breakdown(state_dir, cf, times["t0_wall"], times["placed_wall"])
+    say(f"[{cores} core(s)] where the time went: " + ", ".join(
+        f"{k} {v:.1f} s" for k, v in breakdown.items()))  # fmt: skip
     try:
-        bare_s = _bare_read(spark, uri, work, pieces, tables * rows)
+        bare_s = _bare_read(spark, uri, work, pieces, tables * rows, parallelism(spark), local)
     finally:
         # Release the Connect session while its server is up: a session left open kept the
         # client's release threads retrying after the stack stopped, and the bench never
@@ -599,7 +685,8 @@ def stack_snapshot(
             "snapshot_rows_per_s": n / times["placed"], "readable_rows_per_s": n / times["readable"],
             "bare_read_rows_per_s": n / bare_s, "ranges": len(pieces),
             "lag_p50_quiet": q["p50"], "lag_max_quiet": q["max"],
-            "lag_p50_snapshot": b["p50"], "lag_max_snapshot": b["max"]}  # fmt: skip
+            "lag_p50_snapshot": b["p50"], "lag_max_snapshot": b["max"],
+            "breakdown": breakdown}  # fmt: skip
 
 
 def run_stack(
@@ -612,6 +699,7 @@ def run_stack(
 
     from cdc_dagster import admin
     from cdc_dagster.metastore import connect
+    from cdc_dagster.mysql.state import load_state
     from cdc_dagster.services import stack, workload
 
     os.environ["CDC_DAGSTER_SPARK_CORES"] = str(cores)  # the Spark Connect server's slots
@@ -634,12 +722,18 @@ def run_stack(
             drained = None if args.skip_drain else stack_drain(base, my, sizes, cores, ms)
             if args.skip_drain:  # the snapshot scenario watches the drain changefeed's lag
                 wait_for(lambda: not snapshots_pending(root), 900, "the initial snapshot")
+                caught = load_state(root).last_ts  # its lag is watched from a steady state
+                wait_for(lambda: readable_ts(ms, DRAIN_CF, sizes.tables) >= caught, 900,
+                         "the initial snapshot's replication")  # fmt: skip
             snaps = []
             if not args.skip_snapshot:
+                say(f"[{cores} core(s)] Spark Connect's first Python jobs (warm-up): "
+                    f"{_warm_spark(st.spark_remote):.1f} s")  # fmt: skip
                 for tables, rows in shapes:
                     say(f"[{cores} core(s)] snapshot of {tables} table(s) x {rows} rows")
                     snaps.append(stack_snapshot(base, my, sizes, cores, ms, st.spark_remote,
-                                                tables, rows, args.lag_rate, args.lag_s))  # fmt: skip
+                                                tables, rows, args.lag_rate, args.lag_s,
+                                                st.state_dir))  # fmt: skip
         finally:
             ms.close()
     return drained, snaps
@@ -661,6 +755,8 @@ def main() -> int:
     ap.add_argument("--lag-rate", type=int, default=50, help="txn/s while the lag is watched")
     ap.add_argument("--lag-s", type=int, default=30, help="seconds the lag is watched")
     ap.add_argument("--snapshot-shapes", default="", help="TABLESxROWS,... (default by size)")
+    ap.add_argument("--keep", action="store_true",
+                    help="keep the work dir (the stack's logs, Dagster's event log)")  # fmt: skip
     args = ap.parse_args()
 
     def interrupted(signum: int, _frame: Any) -> None:
@@ -706,7 +802,10 @@ def main() -> int:
         if etcd is not None:
             etcd.stop()
         my.cleanup()
-        shutil.rmtree(base, ignore_errors=True)
+        if args.keep:
+            say(f"kept {base}")
+        else:
+            shutil.rmtree(base, ignore_errors=True)
     if extra or extra_snaps:
         print(
             "\nin process (driver ticks / snapshot runner in this process; not as a user runs it):"

@@ -28,6 +28,7 @@ from cdc_dagster.mysql.snapshots import (
     pending_chunks,
     read_plan,
     release_generation,
+    sweep_generations,
 )
 from cdc_dagster.mysql.state import SLOTS
 
@@ -54,6 +55,7 @@ class Adopter:
         self.history: dict[int, _History] = {}
         self.placed: list[tuple[Path, Chunk]] = []  # done marks due after the state save
         self.released: list[Path] = []  # generation dirs to remove after the state save
+        self.swept = False  # generation dirs no snapshot holds were removed (once a run)
 
     def track(self, ctx: PullerContext, table_id: int) -> None:
         """Start remembering a snapshotting table's changes (from the stream's position)."""
@@ -74,38 +76,45 @@ class Adopter:
             self.history[tid].changes.append((domain, seq, ts))
 
     def adopt(self, ctx: PullerContext) -> None:
-        """Before a flush's state save: release covered tables, place readable chunks."""
+        """Before a flush's state save: place readable chunks, release covered tables (in
+        the same save as their last chunks: no flush interval between)."""
+        if not self.swept:
+            self.swept = True
+            sweep_generations(ctx.root, ctx.state.snapshots)
         for tid, gen in list(ctx.state.snapshots.items()):
             gen_dir = generation_dir(ctx.root, tid, gen)
             plan = read_plan(ctx.root, tid, gen)
-            if plan is not None and covered(plan, done_chunks(gen_dir)):
+            done = done_chunks(gen_dir)
+            if plan is None or not covered(plan, done):
+                self.track(ctx, tid)
+                for path, chunk in pending_chunks(gen_dir):
+                    key = (chunk.range_no, chunk.chunk_no)
+                    if key in done:
+                        path.unlink(missing_ok=True)  # marked done; a crash left the file
+                    elif self._place(ctx, tid, path, chunk):
+                        done[key] = chunk  # in the log with this save; marked done after it
+            if plan is not None and covered(plan, done):
                 del ctx.state.snapshots[tid]
                 self.history.pop(tid, None)
                 self.released.append(gen_dir)
                 log.info("table %d: snapshot complete; its resolved mark moves on", tid)
-                continue
-            self.track(ctx, tid)
-            done = done_chunks(gen_dir)
-            for path, chunk in pending_chunks(gen_dir):
-                if (chunk.range_no, chunk.chunk_no) in done:
-                    path.unlink(missing_ok=True)  # marked done; a crash left the file
-                else:
-                    self._place(ctx, tid, path, chunk)
 
     def after_save(self, fsync: bool) -> None:
         """After the state save: mark placed chunks done, remove released generations."""
         for path, chunk in self.placed:
-            mark_done(path.parent.parent, chunk, fsync)
-            path.unlink(missing_ok=True)
+            if path.parent.parent not in self.released:  # removed whole just below
+                mark_done(path.parent.parent, chunk, fsync)
+                path.unlink(missing_ok=True)
         self.placed = []
         for gen_dir in self.released:
             release_generation(gen_dir)
         self.released = []
 
-    def _place(self, ctx: PullerContext, tid: int, path: Path, chunk: Chunk) -> None:
+    def _place(self, ctx: PullerContext, tid: int, path: Path, chunk: Chunk) -> bool:
+        """Place the chunk if the stream has passed its position; whether it was placed."""
         pos = {d: _seq(g) for d, g in ctx.state.position.items()}
         if any(pos.get(d, -1) < _seq(g) for d, g in chunk.position.items()):
-            return  # the stream has not reached the chunk's position yet
+            return False  # the stream has not reached the chunk's position yet
         hist = self.history[tid]
         slot = self._slot(ctx, hist, chunk)
         version = ctx.writer.log.schema_version_at(tid, slot) if slot else None
@@ -113,7 +122,7 @@ class Adopter:
             log.info("table %d: chunk %s dropped (read before this run's history or with "
                      "another schema version); it is read again", tid, chunk.name)  # fmt: skip
             path.unlink(missing_ok=True)
-            return
+            return False
         tag = f"{zlib.crc32(f'{tid}/{path}'.encode()):08x}"
         # linked: the chunk file stays until it is marked done, so its reader never sees
         # a chunk that is neither read nor done (and reads it again)
@@ -121,6 +130,7 @@ class Adopter:
         hist.used.add(slot)
         self.placed.append((path, chunk))
         ctx.stats.snapshot_rows += chunk.rows
+        return True
 
     def _slot(self, ctx: PullerContext, hist: _History, chunk: Chunk) -> int | None:
         s = {d: _seq(g) for d, g in chunk.position.items()}

@@ -2,27 +2,28 @@
 
 What one Spark task (or any worker) does for one key range of a table
 (``mysql.snapshots``): for each chunk, take the table's metadata lock (a transaction that
-opened it: DDL waits, writes do not), check the catalog's columns are the change log's
-schema, open ``START TRANSACTION WITH CONSISTENT SNAPSHOT`` and note its binlog position,
-read the next keys (keyset, in key order), end both transactions, and write the chunk's
-rows in the data-file layout (no ``_commit_ts``: the puller places them). A killed reader
-loses at most the chunk it was reading: the next one starts at the first key not read.
+opened it, on a connection kept for the range: DDL waits, writes do not), check the
+catalog's columns are the change log's schema, read the next keys (keyset, in key order)
+in a ``START TRANSACTION WITH CONSISTENT SNAPSHOT`` whose binlog position comes with the
+rows (``mysql.chunk_select``), end both transactions, and write the chunk's rows in the
+data-file layout (no ``_commit_ts``: the puller places them). A killed reader loses at most
+the chunk it was reading: the next one starts at the first key not read.
 """
 
 from __future__ import annotations
 
 import itertools
+import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
-import numpy as np
 import pyarrow as pa
 
 from cdc_dagster.mysql.catalog import quote_ident as _q
 from cdc_dagster.mysql.catalog import read_table
+from cdc_dagster.mysql.chunk_select import ChunkClient, client_for
 from cdc_dagster.mysql.errors import PullerBusyError
-from cdc_dagster.mysql.position import mariadb_snapshot_state
 from cdc_dagster.mysql.snapshots import (
     Chunk,
     Key,
@@ -38,14 +39,40 @@ from cdc_dagster.mysql.snapshots import (
     write_chunk,
     write_plan,
 )
-from cdc_dagster.mysql.types import converter, passthrough
 from cdc_dagster.mysql.upstream import connect
-from cdc_dagster.schema import TableSchema, arrow_type
+from cdc_dagster.schema import TableSchema
 from cdc_dagster.upstream.changelog import ChangeLog
-from cdc_dagster.upstream.uri import UpstreamConfig
+from cdc_dagster.upstream.uri import UpstreamConfig, parse_uri
 
-SCHEMA_WAIT_S = 60.0  # a DDL the puller has not written yet: wait this long for it
+# one row per (table, range) a task read: its rows and when (wall clock) it began and ended
+RESULT = pa.schema([("table_id", pa.int64()), ("range", pa.int64()), ("rows", pa.int64()),
+                    ("task", pa.int64()), ("began", pa.float64()), ("ended", pa.float64())])  # fmt: skip
+RESULT_DDL = "table_id long, range long, rows long, task long, began double, ended double"
+SCHEMA_WAIT_S = 60.0
+EXACT_COUNT_BELOW = 1_000_000  # tables InnoDB estimates larger are planned on the estimate  # a DDL the puller has not written yet: wait this long for it
 Progress = Callable[[Chunk], None]
+
+
+class ReadSession:
+    """What the ranges one worker reads one after another share: the change log's reader
+    and the connection that takes each chunk's metadata lock (a pymysql connection costs
+    0.05-0.15 s to open here, most of a small table's read)."""
+
+    def __init__(self, upstream: UpstreamConfig, root: str) -> None:
+        self.upstream, self.root = upstream, root
+        self.log = ChangeLog(root)
+        self._lock: Any = None
+
+    @property
+    def lock(self) -> Any:
+        if self._lock is None:
+            self._lock = connect(self.upstream)
+        return self._lock
+
+    def close(self) -> None:
+        if self._lock is not None:
+            self._lock.close()
+            self._lock = None
 
 
 def read_range(
@@ -56,32 +83,52 @@ def read_range(
     range_no: int,
     chunk_rows: int = 50_000,
     progress: Progress | None = None,
+    client: str = "auto",
+    session: ReadSession | None = None,
 ) -> int:
-    """Read range ``range_no`` of the table's snapshot plan to its end; rows read."""
+    """Read range ``range_no`` of the table's snapshot plan to its end; rows read.
+    ``client``: which client reads the rows (``chunk_select.client_for``); ``session``:
+    shared with other ranges read before or after (None: one of its own)."""
     plan = read_plan(root, table_id, generation)
     if plan is None:
         raise PullerBusyError(f"table {table_id}: no snapshot plan of generation {generation}")
     gen_dir = generation_dir(root, table_id, generation)
+    own = session is None
+    shared = ReadSession(upstream, root) if session is None else session
+    reader: tuple[int, ChunkClient] | None = None  # (schema version, client)
     total = 0
-    while True:
-        # pending first: the puller marks a chunk done before it removes its file
-        pending = {(c.range_no, c.chunk_no): c for _, c in pending_chunks(gen_dir)}
-        records = done_chunks(gen_dir) | pending
-        if not gen_dir.exists():
-            return total  # released meanwhile: every chunk was placed
-        nr = next_read(plan, range_no, records, chunk_rows)
-        if nr is None:
-            return total
-        schema, version = _schema(root, table_id)
-        chunk, rows = _read_chunk(upstream, schema, version, range_no, nr)
-        write_chunk(gen_dir, chunk, rows)
-        total += chunk.rows
-        if progress is not None:
-            progress(chunk)
+    try:
+        while True:
+            # pending first: the puller marks a chunk done before it removes its file
+            pending = {(c.range_no, c.chunk_no): c for _, c in pending_chunks(gen_dir, range_no)}
+            records = done_chunks(gen_dir, range_no) | pending
+            if not gen_dir.exists():
+                return total  # released meanwhile: every chunk was placed
+            nr = next_read(plan, range_no, records, chunk_rows)
+            if nr is None:
+                return total
+            lock = shared.lock
+            schema, version = _lock_and_check(lock, shared.log, table_id)
+            try:
+                if reader is None or reader[0] != version:
+                    if reader is not None:
+                        reader[1].close()
+                    reader = (version, client_for(upstream, schema, version, client))
+                chunk, rows = _read_chunk(reader[1], version, range_no, nr)
+            finally:
+                lock.rollback()  # the metadata lock: held only while the chunk was read
+            write_chunk(gen_dir, chunk, rows)
+            total += chunk.rows
+            if progress is not None:
+                progress(chunk)
+    finally:
+        if reader is not None:
+            reader[1].close()
+        if own:
+            shared.close()
 
 
-def _schema(root: str, table_id: int) -> tuple[TableSchema, int]:
-    log = ChangeLog(root)
+def _schema(log: ChangeLog, table_id: int) -> tuple[TableSchema, int]:
     ts = log.ddl_resolved_ts()
     schema, version = log.schema_at(table_id, ts), log.schema_version_at(table_id, ts)
     if schema is None or version is None:
@@ -90,43 +137,32 @@ def _schema(root: str, table_id: int) -> tuple[TableSchema, int]:
 
 
 def _read_chunk(
-    upstream: UpstreamConfig, schema: TableSchema, version: int, range_no: int, nr: NextRead
-) -> tuple[Chunk, pa.Table]:
-    lock = connect(upstream)
-    snap = connect(upstream)
-    try:
-        _lock_and_check(lock, schema)
-        with snap.cursor() as cur:
-            cur.execute("SET SESSION time_zone = '+00:00'")
-            cur.execute("SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ")
-            position = mariadb_snapshot_state(cur).position
-            cur.execute(*_select(schema, nr))
-            rows = cur.fetchall()
-        snap.rollback()
-        lock.rollback()
-    finally:
-        snap.close()
-        lock.close()
-    key_pos = [[c.id for c in schema.columns].index(k) for k in schema.primary_key]
-    full = nr.limit is not None and len(rows) == nr.limit
-    hi = encode_key([rows[-1][i] for i in key_pos]) if full else nr.bound
-    chunk = Chunk(range_no, nr.chunk_no, position, nr.lo, hi, not full and not nr.fills_hole,
-                  len(rows), version)  # fmt: skip
-    return chunk, chunk_table(schema, version, rows)
+    client: ChunkClient, version: int, range_no: int, nr: NextRead
+) -> tuple[Chunk, Any]:
+    got = client.select((decode_key(nr.lo), decode_key(nr.bound)), nr.limit, snapshot=True)
+    n = got.rows.num_rows
+    full = nr.limit is not None and n == nr.limit
+    hi = encode_key(got.last_key) if full else nr.bound
+    chunk = Chunk(range_no, nr.chunk_no, got.position, nr.lo, hi,
+                  not full and not nr.fills_hole, n, version)  # fmt: skip
+    return chunk, got.rows
 
 
-def _lock_and_check(lock: Any, schema: TableSchema) -> None:
-    """Take the table's metadata lock; wait while the catalog is ahead of the change log."""
-    table = f"{_q(schema.database)}.{_q(schema.table)}"
+def _lock_and_check(lock: Any, log: ChangeLog, table_id: int) -> tuple[TableSchema, int]:
+    """Take the table's metadata lock on ``lock`` (its transaction stays open: the caller
+    ends it) once the catalog's columns are the change log's schema; that schema. While the
+    catalog is ahead (a DDL the puller has not written yet), wait for the change log."""
     deadline = time.monotonic() + SCHEMA_WAIT_S
-    want = [(c.name, c.type) for c in schema.columns]
     while True:
+        schema, version = _schema(log, table_id)
+        table = f"{_q(schema.database)}.{_q(schema.table)}"
         with lock.cursor() as cur:
             cur.execute("START TRANSACTION")
             cur.execute(f"SELECT 1 FROM {table} LIMIT 0")  # the metadata lock
         raw = read_table(lock, schema.database, schema.table)
+        want = [(c.name, c.type) for c in schema.columns]
         if raw is not None and [(n, t) for n, t, _, _ in raw.columns] == want:
-            return
+            return schema, version
         lock.rollback()
         if time.monotonic() > deadline:
             raise PullerBusyError(
@@ -136,63 +172,38 @@ def _lock_and_check(lock: Any, schema: TableSchema) -> None:
         time.sleep(0.5)
 
 
-def _select(schema: TableSchema, nr: NextRead) -> tuple[str, tuple]:
-    # FLOAT through the text protocol keeps 6 digits; as DOUBLE it is the exact float32 value
-    cols = ", ".join(
-        f"CAST({_q(c.name)} AS DOUBLE)" if c.type == "float32" else _q(c.name)
-        for c in schema.columns
-    )
-    keys = [_q(schema.column(k).name) for k in schema.primary_key]
-    where, args = [], []
-    lo, bound = decode_key(nr.lo), decode_key(nr.bound)
-    if lo is not None:
-        w, a = _compare(keys, list(lo), ">")
-        where.append(w)
-        args += a
-    if bound is not None:
-        w, a = _compare(keys, list(bound), "<")
-        where.append(w)
-        args += a
-    sql = f"SELECT {cols} FROM {_q(schema.database)}.{_q(schema.table)}"
-    if where:
-        sql += " WHERE " + " AND ".join(where)
-    sql += f" ORDER BY {', '.join(keys)}"
-    if nr.limit is not None:
-        sql += f" LIMIT {nr.limit}"
-    return sql, tuple(args)
+def read_spec(spec: dict[str, Any], session: ReadSession | None = None) -> int:
+    """Read one (table, range) spec to its end; rows read."""
+    return read_range(parse_uri(spec["upstream_uri"]), spec["root"], spec["table_id"],
+                      spec["generation"], spec["range"], spec["chunk_rows"],
+                      client=spec.get("client", "auto"), session=session)  # fmt: skip
 
 
-def _compare(cols: list[str], values: list[Any], op: str) -> tuple[str, list[Any]]:
-    """Keys after (``>``) or up to (``<``: at or before) ``values`` in key order, as OR of
-    prefixes (an index range scan in every MariaDB/MySQL version)."""
-    terms, args = [], []
-    for i in range(len(cols)):
-        eq = [f"{c} = %s" for c in cols[:i]]
-        last = len(cols) - 1
-        cmp = f"{cols[i]} {op}{'=' if op == '<' and i == last else ''} %s"
-        terms.append("(" + " AND ".join([*eq, cmp]) + ")")
-        args += [*values[:i], values[i]]
-    return "(" + " OR ".join(terms) + ")", args
+def read_group(specs: list[dict[str, Any]], task: int) -> list[dict[str, Any]]:
+    """Read the specs one after another (one session per change log); a ``RESULT`` row each."""
+    out, sessions = [], {}
+    try:
+        for spec in specs:
+            key = (spec["upstream_uri"], spec["root"])
+            if key not in sessions:
+                sessions[key] = ReadSession(parse_uri(key[0]), key[1])
+            began = time.time()
+            rows = read_spec(spec, sessions[key])
+            out.append({"table_id": spec["table_id"], "range": spec["range"], "rows": rows,
+                        "task": task, "began": began, "ended": time.time()})  # fmt: skip
+    finally:
+        for session in sessions.values():
+            session.close()
+    return out
 
 
-def chunk_table(schema: TableSchema, version: int, rows: list[tuple]) -> pa.Table:
-    """Snapshot rows (tuples in schema order, as pymysql gives them) in the data-file layout
-    without ``_commit_ts``: inserts, ``_seq`` 0..n-1."""
-    n = len(rows)
-    arrays: dict[str, Any] = {
-        "_seq": pa.array(np.arange(n, dtype=np.int32)),
-        "_op": pa.array(np.ones(n, np.int8)),
-        "_schema_version": pa.array(np.full(n, version, np.int64)),
-    }
-    for i, c in enumerate(schema.columns):
-        values = [r[i] for r in rows]
-        ok, fn = passthrough(c.type), converter(c.type)
-        if ok is None or any(v is not None and type(v) is not ok for v in values):
-            values = [None if v is None else fn(v) for v in values]
-        arrays[f"c{c.id}"] = pa.array(values, arrow_type(c.type))
-    for k in schema.primary_key:
-        arrays[f"b{k}"] = pa.nulls(n, arrow_type(schema.column(k).type))
-    return pa.table(arrays)
+def read_groups(groups: list[str], batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """``mapInArrow`` body over ``spark.range``: group ``id``'s specs, one after another."""
+    out = []
+    for batch in batches:
+        for gid in batch.column("id").to_pylist():
+            out += read_group(json.loads(groups[gid]), gid)
+    yield pa.RecordBatch.from_pylist(out, schema=RESULT)
 
 
 def plan_table(
@@ -203,37 +214,82 @@ def plan_table(
     parallelism: int,
     chunk_rows: int,
 ) -> Plan:
-    """Split the table into key ranges read in parallel: a single integer key by equal
-    spans of [min, max]; any other key as one range. Written once (a resumed run reuses it),
-    with the table's row count then (what progress counts chunks against)."""
-    plan = read_plan(root, table_id, generation)
-    if plan is not None:
-        return plan
-    schema, _ = _schema(root, table_id)
+    """Split the table into key ranges read in parallel (``plan_tables``)."""
+    return plan_tables(upstream, root, {table_id: generation}, parallelism, chunk_rows)[table_id]
+
+
+def plan_tables(
+    upstream: UpstreamConfig,
+    root: str,
+    snapshots: dict[int, int],
+    parallelism: int,
+    chunk_rows: int,
+) -> dict[int, Plan]:
+    """Each snapshot's (table id -> generation) key ranges, read in parallel: a single
+    integer key by equal spans of [min, max]; any other key as one range. Written once (a
+    resumed run reuses it), with the table's row count then (what progress counts chunks
+    against). One connection and one change-log reader for all of them."""
+    plans: dict[int, Plan] = {}
+    for tid, gen in snapshots.items():
+        if (plan := read_plan(root, tid, gen)) is not None:
+            plans[tid] = plan
+    todo = [tid for tid in snapshots if tid not in plans]
+    if not todo:
+        return plans
+    log = ChangeLog(root)
+    conn = connect(upstream)
+    try:
+        for tid in todo:
+            plans[tid] = _plan(conn, log, tid, snapshots[tid], parallelism, chunk_rows)
+            write_plan(root, plans[tid])
+    finally:
+        conn.close()
+    return plans
+
+
+def _plan(
+    conn: Any, log: ChangeLog, table_id: int, generation: int, parallelism: int, chunk_rows: int
+) -> Plan:
+    schema, _ = _schema(log, table_id)
     ranges: list[tuple[Key, Key]] = [(None, None)]
     key = [schema.column(k) for k in schema.primary_key]
     split = len(key) == 1 and key[0].type.startswith(("int", "uint")) and parallelism > 1
     table = f"{_q(schema.database)}.{_q(schema.table)}"
-    conn = connect(upstream)
-    try:
-        with conn.cursor() as cur:
-            if split:
-                name = _q(key[0].name)
-                cur.execute(f"SELECT MIN({name}), MAX({name}), COUNT(*) FROM {table}")
-                lo, hi, count = cur.fetchone()
-            else:  # the count only sizes the progress shown (chunks done / total)
-                cur.execute(f"SELECT COUNT(*) FROM {table}")
-                lo, hi, count = None, None, cur.fetchone()[0]
-    finally:
-        conn.close()
+    with conn.cursor() as cur:
+        # the count sizes the ranges and the progress shown (chunks done / total); an exact
+        # COUNT(*) scans the table (5 s for 10M rows here), so a large table's is InnoDB's
+        # estimate
+        cur.execute(
+            "SELECT TABLE_ROWS FROM information_schema.TABLES "
+            "WHERE TABLE_SCHEMA = %s AND TABLE_NAME = %s",
+            (schema.database, schema.table),
+        )
+        found = cur.fetchone()
+        count = int(found[0] or 0) if found else 0
+        if count < EXACT_COUNT_BELOW:
+            cur.execute(f"SELECT COUNT(*) FROM {table}")
+            count = int(cur.fetchone()[0])
+        lo = hi = None
+        if split:
+            name = _q(key[0].name)
+            cur.execute(f"SELECT MIN({name}), MAX({name}) FROM {table}")
+            lo, hi = cur.fetchone()
     n = min(parallelism, max(1, (count or 0) // chunk_rows))
     if split and lo is not None and n > 1:
         cuts = [lo + (hi - lo) * i // n for i in range(1, n)]
         bounds: list[Key] = [None, *([c] for c in cuts), None]
         ranges = list(itertools.pairwise(bounds))
-    plan = Plan(table_id, generation, tuple(ranges), int(count or 0), chunk_rows)
-    write_plan(root, plan)
-    return plan
+    return Plan(table_id, generation, tuple(ranges), int(count or 0), chunk_rows)
 
 
-__all__ = ["chunk_table", "plan_table", "read_range"]
+__all__ = [
+    "RESULT",
+    "RESULT_DDL",
+    "ReadSession",
+    "plan_table",
+    "plan_tables",
+    "read_group",
+    "read_groups",
+    "read_range",
+    "read_spec",
+]

@@ -1,30 +1,32 @@
 """Run a change log's pending chunked snapshots: plan each table, read its ranges in
 parallel (Spark tasks on the given session, else one after another here), write chunks.
 
-The puller places the chunks as it follows the binlog and releases each table when its
-plan is covered (``mysql.adoption``); a run killed midway resumes at each range's first
-chunk not read (``snapshots.next_read``).
+The (table, range) reads are spread over at most ``tasks`` Spark tasks as the capture jobs
+spread tables (``pipeline.job.balance``: largest first onto the least loaded; a task reads
+its ranges one after another): a changefeed of many small
+tables is a few tasks, not one per range. The puller places the chunks as it follows the
+binlog and releases each table when its plan is covered (``mysql.adoption``); a run killed
+midway resumes at each range's first chunk not read (``snapshots.next_read``).
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
-from collections.abc import Iterator
+import time
+from dataclasses import dataclass
 from typing import Any
 
-import pyarrow as pa
-
-from cdc_dagster.mysql.chunk_reader import plan_table, read_range
+from cdc_dagster.mysql.chunk_reader import RESULT_DDL, plan_tables, read_group, read_groups
 from cdc_dagster.mysql.state import load_state
+from cdc_dagster.pipeline.job import balance
 from cdc_dagster.secrets import resolve_uri
 from cdc_dagster.upstream.uri import parse_uri
 
-RESULT = pa.schema([("table_id", pa.int64()), ("range", pa.int64()), ("rows", pa.int64())])
-
 
 def snapshot_specs(
-    upstream_uri: str, root: str, parallelism: int, chunk_rows: int
+    upstream_uri: str, root: str, parallelism: int, chunk_rows: int, client: str = "auto"
 ) -> list[dict[str, Any]]:
     """One spec per (table, range) of every pending snapshot (plans written if missing)."""
     state = load_state(root)
@@ -35,44 +37,95 @@ def snapshot_specs(
     # not): the specs carry the credentials to the tasks; they are never printed
     resolved = resolve_uri(upstream_uri, os.environ)
     specs = []
+    plans = plan_tables(upstream, root, state.snapshots, parallelism, chunk_rows)
     for tid, gen in sorted(state.snapshots.items()):
-        plan = plan_table(upstream, root, tid, gen, parallelism, chunk_rows)
+        plan = plans[tid]
         for r in range(len(plan.ranges)):
             specs.append({"upstream_uri": resolved, "root": root, "table_id": tid,
-                          "generation": gen, "range": r, "chunk_rows": chunk_rows})  # fmt: skip
+                          "generation": gen, "range": r, "chunk_rows": chunk_rows,
+                          "client": client,
+                          "weight": plan.rows // max(len(plan.ranges), 1)})  # fmt: skip
     return specs
 
 
-def read_spec(spec: dict[str, Any]) -> int:
-    """Read one (table, range) spec to its end; rows read."""
-    return read_range(parse_uri(spec["upstream_uri"]), spec["root"], spec["table_id"],
-                      spec["generation"], spec["range"], spec["chunk_rows"])  # fmt: skip
+@dataclass(frozen=True, slots=True)
+class SnapshotReads:
+    """What one ``run_snapshot_reads`` did: rows, and where its time went."""
+
+    rows: int
+    ranges: int
+    tasks: int  # Spark tasks (0: read here, one range after another)
+    seconds: float  # the whole call, planning included
+    first_began: float  # wall clock: the first range's read began (after planning, the
+    last_ended: float  # job's start and the workers' start), ... and the last one ended
+    task_seconds: float  # the longest task's reading time
+
+    def line(self) -> str:
+        """One line for a run log."""
+        return (
+            f"{self.rows} rows of {self.ranges} range(s) read in {self.seconds:.1f} s by "
+            f"{self.tasks or 'no'} Spark task(s): reading from {self.first_began:.3f} to "
+            f"{self.last_ended:.3f} (wall clock), the longest task {self.task_seconds:.1f} s"
+        )
 
 
-def read_partition(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-    """``mapInArrow`` body: the specs of this partition, one after another."""
-    out = []
-    for batch in batches:
-        for text in batch.column("spec").to_pylist():
-            spec = json.loads(text)
-            out.append({"table_id": spec["table_id"], "range": spec["range"],
-                        "rows": read_spec(spec)})  # fmt: skip
-    yield pa.RecordBatch.from_pylist(out, schema=RESULT)
+def run_snapshot_reads(
+    upstream_uri: str,
+    root: str,
+    spark: Any = None,
+    parallelism: int = 2,
+    chunk_rows: int = 50_000,
+    tasks: int = 0,
+    client: str = "auto",
+    local_max_rows: int = 0,
+) -> SnapshotReads:
+    """Read every pending snapshot's ranges (the puller places them). ``tasks``: Spark
+    tasks at most (0: one per range). Snapshots of ``local_max_rows`` planned rows or fewer
+    are read here, one range after another, without a Spark job: a job costs seconds to
+    start over Spark Connect (planning, Python workers, imports), more than reading a few
+    hundred thousand rows takes (as the capture ticks' ``local_max_bytes``)."""
+    started = time.monotonic()
+    specs = snapshot_specs(upstream_uri, root, parallelism, chunk_rows, client)
+    if not specs:
+        return SnapshotReads(0, 0, 0, time.monotonic() - started, 0.0, 0.0, 0.0)
+    local = spark is None or sum(int(s["weight"]) for s in specs) <= local_max_rows
+    if local:
+        rows = read_group(specs, 0)
+    else:
+        n = max(1, min(tasks or len(specs), len(specs)))
+        texts = [json.dumps(g) for g in balance(specs, n)]
+        # one partition per group, no shuffle; the groups travel in the task's closure
+        df = spark.range(0, len(texts), 1, len(texts))
+        body = functools.partial(read_groups, texts)
+        rows = [r.asDict() for r in df.mapInArrow(body, RESULT_DDL).collect()]
+    per_task: dict[int, float] = {}
+    for r in rows:
+        per_task[r["task"]] = per_task.get(r["task"], 0.0) + r["ended"] - r["began"]
+    return SnapshotReads(
+        sum(r["rows"] for r in rows),
+        len(specs),
+        0 if local else len(per_task),
+        time.monotonic() - started,
+        min(r["began"] for r in rows),
+        max(r["ended"] for r in rows),
+        max(per_task.values()),
+    )
 
 
 def run_snapshots(
-    upstream_uri: str, root: str, spark: Any = None, parallelism: int = 2, chunk_rows: int = 50_000
+    upstream_uri: str,
+    root: str,
+    spark: Any = None,
+    parallelism: int = 2,
+    chunk_rows: int = 50_000,
+    tasks: int = 0,
+    client: str = "auto",
+    local_max_rows: int = 0,
 ) -> int:
-    """Read every pending snapshot's ranges; rows read (the puller places them)."""
-    specs = snapshot_specs(upstream_uri, root, parallelism, chunk_rows)
-    if not specs:
-        return 0
-    if spark is None:
-        return sum(read_spec(s) for s in specs)
-    rows = [(json.dumps(s),) for s in specs]
-    df = spark.createDataFrame(rows, "spec string").repartition(len(specs))
-    result = df.mapInArrow(read_partition, "table_id long, range long, rows long").collect()
-    return sum(r["rows"] for r in result)
+    """Read every pending snapshot's ranges; rows read (``run_snapshot_reads``)."""
+    return run_snapshot_reads(
+        upstream_uri, root, spark, parallelism, chunk_rows, tasks, client, local_max_rows
+    ).rows
 
 
-__all__ = ["read_partition", "read_spec", "run_snapshots", "snapshot_specs"]
+__all__ = ["SnapshotReads", "run_snapshot_reads", "run_snapshots", "snapshot_specs"]

@@ -169,6 +169,31 @@ def release_generation(gen_dir: Path) -> None:
     shutil.rmtree(away, ignore_errors=True)
 
 
+def sweep_generations(root: str | os.PathLike[str], snapshots: dict[int, int]) -> int:
+    """Remove the generation dirs of snapshots no longer held (``snapshots``: table id ->
+    generation), and what a removal cut short left; how many. A puller that saved a table's
+    release and died before removing its files leaves them; nothing reads them again."""
+    base = Path(root) / "snapshot"
+    if not base.is_dir():
+        return 0
+    removed = 0
+    for table_dir in base.iterdir():
+        for gen_dir in table_dir.iterdir() if table_dir.is_dir() else ():
+            keep = (
+                table_dir.name.isdigit()
+                and gen_dir.name.isdigit()
+                and (snapshots.get(int(table_dir.name)) == int(gen_dir.name))
+            )
+            if keep or not gen_dir.is_dir():
+                continue
+            if gen_dir.name.isdigit():
+                release_generation(gen_dir)
+            else:  # a ``.released-*`` dir whose removal was cut short
+                shutil.rmtree(gen_dir, ignore_errors=True)
+            removed += 1
+    return removed
+
+
 def write_plan(root: str | os.PathLike[str], plan: Plan) -> None:
     path = generation_dir(root, plan.table_id, plan.generation) / "plan.json"
     write_json(path, plan.to_json())
@@ -192,6 +217,12 @@ def write_chunk(gen_dir: Path, chunk: Chunk, rows: pa.Table) -> None:
     tmp = path.parent / f".{path.name}.tmp-{uuid.uuid4().hex}"
     rows = rows.replace_schema_metadata({CHUNK_KEY: json.dumps(chunk.to_json()).encode()})
     pq.write_table(rows, tmp)
+    # on disk before the puller links it into the change log (as its own data files are)
+    fd = os.open(tmp, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
     os.replace(tmp, path)
 
 
@@ -201,15 +232,22 @@ def chunk_of(path: Path) -> Chunk:
     return Chunk.from_json(json.loads(meta[CHUNK_KEY]))
 
 
-def pending_chunks(gen_dir: Path) -> list[tuple[Path, Chunk]]:
-    """Chunk files written and not yet placed, in (range, chunk) order. A file the puller
-    removes meanwhile (placed, so marked done first; or dropped, to be read again) is left
-    out: a reader lists these before ``done_chunks``, so a chunk is never in neither."""
+def _of_range(name: str, range_no: int | None) -> bool:
+    return _CHUNK_NAME.fullmatch(name) is not None and (
+        range_no is None or name.startswith(f"{range_no:04d}-")
+    )
+
+
+def pending_chunks(gen_dir: Path, range_no: int | None = None) -> list[tuple[Path, Chunk]]:
+    """Chunk files written and not yet placed (of one range, or all), in (range, chunk)
+    order. A file the puller removes meanwhile (placed, so marked done first; or dropped, to
+    be read again) is left out: a reader lists these before ``done_chunks``, so a chunk is
+    never in neither."""
     d = gen_dir / "chunks"
     if not d.exists():
         return []
     out = []
-    for p in sorted(p for p in d.iterdir() if _CHUNK_NAME.fullmatch(p.name)):
+    for p in sorted(p for p in d.iterdir() if _of_range(p.name, range_no)):
         try:
             out.append((p, chunk_of(p)))
         except FileNotFoundError:
@@ -217,15 +255,15 @@ def pending_chunks(gen_dir: Path) -> list[tuple[Path, Chunk]]:
     return out
 
 
-def done_chunks(gen_dir: Path) -> dict[tuple[int, int], Chunk]:
-    """Chunks in the change log (or empty), by (range, chunk)."""
+def done_chunks(gen_dir: Path, range_no: int | None = None) -> dict[tuple[int, int], Chunk]:
+    """Chunks in the change log (or empty), of one range or all, by (range, chunk)."""
     d = gen_dir / "done"
     if not d.exists():
         return {}
     out = {}
     try:
         for p in d.iterdir():
-            if _CHUNK_NAME.fullmatch(p.name):
+            if _of_range(p.name, range_no):
                 c = Chunk.from_json(json.loads(p.read_text()))
                 out[(c.range_no, c.chunk_no)] = c
     except FileNotFoundError:
@@ -416,6 +454,7 @@ __all__ = [
     "read_plan",
     "release_generation",
     "snapshot_progress",
+    "sweep_generations",
     "table_progress",
     "write_chunk",
     "write_plan",

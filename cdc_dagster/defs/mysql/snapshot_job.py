@@ -31,6 +31,10 @@ from cdc_dagster.secrets import redact_text
 
 SNAPSHOT_ASSET_PREFIX = "mysql_snapshot"
 POLL_S = 3.0  # how often a run looks at the chunks its tasks wrote
+# A Spark job costs 2-6 s to start over Spark Connect here (planning, Python workers and
+# their imports), about what reading half a million rows in one process takes
+LOCAL_MAX_ROWS = 500_000
+PLACED_POLL_S = 0.5  # ... and, its reads done, whether the puller placed them (then it ends)
 # Observations per run (dagster#19618: ~1,000 in one run slowed each to seconds): past
 # this, a table's progress goes to the log only, and its last observation at its end.
 MAX_OBSERVATIONS = 400
@@ -40,8 +44,12 @@ class SnapshotConfig(dg.Config):
     """Which changefeed's snapshots to read, and how."""
 
     changefeed_id: str
-    parallelism: int = 4  # key ranges per table (Spark tasks)
+    parallelism: int = 4  # key ranges per table (read in parallel)
     chunk_rows: int = 50_000
+    tasks: int = 0  # Spark tasks the ranges are spread over (0: the session's task slots)
+    client: str = "auto"  # chunk reads: auto (connectorx where it can), arrow, rows (pymysql)
+    # snapshots of at most this many planned rows are read in the run's process (no job)
+    local_max_rows: int = LOCAL_MAX_ROWS
     use_spark: bool = True  # False: the ranges one after another in the run's process
     place_wait_s: float = 30.0  # after reading: wait this long for the chunks to be placed
 
@@ -82,13 +90,13 @@ class ProgressWatch:
         self.last: dict[tuple[int, int], Any] = {}  # (table, generation) -> last rendered
         self.observations = 0
 
-    def watch(self, read: Callable[[], int]) -> int:
+    def watch(self, read: Callable[[], Any]) -> Any:
         """Run ``read`` (the Spark job) in a thread, rendering progress until it ends."""
         result: dict[str, Any] = {}
 
         def go() -> None:
             try:
-                result["rows"] = read()
+                result["reads"] = read()
             except BaseException as exc:  # re-raised in the op's thread below
                 result["error"] = exc
 
@@ -99,13 +107,13 @@ class ProgressWatch:
             self.poll()
         if "error" in result:
             raise result["error"]
-        return int(result["rows"])
+        return result["reads"]
 
     def wait_placed(self, seconds: float) -> None:
         """Poll until the puller placed every table this run saw, or ``seconds`` passed."""
         deadline = time.monotonic() + seconds
         while self.poll() and time.monotonic() < deadline:
-            time.sleep(min(POLL_S, max(deadline - time.monotonic(), 0.0)))
+            time.sleep(min(PLACED_POLL_S, max(deadline - time.monotonic(), 0.0)))
 
     def poll(self) -> bool:
         """Render what changed; whether any table this run saw is still being snapshotted."""
@@ -147,11 +155,16 @@ def _completed(p: Any) -> Any:
                    rows_placed=p.rows_read, ranges_read=p.ranges, complete=True)  # fmt: skip
 
 
-def _read(config: SnapshotConfig, uri: str, root: str, spark: SparkResource) -> int:
-    from cdc_dagster.mysql.snapshot_runner import run_snapshots
+def _read(config: SnapshotConfig, uri: str, root: str, spark: SparkResource, planned: int) -> Any:
+    from cdc_dagster.mysql.snapshot_runner import run_snapshot_reads
+    from cdc_dagster.pipeline.job import parallelism
 
-    session = spark.live_session() if config.use_spark else None
-    return run_snapshots(uri, root, session, config.parallelism, config.chunk_rows)
+    # no Spark Connect session for a snapshot read here anyway (a client costs ~0.5 s)
+    use = config.use_spark and planned > config.local_max_rows
+    session = spark.live_session() if use else None
+    tasks = config.tasks or (parallelism(session) if session is not None else 0)
+    return run_snapshot_reads(uri, root, session, config.parallelism, config.chunk_rows, tasks,
+                              config.client, config.local_max_rows)  # fmt: skip
 
 
 def build_snapshot_job(catalog: Catalog) -> dg.JobDefinition:
@@ -174,14 +187,18 @@ def build_snapshot_job(catalog: Catalog) -> dg.JobDefinition:
             cf = cdc.metastore().changefeeds.get(config.changefeed_id)
             uri = cf.info.upstream_uri
             root = changelog_path(uri)
-            specs = snapshot_specs(uri, root, config.parallelism, config.chunk_rows)
-            context.log.info("%d table range(s) to read, of tables %s", len(specs),
-                             sorted({s["table_id"] for s in specs}))  # fmt: skip
+            specs = snapshot_specs(uri, root, config.parallelism, config.chunk_rows, config.client)
+            planned = sum(int(s["weight"]) for s in specs)
+            context.log.info("%d table range(s) to read, of tables %s, ~%d rows (%s)",
+                             len(specs), sorted({s["table_id"] for s in specs}), planned,
+                             "Spark tasks" if config.use_spark and planned > config.local_max_rows
+                             else "in this process")  # fmt: skip
             watch = ProgressWatch(context, catalog, config.changefeed_id, root)
             watch.poll()
             started = time.monotonic()
-            rows = watch.watch(lambda: _read(config, uri, root, spark))
-            seconds = time.monotonic() - started
+            reads = watch.watch(lambda: _read(config, uri, root, spark, planned))
+            rows, seconds = reads.rows, time.monotonic() - started
+            context.log.info("reads done: %s; the puller places them", reads.line())
             watch.wait_placed(config.place_wait_s)
         except (MetastoreError, PullerError, UpstreamError) as exc:
             raise dg.Failure(redact_text(" ".join(str(exc).split()))) from None

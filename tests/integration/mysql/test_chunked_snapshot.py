@@ -7,6 +7,7 @@ from __future__ import annotations
 import random
 import threading
 import time
+from decimal import Decimal
 from pathlib import Path
 
 import pytest
@@ -15,7 +16,7 @@ from test_table_join import changelog_table, fingerprint, upstream_rows
 
 from cdc_dagster.mysql.chunk_reader import plan_table, read_range
 from cdc_dagster.mysql.puller import Puller, PullerConfig
-from cdc_dagster.mysql.snapshot_runner import run_snapshots
+from cdc_dagster.mysql.snapshot_runner import run_snapshot_reads, run_snapshots
 from cdc_dagster.mysql.state import load_state
 from cdc_dagster.upstream.changelog import ChangeLog
 from cdc_dagster.upstream.uri import parse_uri
@@ -64,8 +65,9 @@ def _until(what, timeout: float = 60.0) -> None:
         time.sleep(0.2)
 
 
+@pytest.mark.parametrize("client", ["arrow", "rows"])  # connectorx, pymysql
 def test_chunks_read_during_writes_land_in_the_stream_and_equal_the_upstream(
-    mariadb, mydb, tmp_path: Path
+    mariadb, mydb, tmp_path: Path, client: str
 ) -> None:
     execute(mariadb, mydb, "CREATE TABLE t (id INT PRIMARY KEY, v INT, s VARCHAR(20))",
             "INSERT INTO t SELECT seq, seq, CONCAT('r', seq) FROM seq_1_to_3000")  # fmt: skip
@@ -89,8 +91,8 @@ def test_chunks_read_during_writes_land_in_the_stream_and_equal_the_upstream(
                 raise KeyboardInterrupt("killed")
 
         with pytest.raises(KeyboardInterrupt):
-            read_range(upstream, str(root), tid, gen, 0, 150, progress=kill)
-        run_snapshots(cfg.upstream_uri, str(root), parallelism=3, chunk_rows=150)
+            read_range(upstream, str(root), tid, gen, 0, 150, progress=kill, client=client)
+        run_snapshots(cfg.upstream_uri, str(root), parallelism=3, chunk_rows=150, client=client)
         time.sleep(1.0)  # writes after the last chunk, too
     finally:
         writer.stop_.set()
@@ -104,3 +106,51 @@ def test_chunks_read_during_writes_land_in_the_stream_and_equal_the_upstream(
     assert resolved >= p.stats.resolved_ts > gen  # released: the mark follows the stream
     assert fingerprint(changelog_table(root, tid)) == fingerprint(upstream_rows(mariadb, mydb, "t"))
     assert not (root / "snapshot" / str(tid) / str(gen)).exists()  # cleaned up once complete
+
+
+@pytest.fixture(scope="module")
+def spark():
+    from cdc_dagster.pipeline.engine import spark_session
+
+    session = spark_session("local[2]", conf={"spark.sql.shuffle.partitions": "2"})
+    yield session
+    session.stop()
+
+
+@pytest.mark.slow  # a Spark session of its own
+def test_ranges_of_several_tables_read_as_a_few_spark_tasks_equal_the_upstream(
+    mariadb, mydb, tmp_path: Path, spark
+) -> None:
+    """Three tables of four ranges each (a DATETIME key among them: the pymysql client) are
+    spread over two Spark tasks, not one task per range, while the tables are written."""
+    execute(mariadb, mydb,
+            "CREATE TABLE t1 (id INT PRIMARY KEY, v INT, s VARCHAR(20))",
+            "INSERT INTO t1 SELECT seq, seq, CONCAT('r', seq) FROM seq_1_to_3000",
+            "CREATE TABLE t2 (id BIGINT UNSIGNED PRIMARY KEY, v INT)",
+            "INSERT INTO t2 SELECT seq * 1000, seq FROM seq_1_to_2000",
+            "CREATE TABLE t3 (at DATETIME(6) PRIMARY KEY, v INT)",
+            "INSERT INTO t3 SELECT TIMESTAMP('2024-01-01') + INTERVAL seq SECOND, seq "
+            "FROM seq_1_to_1000")  # fmt: skip
+    root = tmp_path / "cl"
+    cfg = PullerConfig(mariadb.uri(), str(root), (f"{mydb}.*",), chunked_snapshot=True)
+    p, done, th = _follow(cfg)
+    _until(lambda: load_state(root) is not None)
+    execute(mariadb, mydb, "UPDATE t1 SET v = -v WHERE id % 7 = 0", "DELETE FROM t2 WHERE v < 50",
+            "INSERT INTO t3 VALUES ('2030-01-01', 0)")  # fmt: skip
+    reads = run_snapshot_reads(cfg.upstream_uri, str(root), spark, parallelism=4,
+                               chunk_rows=200, tasks=2)  # fmt: skip
+    assert (reads.rows, reads.ranges, reads.tasks) == (3000 + 1951 + 1001, 9, 2)
+    assert reads.first_began <= reads.last_ended and reads.task_seconds > 0
+    target = gtid_now(mariadb)
+    _until(lambda: p.stats.position == target and not p.state.snapshots)
+    done.set()
+    th.join(30)
+
+    def plain(rows: list[tuple]) -> list[tuple]:  # BIGINT UNSIGNED: Decimal in the log
+        return [tuple(int(v) if isinstance(v, Decimal) else v for v in r) for r in rows]
+
+    for name in ("t1", "t2", "t3"):
+        tid = table_id(root, name)
+        assert fingerprint(plain(changelog_table(root, tid))) == fingerprint(
+            plain(upstream_rows(mariadb, mydb, name))
+        ), name

@@ -78,3 +78,20 @@ def test_progress_counts_chunks_read_and_placed_against_the_planned_rows(tmp_pat
     # every range read: the total is what was read, not the estimate
     assert (done.chunks_read, done.chunks_placed, done.chunks_total) == (4, 4, 4)
     assert done.complete and done.line().endswith("complete, 250 rows in 4 chunks")
+
+
+def test_generations_no_snapshot_holds_are_swept_and_held_ones_kept(tmp_path: Path) -> None:
+    """A puller that saved a table's release and died before removing its files left them;
+    the next run's first placing removes them (and a removal cut short), nothing else."""
+    held = tmp_path / "snapshot" / "1" / "5"
+    released = tmp_path / "snapshot" / "1" / "3"  # an older generation of the same table
+    other = tmp_path / "snapshot" / "2" / "9"
+    for gen in (held, released, other):
+        write_chunk(gen, _chunk(0), pa.table({"c1": [0]}))
+    cut_short = tmp_path / "snapshot" / "2" / ".released-9-abc"
+    (cut_short / "chunks").mkdir(parents=True)
+    assert snapshots.sweep_generations(tmp_path, {1: 5}) == 3
+    assert held.exists() and pending_chunks(held)
+    assert not released.exists() and not other.exists() and not cut_short.exists()
+    assert snapshots.sweep_generations(tmp_path, {1: 5}) == 0
+    assert snapshots.sweep_generations(tmp_path / "none", {}) == 0
