@@ -118,7 +118,9 @@ def capture_tick(
         work,
         staging_root=settings.staging_dir(),
         executor_factory=spark_executor_factory(
-            spark.live_session(), local_max_bytes=settings.local_tick_bytes
+            spark.live_session(),
+            local_max_bytes=settings.local_tick_bytes,
+            batch_behind_s=settings.batch_behind_s,
         ),
         lease_ttl_s=settings.capture_ttl_s,
     )
