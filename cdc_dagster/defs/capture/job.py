@@ -213,7 +213,11 @@ class _Follow:
         self, why: str, capture: CaptureTick, progress: list[TableProgress], before: int
     ) -> None:
         if why == "data":
-            self.idle = sum(p.rows_applied for p in progress) == before
+            # Idle: it sank nothing and holds nothing unsunk (a table gathering a backlog,
+            # its checkpoint below what it staged, is busy, not idle).
+            self.idle = sum(p.rows_applied for p in progress) == before and all(
+                p.checkpoint_ts >= p.resolved_ts for p in progress if p.state == "replicating"
+            )
         for outcome in capture.prepared.values():  # the registration its tick attached to
             self.registration = outcome.registration
 

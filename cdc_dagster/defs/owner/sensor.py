@@ -272,6 +272,13 @@ def build_owner_sensor(
             runs += _new_runs(runs, result.run_requests or [])
             recorded += step.recorded
             partitions = result.dynamic_partitions_requests
+        moving = [cf for cf, t in step.tick.changefeeds.items() if t.rebuilt or t.dispatches]
+        if moving and settling and not awaiting_answers(step, following):
+            context.log.info(
+                "changefeed(s) %s wait for the next evaluation: captures with messages %s, "
+                "following their mailbox %s", ", ".join(moving), sorted(step.work),
+                sorted(following),
+            )  # fmt: skip
         if step.tick.is_owner:  # syncpoint checks of every step's recorded syncpoints
             last = dataclasses.replace(step, recorded=tuple(recorded))
             runs += checks_runs(last, loop.metastore, tick, checks_job)
