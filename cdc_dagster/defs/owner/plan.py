@@ -177,9 +177,17 @@ def awaiting_answers(step: OwnerStep, following: Collection[str]) -> dict[str, t
     owner = step.tick
     if not owner.is_owner or not step.work or not set(step.work) <= set(following):
         return {}
-    if not any(cf.rebuilt or cf.dispatches for cf in owner.changefeeds.values()):
+    if not moving(step):
         return {}
     return {c: tuple(sorted(work)) for c, work in sorted(step.work.items())}
+
+
+def moving(step: OwnerStep) -> list[str]:
+    """The changefeeds whose step moved the protocol: rebuilt, or sent a dispatch."""
+    out = {cf for cf, t in step.tick.changefeeds.items() if t.rebuilt}
+    for work in step.work.values():
+        out |= {cf for cf, msgs in work.items() if any(m.get("type") == "dispatch" for m in msgs)}
+    return sorted(out)
 
 
 def progress_lines(step: OwnerStep) -> Mapping[str, str]:

@@ -17,6 +17,7 @@ from cdc_dagster.defs.owner.mailbox import MailboxOutbox
 from cdc_dagster.defs.owner.plan import (
     CAPTURE_JOB,
     awaiting_answers,
+    moving,
     plan,
     progress_lines,
 )
@@ -272,11 +273,11 @@ def build_owner_sensor(
             runs += _new_runs(runs, result.run_requests or [])
             recorded += step.recorded
             partitions = result.dynamic_partitions_requests
-        moving = [cf for cf, t in step.tick.changefeeds.items() if t.rebuilt or t.dispatches]
-        if moving and settling and not awaiting_answers(step, following):
+        stepped = moving(step)
+        if stepped and settling and not awaiting_answers(step, following):
             context.log.info(
                 "changefeed(s) %s wait for the next evaluation: captures with messages %s, "
-                "following their mailbox %s", ", ".join(moving), sorted(step.work),
+                "following their mailbox %s", ", ".join(stepped), sorted(step.work),
                 sorted(following),
             )  # fmt: skip
         if step.tick.is_owner:  # syncpoint checks of every step's recorded syncpoints
