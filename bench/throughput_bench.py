@@ -1,18 +1,28 @@
 """Throughput of the upstream side: a binlog backlog drained, and initial snapshots taken.
 
-    python bench/throughput_bench.py [--quick] [--spark-cores 1,2] [--sink delta]
+    python bench/throughput_bench.py [--quick] [--spark-cores 1,2] [--backlog-s N] [--keep]
 
 A private MariaDB with sysbench's tables (``sysbench oltp_read_write``: ~200-byte rows,
-updates carrying both row images). For each Spark core count:
+updates carrying both row images), replicated into Delta through ``server start``'s whole
+stack (private etcd, Spark Connect on ``local[N]``, the Dagster code server, daemon and
+webserver; the owner sensor, ``mysql_puller``, ``mysql_snapshot`` and capture runs), two
+captures. For each Spark core count:
 
-(a) **Backlog drain.** A changefeed into Delta is created and replicated; then, as if
-    paused (no puller, no capture ticks), sysbench runs unthrottled for ``--backlog-s``;
-    then "resume": the binlog puller (a thread, as a puller run follows the binlog) and the
-    data plane (the in-process driver: the real owner tick, capture halves, Spark on
-    ``local[N]``) run until every table's checkpoint has passed the backlog. Rows/s from
-    resume until then; every table is then compared with the upstream (fingerprints).
-    Baselines from the same backlog: ``mariadb-binlog`` decoding it, the bare puller (binlog
-    -> change log), and mounting the events (change log -> rows, one process).
+(a) **Backlog drain.** Once the initial snapshot is replicated and the changefeed checkpoint
+    has passed it, ``changefeed pause`` (the puller run stops); sysbench runs unthrottled
+    for ``--backlog-s`` (its row changes queue in the binlog); then ``changefeed resume``,
+    and the clock starts. It stops when every table is readable past the backlog's last
+    transaction (every table's reported checkpoint), and every table is then compared with
+    the upstream (fingerprints; the bench fails if one differs). Also timed: when the
+    backlog's first rows are in the change log (the puller's first flush past the pause),
+    when the puller reached the backlog's end, when the changefeed checkpoint passed it.
+    Rates: ``drain_rows_per_s`` = row changes (sysbench's writes) / seconds from resume to
+    readable; ``drain_after_first_rows_per_s`` = the same over the seconds from the first
+    rows in the change log (what is left once the resume's fixed costs, the owner's tick
+    and the puller run's launch, are paid). Baselines from the same backlog, same run:
+    ``mariadb-binlog`` decoding it, the bare puller (binlog -> change log, one process),
+    and mounting the events (change log -> rows, one process). A small backlog (``--quick``)
+    measures mostly the fixed costs; give ``--backlog-s`` enough for throughput.
 (b) **Snapshot.** Tables made with sysbench's layout (``--snapshot-tables`` x
     ``--snapshot-rows``), a changefeed created (create records only), the puller following
     in its own process, and the snapshot runner reading every table's key ranges as Spark
@@ -21,9 +31,14 @@ updates carrying both row images). For each Spark core count:
     same run: a bare chunked ``SELECT`` of the same ranges, same chunk size and tasks, into
     Parquet files (no snapshot positions, no metadata lock, no puller).
 
-It ends with one line: ``drain_rows_per_s=... drain_ratio=... snapshot_rows_per_s=...
-snapshot_ratio=...`` (drain_ratio: the drain's rate over the bare puller's; snapshot_ratio:
-the snapshot's rate over a bare parallel chunked read of the same tables into Parquet).
+``--in-process`` adds the older figures (the in-process driver on ``local[N]``, the snapshot
+runner in this process) as extra rows. ``--keep`` keeps the work directory (the stack's
+Dagster event logs: where the seconds went).
+
+It ends with one line: ``drain_rows_per_s=... drain_ratio=... drain_after_first_rows_per_s=...
+snapshot_rows_per_s=... snapshot_ratio=...`` (drain_ratio: the drain's rate over the bare
+puller's; snapshot_ratio: the snapshot's rate over a bare parallel chunked read of the same
+tables into Parquet).
 """
 
 from __future__ import annotations
