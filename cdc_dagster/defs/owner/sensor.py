@@ -103,6 +103,27 @@ def _answered(ms: Metastore, capture_id: str, changefeeds: tuple[str, ...], sinc
     return True
 
 
+def _cancel_stale_runs(context: dg.SensorEvaluationContext, step: OwnerStep) -> None:
+    """Runs of expired registrations must not hold their capture's slot (owner only)."""
+    if step.tick.is_owner:
+        stopped = cancel_expired_runs(context.instance, step.tick.registered)
+        for line in stopped + force_cancel_hung_runs(context.instance):
+            context.log.warning(line)
+
+
+def _log_unsettled(
+    context: dg.SensorEvaluationContext, step: OwnerStep, following: set[str]
+) -> None:
+    """Say which changefeeds' protocol steps wait for the next evaluation, and why."""
+    stepped = moving(step)
+    if stepped and not awaiting_answers(step, following):
+        context.log.info(
+            "changefeed(s) %s wait for the next evaluation: captures with messages %s, "
+            "following their mailbox %s", ", ".join(stepped), sorted(step.work),
+            sorted(following),
+        )  # fmt: skip
+
+
 def _new_runs(before: list[dg.RunRequest], more: list[dg.RunRequest]) -> list[dg.RunRequest]:
     """Run requests of a later step in the same evaluation that are not asked already: a DDL
     run once per DDL (its run key moves with the tick)."""
@@ -230,10 +251,7 @@ def build_owner_sensor(
         settings = cdc.settings()
         loop = cdc.owner_loop()
         step = owner_step(loop)
-        if step.tick.is_owner:  # runs of expired registrations must not hold their capture's slot
-            stopped = cancel_expired_runs(context.instance, step.tick.registered)
-            for line in stopped + force_cancel_hung_runs(context.instance):
-                context.log.warning(line)
+        _cancel_stale_runs(context, step)
         # A run that follows its mailbox (capture_loop_s > 0) takes the messages sent while
         # it runs: no second run for its capture meanwhile; they wait in its etcd mailbox.
         follow_s = settings.capture_loop_s
@@ -273,13 +291,8 @@ def build_owner_sensor(
             runs += _new_runs(runs, result.run_requests or [])
             recorded += step.recorded
             partitions = result.dynamic_partitions_requests
-        stepped = moving(step)
-        if stepped and settling and not awaiting_answers(step, following):
-            context.log.info(
-                "changefeed(s) %s wait for the next evaluation: captures with messages %s, "
-                "following their mailbox %s", ", ".join(stepped), sorted(step.work),
-                sorted(following),
-            )  # fmt: skip
+        if settling:
+            _log_unsettled(context, step, following)
         if step.tick.is_owner:  # syncpoint checks of every step's recorded syncpoints
             last = dataclasses.replace(step, recorded=tuple(recorded))
             runs += checks_runs(last, loop.metastore, tick, checks_job)
