@@ -64,7 +64,7 @@ from scheduler_core.ddl import is_syncpoint, syncpoints_between
 from scheduler_core.errors import ExecutorContractError
 from scheduler_core.messages import Barrier, TableStatusBatch
 from scheduler_core.model import Checkpoint, TableState, TableStatus
-from scheduler_core.ts import physical_ms
+from scheduler_core.ts import MAX_TS, physical_ms
 
 log = logging.getLogger(__name__)
 
@@ -100,6 +100,7 @@ class SparkTableExecutor:
         self.staging = Staging(staging_dir, changefeed_id, capture_id)
         self.barrier = Barrier(0)  # sink nothing until the owner says how far
         self._stream_ts = 0  # how far the DDL stream lets sinks pass an open barrier
+        self._ddl_stop_ts = 0  # the first DDL above an open barrier (0: none seen)
         self._tables: dict[int, TableRecord] = {}
         self._sink: Sink | None = None
         self._doomed_files: list[tuple[int, list[StagedFile]]] = []
@@ -379,16 +380,22 @@ class SparkTableExecutor:
         self._check()
         return written
 
+    def _held_by_barrier(self, table_id: int, end: int) -> bool:
+        b = self.barrier
+        closed = not b.open_until_ts and b.global_barrier_ts < MAX_TS
+        return table_id in b.table_barriers or closed or 0 < self._ddl_stop_ts <= end
+
     def _now_ms(self) -> int:
         return int(self.clock() * 1000)
 
     def _gathers(self, rec: TableRecord, spec: dict[str, Any]) -> bool:
         """Whether the table's batch waits for more of a backlog instead of committing now
-        (see the module docstring): it is replicating, nothing but the staged data ends its
-        batch, its newest staged change is older than ``batch_behind_s``, and it committed
-        less than ``batch_behind_s`` ago."""
+        (see the module docstring): it is replicating, no DDL waits for its batch (the owner's
+        view of the DDL stream lagging the staged data is no reason), its newest staged
+        change is older than ``batch_behind_s``, and it committed less than
+        ``batch_behind_s`` ago."""
         wait = self.batch_behind_ms
-        if not wait or rec.state != T.REPLICATING or spec["upto"] < rec.staged_upto:
+        if not wait or rec.state != T.REPLICATING or spec["held"]:
             return False
         now = self._now_ms()
         return now - physical_ms(rec.staged_upto) > wait and now - rec.sunk_at_ms < wait
@@ -408,6 +415,7 @@ class SparkTableExecutor:
                 "capture %s: DDL stream unreadable (%s): barrier kept", self.capture_id, exc
             )
             return low
+        self._ddl_stop_ts = min((r.commit_ts for r in ddls), default=0)
         return min([resolved, *(r.commit_ts for r in ddls)]) if resolved > low else low
 
     def _sink_spec(self, table_id: int, rec: TableRecord) -> dict[str, Any] | None:
@@ -445,6 +453,9 @@ class SparkTableExecutor:
             # syncpoint includes it: what it needs is made when it is recorded, after it).
             "copy_at": [*cuts, *([end] if is_syncpoint(end, interval) and not ddl_at_end else [])],
             "token": rec.token,
+            # A DDL waits for this batch (one of the table's, its table barrier, a closed
+            # global barrier, the stream's next DDL): it commits without gathering a backlog.
+            "held": ddl_at_end or self._held_by_barrier(table_id, end),
             "changefeed": self.changefeed_id,
             "sink_uri": self.sink_uri,
             "schema": schema.to_json(),

@@ -109,6 +109,21 @@ def test_a_backlog_cut_by_a_barrier_commits_at_once_so_its_ddl_can_run(
     assert delta_content(tmp_path / "delta", w.schemas[1]) == w.expected(1, held)
 
 
+def test_a_backlog_gathers_past_an_open_barrier_the_owner_has_not_moved_yet(
+    tmp_path: Path, spark: Any, writer: Any
+) -> None:
+    """The owner's open barrier (how far it read the DDL stream) lags a drain's staged data
+    by a tick: that cut is no DDL waiting, so the batch still gathers."""
+    w = Workload(writer, [1])
+    clock = Clock((BASE_MS + 120_000) / 1000)
+    ex = started(tmp_path, spark, clock, [1])
+    seen = w.write(steps=2)
+    w.write(steps=2)
+    ex.set_barrier(Barrier(seen, open_until_ts=seen + 1))  # below the staged data
+    ex.advance()
+    assert ex.status(1).checkpoint.checkpoint_ts == ts(1)
+
+
 @pytest.mark.slow
 def test_a_stopping_table_flushes_its_backlog_at_once(
     tmp_path: Path, spark: Any, writer: Any
