@@ -28,6 +28,10 @@ DEFAULT_CAPTURE_LOOP_S = 300.0
 # run's process, not as a Spark job (~1 s each over Spark Connect): at OLTP rates most
 # ticks carry a second or two of changes, a few hundred KB (bench/oltp_bench.py).
 DEFAULT_LOCAL_TICK_BYTES = 16 << 20
+# While a table's changes are a backlog older than this, it commits at most this often: a
+# Delta MERGE costs about the same for 1k rows as for 100k (it rewrites the files the keys
+# touch), so a drain commits few large batches (bench/throughput_bench.py). 0: every tick.
+DEFAULT_BATCH_BEHIND_S = 10.0
 
 
 def process_owner_id() -> str:
@@ -63,6 +67,7 @@ class Settings:
     owner_ttl_s: int = 30
     add_table_batch: int = DEFAULT_ADD_TABLE_BATCH  # tables the owner starts adding per tick
     local_tick_bytes: int = DEFAULT_LOCAL_TICK_BYTES  # smaller tick phases skip Spark
+    batch_behind_s: float = DEFAULT_BATCH_BEHIND_S  # a backlog commits at most this often
 
     @staticmethod
     def from_env(environ: Mapping[str, str] | None = None) -> Settings:
@@ -88,6 +93,7 @@ class Settings:
             owner_ttl_s=int(get("OWNER_TTL_S", "30")),
             add_table_batch=int(get("ADD_TABLE_BATCH", str(DEFAULT_ADD_TABLE_BATCH))),
             local_tick_bytes=int(get("LOCAL_TICK_BYTES", str(DEFAULT_LOCAL_TICK_BYTES))),
+            batch_behind_s=float(get("BATCH_BEHIND_S", str(DEFAULT_BATCH_BEHIND_S))),
         )
 
     def staging_dir(self) -> Path:

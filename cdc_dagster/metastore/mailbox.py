@@ -101,6 +101,10 @@ class MailboxStore:
                 return held if held_rev == owner_rev else {}
         raise RuntimeError(f"mailbox of {capture_id}: {_MAX_ATTEMPTS} conflicting writers in a row")
 
+    def revision(self, capture_id: str) -> int:
+        """The etcd revision of the capture's mailbox's last write (0: it has none)."""
+        return self._read(self.key(capture_id))[0]
+
     def held(self, capture_id: str) -> int:
         """How many messages wait for ``capture_id`` (of any owner)."""
         return sum(len(m) for m in self._read(self.key(capture_id))[2].values())

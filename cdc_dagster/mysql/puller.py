@@ -64,7 +64,8 @@ REFUSED = {
     **dict.fromkeys(range(165, 172), "MariaDB binlog compression: SET GLOBAL log_bin_compress=OFF"),
 }
 
-_Change = tuple[int, int, bytes, bytes]  # table id, op, table-map body, rows payload
+_Change = tuple[int, bytes, int, bytes]  # table id, table-map body, op, rows payload
+_UNKNOWN = object()  # a table map not looked at since the plans were forgotten
 
 __all__ = [
     "Puller",
@@ -126,8 +127,8 @@ class Puller:
         self.log_file = ""  # MySQL without GTIDs: the binlog file being read
         # binlog table id (6 bytes) -> (table id, table-map body); None: not replicated
         self._maps: dict[bytes, tuple[int, bytes] | None] = {}
-        # table-map body -> its table id (None: not replicated), columns checked
-        self._known: dict[bytes, int | None] = {}
+        # table-map body -> the same (table id, body) or None, its columns checked
+        self._known: dict[bytes, tuple[int, bytes] | None] = {}
         self.join: PendingJoin | None = None  # tables joining at a snapshot's binlog position
         self.adopter = Adopter()  # snapshot chunks placed in the stream (mysql.snapshots)
         self.requests_seen = 0.0  # when re-snapshot requests were last looked at
@@ -344,54 +345,71 @@ class Puller:
             ) from None
 
     def _follow(self, stream: BinlogStream, stop: Callable[[PullerStats], bool]) -> bool:
-        """Handle events until ``stop``; whether any event came (the connection works)."""
+        """Handle events until ``stop``; whether any event came (the connection works).
+
+        Row events and table maps, eight in ten events of an OLTP stream, are handled inline
+        (no call per event); ``_maps`` and ``_known`` are cleared in place, never replaced.
+        """
         seen = False
         interval = self.config.flush_interval_s
-        for typ, when, server_id, log_pos, body in stream.events():
+        row_ops, maps, known = ROW_EVENT_OPS, self._maps, self._known
+        for batch in stream.batches():
             seen = True
-            if typ in ROW_EVENT_OPS:
-                self._row_event(typ, body)
-            elif typ == TABLE_MAP:
-                self._table_map(body)
-            elif typ == MARIADB_GTID:
-                self.trx = []
-                self.trx_domain, self.trx_gtid, self.trx_standalone = mariadb_gtid(server_id, body)
-            elif typ == XID:
-                self._commit(when, log_pos)
-            elif typ == QUERY:
-                self._query(when, log_pos, body)
-            elif typ == MYSQL_GTID:
-                self.trx, self.trx_gtid, self.trx_standalone = [], mysql_gtid(body), True
-            elif typ == HEARTBEAT and not self.trx:
-                self.alloc.issue(time.time())
-                self.flush()
-            elif typ == ROTATE:
-                self.log_file = rotate_event(body)[0]
-            elif typ in REFUSED:
-                raise PullerError(f"the upstream writes events the puller cannot read: "
-                                  f"{REFUSED[typ]}")  # fmt: skip
-            if self.trx_gtid is None and not self.trx:
-                if stop(self.stats):
-                    break
-                if self._join_due():
-                    self._finish_join()
-                self._take_requests()
-                if time.monotonic() - self.last_flush >= interval:
-                    self.flush()
+            for typ, when, server_id, log_pos, body in batch:
+                if typ in row_ops:
+                    mapped = maps.get(body[:6])
+                    if mapped is not None:
+                        self.trx.append((*mapped, row_ops[typ], rows_payload(typ, body)))
+                elif typ == TABLE_MAP:
+                    entry = known.get(body, _UNKNOWN)
+                    if entry is _UNKNOWN:
+                        entry = self._table_map(body)
+                    maps[body[:6]] = entry
+                elif typ == MARIADB_GTID:
+                    self.trx = []
+                    self.trx_domain, self.trx_gtid, self.trx_standalone = mariadb_gtid(
+                        server_id, body
+                    )
+                elif typ == XID:
+                    self._commit(when, log_pos)
+                else:
+                    self._other(typ, when, log_pos, body)
+                if self.trx_gtid is None and not self.trx:  # between transactions
+                    if stop(self.stats):
+                        return seen
+                    if self._join_due():
+                        self._finish_join()
+                    self._take_requests()
+                    if time.monotonic() - self.last_flush >= interval:
+                        self.flush()
         return seen
+
+    def _other(self, typ: int, when: float, log_pos: int, body: bytes) -> None:
+        """The events that are neither rows, table maps, MariaDB GTIDs nor XIDs."""
+        if typ == QUERY:
+            self._query(when, log_pos, body)
+        elif typ == MYSQL_GTID:
+            self.trx, self.trx_gtid, self.trx_standalone = [], mysql_gtid(body), True
+        elif typ == HEARTBEAT and not self.trx:
+            self.alloc.issue(time.time())
+            self.flush()
+        elif typ == ROTATE:
+            self.log_file = rotate_event(body)[0]
+        elif typ in REFUSED:
+            raise PullerError(f"the upstream writes events the puller cannot read: "
+                              f"{REFUSED[typ]}")  # fmt: skip
 
     # -- events -------------------------------------------------------------------------
 
-    def _table_map(self, body: bytes) -> None:
-        """Which table a binlog table id is, and whether its columns are the schema's."""
-        try:
-            tid = self._known[body]
-        except KeyError:
-            tid = self.state.table_id(*table_map_name(body))
-            if tid is not None:
-                self._check_columns(tid, body)
-            self._known[body] = tid
-        self._maps[body[:6]] = None if tid is None else (tid, body)
+    def _table_map(self, body: bytes) -> tuple[int, bytes] | None:
+        """A table map not seen since the plans were forgotten: which table it maps (its
+        table id and the map; None: not replicated), once its columns are checked."""
+        tid = self.state.table_id(*table_map_name(body))
+        if tid is not None:
+            self._check_columns(tid, body)
+        entry = None if tid is None else (tid, body)
+        self._known[body] = entry
+        return entry
 
     def _check_columns(self, tid: int, body: bytes) -> None:
         t = self.state.tables[tid]
@@ -407,11 +425,6 @@ class Puller:
                 "the puller must not lag more than one DDL behind the upstream catalog"
             )
 
-    def _row_event(self, typ: int, body: bytes) -> None:
-        mapped = self._maps.get(body[:6])
-        if mapped is not None:
-            self.trx.append((mapped[0], ROW_EVENT_OPS[typ], mapped[1], rows_payload(typ, body)))
-
     def _advance(self, gtid: str | None, log_pos: int) -> None:
         """Our position moves past ``gtid`` (and, on MySQL, to file:pos after the event)."""
         if self.state.flavor == "mariadb":
@@ -425,16 +438,18 @@ class Puller:
             self._advance(self.trx_gtid, log_pos)
         if self.trx:
             ts = self.alloc.issue(event_time)
-            for seq, (tid, op, tmap, payload) in enumerate(self.trx):
-                buf = self.buffers.get(tid)
+            buffers, size = self.buffers, 0
+            for seq, (tid, tmap, op, payload) in enumerate(self.trx):
+                buf = buffers.get(tid)
                 if buf is None:
-                    buf = self.buffers[tid] = _Buffer()
+                    buf = buffers[tid] = _Buffer()
                 buf.ts.append(ts)
                 buf.seqs.append(seq)
                 buf.ops.append(op)
                 buf.maps.append(tmap)
                 buf.payloads.append(payload)
-                self.buffered += len(payload)
+                size += len(payload)
+            self.buffered += size
             self.stats.row_events += len(self.trx)
             self.stats.transactions += 1
             if self.adopter.history:

@@ -17,6 +17,12 @@ A capture tick is two calls, run by Dagster as separate ops (possibly in fresh p
   only how far it read the DDL stream) is taken past, up to the change log's DDL resolved
   ts or its first DDL above the barrier: new data is sunk as soon as it is resolved.
 
+A table whose changes are a backlog (its newest staged change older than ``batch_behind_s``:
+the upstream's puller is catching up) commits at most once per ``batch_behind_s``, unless a
+barrier or DDL cuts its batch or it is stopping: a Delta MERGE rewrites every file the
+batch's keys touch, about as dear for a thousand rows as for a hundred thousand, so while
+draining a backlog one large commit per table is many times cheaper than one per tick.
+
 Nothing lives in memory between ticks that is not in the manifest
 (:class:`~cdc_dagster.pipeline.staging.Staging`): the phases save it, :meth:`save` does
 (the runtime calls it after the Agent's commands), and
@@ -41,7 +47,8 @@ from __future__ import annotations
 import json
 import logging
 import os
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -58,6 +65,7 @@ from scheduler_core.ddl import is_syncpoint, syncpoints_between
 from scheduler_core.errors import ExecutorContractError
 from scheduler_core.messages import Barrier, TableStatusBatch
 from scheduler_core.model import Checkpoint, TableState, TableStatus
+from scheduler_core.ts import MAX_TS, physical_ms
 
 log = logging.getLogger(__name__)
 
@@ -78,11 +86,15 @@ class SparkTableExecutor:
         spark: Any,
         sync_point_interval_ms: int | None = None,
         local_max_bytes: int = 0,
+        batch_behind_s: float = 0.0,
+        clock: Callable[[], float] = time.time,
         registration: str = "",
     ) -> None:
         self.capture_id = capture_id
         self.sync_point_interval_ms = sync_point_interval_ms
         self.local_max_bytes = local_max_bytes  # a phase reading less runs without a job
+        self.batch_behind_ms = int(batch_behind_s * 1000)  # 0: every tick commits
+        self.clock = clock  # wall seconds: how old a backlog is, when a table last committed
         self.changefeed_id = changefeed_id
         self.changelog = changelog
         self.sink_uri = sink_uri
@@ -91,6 +103,7 @@ class SparkTableExecutor:
         self.staging = Staging(staging_dir, changefeed_id, capture_id, registration)
         self.barrier = Barrier(0)  # sink nothing until the owner says how far
         self._stream_ts = 0  # how far the DDL stream lets sinks pass an open barrier
+        self._ddl_stop_ts = 0  # the first DDL above an open barrier (0: none seen)
         self._tables: dict[int, TableRecord] = {}
         self._sink: Sink | None = None
         self._doomed_files: list[tuple[int, list[StagedFile]]] = []
@@ -107,6 +120,8 @@ class SparkTableExecutor:
         spark: Any,
         sync_point_interval_ms: int | None = None,
         local_max_bytes: int = 0,
+        batch_behind_s: float = 0.0,
+        clock: Callable[[], float] = time.time,
         registration: str = "",
     ) -> SparkTableExecutor:
         """The executor as the last :meth:`save` left it (empty if none), reconciled with the sink."""
@@ -119,6 +134,8 @@ class SparkTableExecutor:
             spark,
             sync_point_interval_ms,
             local_max_bytes,
+            batch_behind_s,
+            clock,
             registration,
         )
         loaded = ex.staging.load()
@@ -207,6 +224,7 @@ class SparkTableExecutor:
         rec.checkpoint_ts = max(start, reached)
         rec.resolved_ts = max(rec.resolved_ts, rec.checkpoint_ts)
         rec.state = T.REPLICATING
+        rec.sunk_at_ms = self._now_ms()  # a backlog's first batch gathers from here
 
     def remove(self, table_id: int) -> None:
         """Begin stopping (idempotent): a sinking table flushes once in the next sink phase."""
@@ -327,6 +345,8 @@ class SparkTableExecutor:
             if spec["end"] <= spec["start"]:  # nothing but its DDL in (checkpoint, upto]
                 rec.checkpoint_ts = spec["upto"]
                 continue
+            if self._gathers(rec, spec):
+                continue
             specs.append(spec)
         upto = {spec["table_id"]: spec for spec in specs}
         for spec in specs:
@@ -357,6 +377,7 @@ class SparkTableExecutor:
                 )
                 rec.error = None
                 rec.rows_applied += res["rows"]
+                rec.sunk_at_ms = self._now_ms()
                 written[table_id] = res["rows"]
         for spec in specs:
             self._tables[spec["table_id"]].sink_intent = 0
@@ -366,6 +387,26 @@ class SparkTableExecutor:
         self._prune()
         self._check()
         return written
+
+    def _held_by_barrier(self, table_id: int, end: int) -> bool:
+        b = self.barrier
+        closed = not b.open_until_ts and b.global_barrier_ts < MAX_TS
+        return table_id in b.table_barriers or closed or 0 < self._ddl_stop_ts <= end
+
+    def _now_ms(self) -> int:
+        return int(self.clock() * 1000)
+
+    def _gathers(self, rec: TableRecord, spec: dict[str, Any]) -> bool:
+        """Whether the table's batch waits for more of a backlog instead of committing now
+        (see the module docstring): it is replicating, no DDL waits for its batch (the owner's
+        view of the DDL stream lagging the staged data is no reason), its newest staged
+        change is older than ``batch_behind_s``, and it committed less than
+        ``batch_behind_s`` ago."""
+        wait = self.batch_behind_ms
+        if not wait or rec.state != T.REPLICATING or spec["held"]:
+            return False
+        now = self._now_ms()
+        return now - physical_ms(rec.staged_upto) > wait and now - rec.sunk_at_ms < wait
 
     def _read_stream_ts(self) -> int:
         """How far past an open barrier the change log's DDL stream lets sinks go: its DDL
@@ -382,6 +423,7 @@ class SparkTableExecutor:
                 "capture %s: DDL stream unreadable (%s): barrier kept", self.capture_id, exc
             )
             return low
+        self._ddl_stop_ts = min((r.commit_ts for r in ddls), default=0)
         return min([resolved, *(r.commit_ts for r in ddls)]) if resolved > low else low
 
     def _sink_spec(self, table_id: int, rec: TableRecord) -> dict[str, Any] | None:
@@ -419,6 +461,9 @@ class SparkTableExecutor:
             # syncpoint includes it: what it needs is made when it is recorded, after it).
             "copy_at": [*cuts, *([end] if is_syncpoint(end, interval) and not ddl_at_end else [])],
             "token": rec.token,
+            # A DDL waits for this batch (one of the table's, its table barrier, a closed
+            # global barrier, the stream's next DDL): it commits without gathering a backlog.
+            "held": ddl_at_end or self._held_by_barrier(table_id, end),
             "changefeed": self.changefeed_id,
             "sink_uri": self.sink_uri,
             "schema": schema.to_json(),

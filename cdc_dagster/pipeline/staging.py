@@ -58,6 +58,9 @@ class TableRecord:
     sink_intent: int = 0
     # Rows the sink wrote for the table since this capture took it (collapsed batch rows).
     rows_applied: int = 0
+    # Wall ms of its last sink commit (or of its commit to sinking): a backlog's batches
+    # gather until they are this old (SparkTableExecutor, batch_behind_s).
+    sunk_at_ms: int = 0
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -71,6 +74,7 @@ class TableRecord:
             "files": [f.to_json() for f in self.files],
             "sink_intent": self.sink_intent,
             "rows_applied": self.rows_applied,
+            "sunk_at_ms": self.sunk_at_ms,
         }
 
     @staticmethod
@@ -86,6 +90,7 @@ class TableRecord:
             files=[StagedFile(f["name"], f["lo"], f["hi"]) for f in obj["files"]],
             sink_intent=obj.get("sink_intent", 0),
             rows_applied=obj.get("rows_applied", 0),
+            sunk_at_ms=obj.get("sunk_at_ms", 0),
         )
 
 

@@ -10,10 +10,13 @@ from cdc_dagster.upstream.changelog import ChangeLog
 from cdc_dagster.upstream.uri import changelog_path
 
 
-def spark_executor_factory(spark: Any, *, local_max_bytes: int = 0) -> ExecutorFactory:
+def spark_executor_factory(
+    spark: Any, *, local_max_bytes: int = 0, batch_behind_s: float = 0.0
+) -> ExecutorFactory:
     """A factory of SparkTableExecutors on ``spark`` (a local session or Spark Connect, or a
     function returning one when a job runs); a tick phase reading at most
-    ``local_max_bytes`` runs in this process, without a job."""
+    ``local_max_bytes`` runs in this process, without a job; a table draining a backlog
+    older than ``batch_behind_s`` commits at most that often."""
 
     def make(spec: ExecutorSpec) -> RuntimeExecutor:
         return SparkTableExecutor.load(  # type: ignore[return-value]
@@ -25,7 +28,8 @@ def spark_executor_factory(spark: Any, *, local_max_bytes: int = 0) -> ExecutorF
             spark,
             spec.sync_point_interval_ms,
             local_max_bytes,
-            spec.registration,
+            batch_behind_s,
+            registration=spec.registration,
         )
 
     return make

@@ -129,7 +129,9 @@ def capture_tick(
         staging_root=settings.staging_dir(),
         # The session only when a tick phase runs a Spark job (not for in-process ticks)
         executor_factory=spark_executor_factory(
-            spark.live_session, local_max_bytes=settings.local_tick_bytes
+            spark.live_session,
+            local_max_bytes=settings.local_tick_bytes,
+            batch_behind_s=settings.batch_behind_s,
         ),
         lease_ttl_s=settings.capture_ttl_s,
     )
@@ -226,7 +228,11 @@ class _Follow:
         self, why: str, capture: CaptureTick, progress: list[TableProgress], before: int
     ) -> None:
         if why == "data":
-            self.idle = sum(p.rows_applied for p in progress) == before
+            # Idle: it sank nothing and holds nothing unsunk (a table gathering a backlog,
+            # its checkpoint below what it staged, is busy, not idle).
+            self.idle = sum(p.rows_applied for p in progress) == before and all(
+                p.checkpoint_ts >= p.resolved_ts for p in progress if p.state == "replicating"
+            )
         for outcome in capture.prepared.values():  # the registration its tick attached to
             self.registration = outcome.registration
         tag_registration(self.context, self.registration)

@@ -20,6 +20,9 @@ class MailboxOutbox:
         self.store = store
         self.owner_rev = 0
         self._present: set[str] = set()  # captures with a mailbox key (listed by forget)
+        # capture -> the etcd revision of its mailbox after this outbox last put messages
+        # there (the owner sensor waits for the capture's tick after it: owner/sensor.py)
+        self.marks: dict[str, int] = {}
 
     def new_owner(self, owner_rev: int) -> None:
         """This tick's owner (mailboxes of older owners are dropped when read)."""
@@ -33,6 +36,7 @@ class MailboxOutbox:
         """Keep ``work`` for the capture's queued run (or its next one)."""
         if self.store.hold(capture_id, self.owner_rev, work):
             self._present.add(capture_id)
+            self.marks[capture_id] = self.store.revision(capture_id)
 
     def take(
         self, capture_id: str, work: Mapping[str, list[dict[str, Any]]]

@@ -167,6 +167,29 @@ def plan(
     )
 
 
+def awaiting_answers(step: OwnerStep, following: Collection[str]) -> dict[str, tuple[str, ...]]:
+    """Captures (and their changefeeds) whose answers the owner's next tick would act on at
+    once, if it ticked again as soon as they answered: a changefeed was rebuilt (a resume, a
+    new owner: its captures must report under the new epoch before tables are scheduled) or
+    the tick sent dispatches (a prepare is answered PREPARED, a commit REPLICATING); and
+    every capture with messages follows its mailbox (its running capture run takes them
+    within a poll). Empty: the protocol waits for the sensor's next evaluation."""
+    owner = step.tick
+    if not owner.is_owner or not step.work or not set(step.work) <= set(following):
+        return {}
+    if not moving(step):
+        return {}
+    return {c: tuple(sorted(work)) for c, work in sorted(step.work.items())}
+
+
+def moving(step: OwnerStep) -> list[str]:
+    """The changefeeds whose step moved the protocol: rebuilt, or sent a dispatch."""
+    out = {cf for cf, t in step.tick.changefeeds.items() if t.rebuilt}
+    for work in step.work.values():
+        out |= {cf for cf, msgs in work.items() if any(m.get("type") == "dispatch" for m in msgs)}
+    return sorted(out)
+
+
 def progress_lines(step: OwnerStep) -> Mapping[str, str]:
     """Per changefeed, one log line of its progress."""
     return {

@@ -1,16 +1,26 @@
 """The owner sensor: each evaluation is one owner step (docs: DESIGN.md "Mapping onto Dagster")."""
 
+import dataclasses
 import functools
+import json
 import time
+from collections.abc import Mapping
+from typing import Any
 
 import dagster as dg
 from dagster._core.definitions.unresolved_asset_job_definition import UnresolvedAssetJobDefinition
 
 from cdc_dagster.defs.catalog import Catalog
 from cdc_dagster.defs.changefeeds.health import HealthReporter
-from cdc_dagster.defs.mysql.requests import with_puller_runs
+from cdc_dagster.defs.mysql.requests import PULLER_JOB, with_puller_runs
 from cdc_dagster.defs.owner.mailbox import MailboxOutbox
-from cdc_dagster.defs.owner.plan import CAPTURE_JOB, plan, progress_lines
+from cdc_dagster.defs.owner.plan import (
+    CAPTURE_JOB,
+    awaiting_answers,
+    moving,
+    plan,
+    progress_lines,
+)
 from cdc_dagster.defs.owner.stale_runs import cancel_expired_runs, force_cancel_hung_runs
 from cdc_dagster.defs.partitions import CAPTURES
 from cdc_dagster.defs.resources import CdcResource
@@ -33,6 +43,11 @@ MIN_INTERVAL_S = 1
 # Asset observations per tick: each is one event-log write in the daemon (~12 ms on SQLite).
 OBSERVATIONS_PER_TICK = 50
 LAG_REFRESH_S = 600.0
+# How long one evaluation may go on ticking the owner while following capture runs answer
+# (each step then waits for their answers, polling etcd every SETTLE_POLL_S): a resume's
+# reports, prepare and commit take three owner steps, 15 s at one per daemon wake.
+SETTLE_S = 3.0
+SETTLE_POLL_S = 0.1
 
 
 NOT_STARTED = [dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.NOT_STARTED]
@@ -47,6 +62,104 @@ def queued_captures(instance: dg.DagsterInstance, in_progress: bool = False) -> 
         dg.RunsFilter(job_name=CAPTURE_JOB, statuses=statuses), limit=1000
     )
     return {p for r in records if (p := r.dagster_run.tags.get("dagster/partition"))}
+
+
+def following_captures(instance: dg.DagsterInstance) -> set[str]:
+    """Captures whose capture run has started (and so takes its mailbox within a poll)."""
+    records = instance.get_run_records(
+        dg.RunsFilter(job_name=CAPTURE_JOB, statuses=[dg.DagsterRunStatus.STARTED]), limit=1000
+    )
+    return {p for r in records if (p := r.dagster_run.tags.get("dagster/partition"))}
+
+
+def settle(
+    ms: Metastore,
+    targets: Mapping[str, tuple[str, ...]],
+    marks: Mapping[str, int],
+    deadline: float,
+) -> bool:
+    """Wait until every capture in ``targets`` took its mailbox and finished the tick that
+    took it (its agent state, written after ``marks[capture]``, the revision at which its
+    messages were put there, is out of the tick); False at ``deadline``.
+
+    Best effort: a capture whose own tick (on new data) ended between the put and the take
+    may look answered early; the owner's next tick then finds nothing new, and the protocol
+    goes on at the next evaluation, as without settling.
+    """
+    while time.monotonic() < deadline:
+        if all(_answered(ms, c, cfs, marks.get(c, 0)) for c, cfs in targets.items()):
+            return True
+        time.sleep(SETTLE_POLL_S)
+    return False
+
+
+def _answered(ms: Metastore, capture_id: str, changefeeds: tuple[str, ...], since: int) -> bool:
+    if ms.mailbox.held(capture_id):
+        return False
+    for cf in changefeeds:
+        kv = ms.client.get(ms.layout.agent_state(cf, capture_id))
+        if kv is None or kv.mod_revision <= since or json.loads(kv.value).get("in_tick"):
+            return False
+    return True
+
+
+def _cancel_stale_runs(
+    context: dg.SensorEvaluationContext, metastore: Metastore, step: OwnerStep
+) -> None:
+    """Runs of expired registrations must not hold their capture's slot (owner only)."""
+    if step.tick.is_owner:
+        registered = {  # the captures registered again this tick, with their new epoch
+            c: info.epoch
+            for c in step.tick.registered
+            if (info := metastore.captures.get(c)) is not None
+        }
+        stopped = cancel_expired_runs(context.instance, registered)
+        for line in stopped + force_cancel_hung_runs(context.instance):
+            context.log.warning(line)
+
+
+def _log_unsettled(
+    context: dg.SensorEvaluationContext, step: OwnerStep, following: set[str]
+) -> None:
+    """Say which changefeeds' protocol steps wait for the next evaluation, and why."""
+    stepped = moving(step)
+    if stepped and not awaiting_answers(step, following):
+        context.log.info(
+            "changefeed(s) %s wait for the next evaluation: captures with messages %s, "
+            "following their mailbox %s", ", ".join(stepped), sorted(step.work),
+            sorted(following),
+        )  # fmt: skip
+
+
+def _new_runs(before: list[dg.RunRequest], more: list[dg.RunRequest]) -> list[dg.RunRequest]:
+    """Run requests of a later step in the same evaluation that are not asked already: a DDL
+    run once per DDL (its run key moves with the tick)."""
+    seen = {_run_identity(r) for r in before}
+    return [r for r in more if _run_identity(r) not in seen]
+
+
+def _run_identity(r: dg.RunRequest) -> str:
+    tags = r.tags or {}
+    if "cdc/ddl_commit_ts" in tags:
+        return f"ddl:{tags.get('cdc/changefeed')}:{tags['cdc/ddl_commit_ts']}"
+    return r.run_key or ""
+
+
+def _checkpoints(context: dg.SensorEvaluationContext, catalog: Catalog, step: OwnerStep) -> Any:
+    """The DDL gate's checkpoint lookup: the tables' materializations, or the owner's view
+    for tables without an asset (built once per changefeed per step)."""
+    owner = step.tick
+    return checkpoint_lookup(
+        catalog,
+        lambda key: latest_checkpoint(context.instance, key),
+        functools.cache(  # asked once per table of a gated DDL: built once per changefeed
+            lambda cf: {
+                t.table_id: t.checkpoint_ts
+                for t in (owner.changefeeds[cf].tables if cf in owner.changefeeds else ())
+                if t.replicating
+            }
+        ),
+    )
 
 
 def _log_step(
@@ -145,65 +258,62 @@ def build_owner_sensor(
         settings = cdc.settings()
         loop = cdc.owner_loop()
         step = owner_step(loop)
-        owner = step.tick
-        # Tables without an asset (created after the catalog was loaded): the owner's view.
-        checkpoint_of = checkpoint_lookup(
-            catalog,
-            lambda key: latest_checkpoint(context.instance, key),
-            functools.cache(  # asked once per table of a gated DDL: built once per changefeed
-                lambda cf: {
-                    t.table_id: t.checkpoint_ts
-                    for t in (owner.changefeeds[cf].tables if cf in owner.changefeeds else ())
-                    if t.replicating
-                }
-            ),
-        )
-        if owner.is_owner:  # runs of expired registrations must not hold their capture's slot
-            registered = {
-                c: info.epoch
-                for c in owner.registered
-                if (info := loop.metastore.captures.get(c)) is not None
-            }
-            stopped = cancel_expired_runs(context.instance, registered)
-            for line in stopped + force_cancel_hung_runs(context.instance):
-                context.log.warning(line)
+        _cancel_stale_runs(context, loop.metastore, step)
         # A run that follows its mailbox (capture_loop_s > 0) takes the messages sent while
         # it runs: no second run for its capture meanwhile; they wait in its etcd mailbox.
         follow_s = settings.capture_loop_s
-        queued = (
-            queued_captures(context.instance, in_progress=follow_s > 0) if owner.is_owner else set()
-        )
-        result = plan(
-            step,
-            tick,
-            context.instance.get_dynamic_partitions(CAPTURES.name),
-            catalog,
-            checkpoint_of,
-            queued=queued,
-            outbox=MailboxOutbox(loop.metastore.mailbox),
-            follow_s=follow_s,
-        )
-        if owner.is_owner:  # binlog pullers of mysql:// changefeeds, syncpoint checks
+        is_owner = step.tick.is_owner
+        queued = queued_captures(context.instance, in_progress=follow_s > 0) if is_owner else set()
+        following = following_captures(context.instance) if is_owner and follow_s > 0 else set()
+        outbox = MailboxOutbox(loop.metastore.mailbox)
+        known = context.instance.get_dynamic_partitions(CAPTURES.name)
+
+        def planned(step: OwnerStep, tick: int) -> dg.SensorResult:
+            return plan(step, tick, known, catalog, _checkpoints(context, catalog, step),
+                        queued=queued, outbox=outbox, follow_s=follow_s)  # fmt: skip
+
+        result = planned(step, tick)
+        if is_owner:  # binlog pullers of mysql:// changefeeds (and their snapshots)
             result = with_puller_runs(
-                result, context.instance, loop.metastore, owner.owner_rev, tick
+                result, context.instance, loop.metastore, step.tick.owner_rev, tick
             )
-            checks = checks_runs(step, loop.metastore, tick, checks_job)
-            result = dg.SensorResult(
-                run_requests=[*(result.run_requests or []), *checks],
-                dynamic_partitions_requests=result.dynamic_partitions_requests,
-                cursor=result.cursor,
-            )
-        _log_step(context, catalog, step, tick, len(result.run_requests or []))
+        runs, recorded = list(result.run_requests or []), list(step.recorded)
+        partitions = result.dynamic_partitions_requests
+        # While the protocol waits on answers the following capture runs give within a
+        # second (a resume's first reports, a prepare, a commit), tick again as soon as they
+        # came instead of one daemon wake (5 s) per step (``settle``); not when a puller run
+        # is asked for: runs start only once the evaluation returns, and its launch is the
+        # longer wait.
+        settling = not any(r.job_name == PULLER_JOB for r in runs)
+        deadline = time.monotonic() + SETTLE_S
+        while (
+            settling
+            and (targets := awaiting_answers(step, following))
+            and settle(loop.metastore, targets, outbox.marks, deadline)
+        ):
+            _log_step(context, catalog, step, tick, len(result.run_requests or []))
+            queued |= {r.partition_key for r in runs if r.partition_key}
+            tick, step = tick + 1, owner_step(loop)
+            result = planned(step, tick)
+            runs += _new_runs(runs, result.run_requests or [])
+            recorded += step.recorded
+            partitions = result.dynamic_partitions_requests
+        if settling:
+            _log_unsettled(context, step, following)
+        if step.tick.is_owner:  # syncpoint checks of every step's recorded syncpoints
+            last = dataclasses.replace(step, recorded=tuple(recorded))
+            runs += checks_runs(last, loop.metastore, tick, checks_job)
+        _log_step(context, catalog, step, tick, len(runs))
         if queued:  # one line, no etcd read per capture
             context.log.info(
                 "run queued or following its mailbox (their messages wait there): %s",
                 ", ".join(sorted(queued)),
             )
-        if owner.is_owner:
+        if step.tick.is_owner:
             return dg.SensorResult(
-                run_requests=result.run_requests,
-                dynamic_partitions_requests=result.dynamic_partitions_requests,
-                cursor=result.cursor,
+                run_requests=runs,
+                dynamic_partitions_requests=partitions,
+                cursor=str(tick),
                 asset_events=_asset_events(catalog, step, budgets, settings.lag_bound_s),
             )
         return result

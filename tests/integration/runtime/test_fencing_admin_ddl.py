@@ -189,3 +189,29 @@ def test_paused_changefeed_stops_its_tables_and_resumes_where_it_left(
     driver.ms.changefeeds.resume("cf")
     driver.run_until(lambda t: driver.caught_up(t, upstream.resolved), max_ticks=30)
     check_downstream(sink_uri)
+
+
+def test_each_owner_step_of_a_resume_is_moving_until_every_table_replicates(
+    make_driver: Callable[..., Driver], upstream: Upstream, sink_uri: str
+) -> None:
+    """What the owner sensor settles on (``plan.moving``): the rebuild after a resume, then
+    the steps that dispatch prepare and commit; once every table replicates, nothing."""
+    from cdc_dagster.defs.owner.plan import moving
+    from cdc_dagster.runtime import OwnerStep
+
+    driver = make_driver(captures=2)
+    upstream.advance(upstream.ts(3000))
+    driver.run_until(lambda t: driver.caught_up(t, upstream.resolved), max_ticks=30)
+    driver.ms.changefeeds.pause("cf")
+    driver.run_until(lambda t: all(not c.tables for c in t.commits), max_ticks=20)
+    driver.ms.changefeeds.resume("cf")
+    steps = []
+    for _ in range(5):
+        owner = driver.tick().owner
+        work = {c: w for c in owner.messages if (w := owner.run_config(c))}
+        states = {t.state for t in owner.changefeeds["cf"].tables}
+        steps.append((moving(OwnerStep(owner, work)), states))
+    assert [m for m, _ in steps] == [["cf"], ["cf"], ["cf"], [], []], steps
+    assert steps[3][1] == {"replicating"}
+    driver.run_until(lambda t: driver.caught_up(t, upstream.resolved), max_ticks=30)
+    check_downstream(sink_uri)

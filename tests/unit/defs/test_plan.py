@@ -198,3 +198,33 @@ def test_gate_opens_on_the_reported_checkpoint_when_the_materialization_was_lost
     assert lookup("cf", 1) == 450
     assert gate_status(DdlRequest("cf", 450, (1,)), CATALOG, lookup)[0]
     assert not gate_status(DdlRequest("cf", 451, (1,)), CATALOG, lookup)[0]
+
+
+def _stepped(work: dict, rebuilt: bool = False) -> OwnerStep:
+    from cdc_dagster.runtime.owner import ChangefeedTick
+    from scheduler_core.messages import Barrier
+
+    cf = ChangefeedTick("cf", 1, 1, Barrier(), 0.0, None, 0, False, rebuilt)
+    return OwnerStep(OwnerTick(True, "o", 42, changefeeds={"cf": cf}, captures=("c1", "c2")), work)
+
+
+HEARTBEATS = {"c1": {"cf": [{"type": "heartbeat"}]}, "c2": {"cf": [{"type": "heartbeat"}]}}
+
+
+def test_the_owner_ticks_again_soon_only_for_answers_following_captures_give_at_once() -> None:
+    from cdc_dagster.defs.owner.plan import awaiting_answers
+
+    following = {"c1", "c2"}
+    # A resume rebuilt the changefeed: its captures' first reports let it schedule tables.
+    assert awaiting_answers(_stepped(HEARTBEATS, rebuilt=True), following) == {
+        "c1": ("cf",),
+        "c2": ("cf",),
+    }
+    # A dispatch (prepare, commit) is answered within the capture's next tick.
+    assert awaiting_answers(_stepped(WORK), following) == {"c1": ("cf",), "c2": ("cf",)}
+    # Heartbeats only: nothing to act on sooner.
+    assert awaiting_answers(_stepped(HEARTBEATS), following) == {}
+    # A capture without a following run gets its messages by a run launch: seconds away.
+    assert awaiting_answers(_stepped(WORK), {"c1"}) == {}
+    # Not the owner.
+    assert awaiting_answers(OwnerStep(OwnerTick(False, "x", 1), WORK), following) == {}
