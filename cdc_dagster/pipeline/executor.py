@@ -269,7 +269,7 @@ class SparkTableExecutor:
                     continue
                 spec = self._pull_spec(table_id, rec, resolved)
             except (ChangeLogError, SchemaError, OSError, ValueError) as exc:
-                self._fail(table_id, rec, self._history_error(table_id, exc))
+                self._fail(table_id, rec, self._history_error(table_id, exc), "pull")
                 continue
             specs.append(spec)
         staged: dict[int, int] = {}
@@ -277,12 +277,12 @@ class SparkTableExecutor:
             table_id = res["table_id"]
             rec = self._tables[table_id]
             if res["status"] != "ok":
-                self._fail(table_id, rec, res["message"])
+                self._fail(table_id, rec, res["message"], "pull")
                 continue
             rec.files += [StagedFile(**f) for f in json.loads(res["detail"])]
             rec.staged_upto = next(s["upto"] for s in specs if s["table_id"] == table_id)
             rec.resolved_ts = max(rec.resolved_ts, rec.staged_upto)
-            rec.error = None
+            self._clear(rec, "pull")
             self._caught_up(rec)
             staged[table_id] = res["rows"]
         self.save()
@@ -338,7 +338,7 @@ class SparkTableExecutor:
             try:
                 spec = self._sink_spec(table_id, rec)
             except (ChangeLogError, SchemaError, OSError, ValueError) as exc:
-                self._fail(table_id, rec, self._history_error(table_id, exc))
+                self._fail(table_id, rec, self._history_error(table_id, exc), "sink")
                 continue
             if spec is None:
                 continue
@@ -366,16 +366,16 @@ class SparkTableExecutor:
                 )
                 rec.state, rec.token = T.STOPPED, 0
             elif res["status"] == RESTAGE:
-                self._fail(table_id, rec, res["message"])
+                self._fail(table_id, rec, res["message"], "sink")
                 self._restage(table_id, rec)
             elif res["status"] != "ok":
-                self._fail(table_id, rec, res["message"])
+                self._fail(table_id, rec, res["message"], "sink")
             else:
                 done, spec = json.loads(res["detail"]), upto[table_id]
                 rec.checkpoint_ts = max(
                     rec.checkpoint_ts, spec["upto"] if done >= spec["end"] else done
                 )
-                rec.error = None
+                self._clear(rec, "sink")
                 rec.rows_applied += res["rows"]
                 rec.sunk_at_ms = self._now_ms()
                 written[table_id] = res["rows"]
@@ -494,10 +494,17 @@ class SparkTableExecutor:
                 rec.files = [f for f in rec.files if f.hi > rec.checkpoint_ts]
         self.save()
 
-    def _fail(self, table_id: int, rec: TableRecord, message: str) -> None:
+    def _fail(self, table_id: int, rec: TableRecord, message: str, phase: str) -> None:
         if rec.error != message:
             log.error("capture %s: table %s: %s", self.capture_id, table_id, message)
-        rec.error = message
+        rec.error, rec.error_phase = message, phase
+
+    @staticmethod
+    def _clear(rec: TableRecord, phase: str) -> None:
+        """``phase`` succeeded for the table: its own error is gone (the other phase's, if
+        any, stays until that phase succeeds)."""
+        if rec.error_phase in (phase, None):
+            rec.error, rec.error_phase = None, None
 
     def _history_error(self, table_id: int, exc: Exception) -> str:
         root = self.changelog.root

@@ -52,6 +52,9 @@ class TableRecord:
     staged_upto: int
     token: int = 0  # 0: holds no fencing token (not sinking)
     error: str | None = None
+    # The phase whose failure ``error`` is ("pull" or "sink"): only that phase's success
+    # clears it (a sink that keeps refusing stays in error across ticks that pull fine).
+    error_phase: str | None = None
     files: list[StagedFile] = field(default_factory=list)
     # The end ts of a sink write in flight: set and saved before the sink job, cleared
     # after it. A load that finds it asks the sink where the table really is.
@@ -71,6 +74,7 @@ class TableRecord:
             "staged_upto": self.staged_upto,
             "token": self.token,
             "error": self.error,
+            "error_phase": self.error_phase,
             "files": [f.to_json() for f in self.files],
             "sink_intent": self.sink_intent,
             "rows_applied": self.rows_applied,
@@ -87,6 +91,7 @@ class TableRecord:
             staged_upto=obj["staged_upto"],
             token=obj["token"],
             error=obj["error"],
+            error_phase=obj.get("error_phase", "sink" if obj["error"] else None),
             files=[StagedFile(f["name"], f["lo"], f["hi"]) for f in obj["files"]],
             sink_intent=obj.get("sink_intent", 0),
             rows_applied=obj.get("rows_applied", 0),

@@ -178,3 +178,36 @@ def test_a_lost_staged_file_is_staged_again_from_the_change_log_by_itself(
     assert not again.errors()
     assert again.status(1).checkpoint.checkpoint_ts == top
     assert_replicated(tmp_path, w, top)
+
+
+def test_a_sink_error_stays_across_pulls_until_the_sink_takes_the_table_again(
+    tmp_path: Path, spark: Any, writer: Any
+) -> None:
+    """A sink that keeps refusing is the table's error until a sink write succeeds: the pull
+    of the next tick's prepare half does not clear it (the capture's problem then counted
+    one attempt forever, cleared by each prepare and made anew by each commit)."""
+    w = Workload(writer, [1])
+    w.write(steps=2)
+    ex = make(tmp_path, spark)
+    ex.set_barrier(OPEN)
+    start(ex, [1], ts(1))
+    ex.sink_phase()
+    lake = tmp_path / "delta"
+    away = tmp_path / "delta-away"
+    lake.rename(away)
+    lake.write_bytes(b"not a directory")  # the sink's root is gone: its outage
+    top = w.write(steps=1)
+    ex.advance()
+    assert "delta" in ex.errors()[1], ex.errors()
+    w.write(steps=1)
+    ex.pull_phase()  # the next tick's prepare half: new data pulled fine
+    assert 1 in ex.errors(), "a pull that went fine cleared the sink's error"
+    ex.sink_phase()
+    assert 1 in ex.errors()
+    lake.unlink()
+    away.rename(lake)
+    top = w.write(steps=1)
+    ex.advance()
+    assert not ex.errors()
+    assert ex.status(1).checkpoint.checkpoint_ts == top
+    assert_replicated(tmp_path, w, top)
