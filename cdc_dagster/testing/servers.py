@@ -196,9 +196,13 @@ class PrivatePostgres(_PrivateServer):
 
     def __init__(self, base_dir: str | Path, port: int | None = None) -> None:
         self.base = Path(base_dir)
-        self.datadir = self.base / "pgdata"
         self.port = port or free_port()
         self._sockdir = Path(tempfile.mkdtemp(prefix="pg", dir="/tmp"))
+        # The data beside the socket, in a directory of its own under /tmp, not under
+        # ``base_dir``: the server runs as ``postgres`` and must reach it, and a test
+        # session that starts later makes its /tmp/pytest-of-<user> private again (mode
+        # 0700), which took a running server's data away from it (a PANIC mid-test).
+        self.datadir = self._sockdir / "pgdata"
         self.log = self.base / "postgres.log"
         self.bin = find_pg_bin()
         self.proc: subprocess.Popen | None = None
@@ -213,10 +217,7 @@ class PrivatePostgres(_PrivateServer):
 
     def init(self) -> None:
         self.base.mkdir(parents=True, exist_ok=True)
-        self._chown(self.base)
-        for parent in list(self.base.parents)[:-1]:
-            if parent.stat().st_mode & 0o001 == 0:
-                os.chmod(parent, parent.stat().st_mode | 0o711)  # postgres must traverse
+        self._chown(self._sockdir)  # mkdtemp's 0700: the postgres user's own
         cmd = [str(self.bin / "initdb"), "-D", str(self.datadir), "-U", "postgres",
                "--auth=trust", "-E", "UTF8", "--locale=C.UTF-8", "--no-sync"]  # fmt: skip
         res = subprocess.run(self._as_pg(cmd), capture_output=True, text=True, check=False)
