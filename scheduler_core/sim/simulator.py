@@ -20,7 +20,11 @@ from __future__ import annotations
 
 import itertools
 import logging
+import multiprocessing
+import os
 import random
+from collections.abc import Iterable, Iterator
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 
 from scheduler_core.agent import Agent
@@ -29,7 +33,12 @@ from scheduler_core.ddl import DDLEvent, DDLKind, DDLManager
 from scheduler_core.model import Checkpoint, ReplicationSetState
 from scheduler_core.sim.bus import Bus, Faults
 from scheduler_core.sim.fake_executor import FakeDownstream, FakeExecutor, FakeUpstream
-from scheduler_core.sim.invariants import InvariantViolation, Monotonic, default_validators
+from scheduler_core.sim.invariants import (
+    Coverage,
+    InvariantViolation,
+    Monotonic,
+    default_validators,
+)
 from scheduler_core.ts import compose
 
 log = logging.getLogger(__name__)
@@ -491,6 +500,32 @@ def run_schedule(
         sim.step()
     sim.quiesced_in = sim.quiesce(max_ticks=200)
     return sim
+
+
+def schedule_outcome(job: tuple[int, str]) -> tuple[int, Coverage]:
+    """Run the schedule ``(seed, profile)``: the ticks liveness took and what it covered."""
+    seed, profile = job
+    sim = run_schedule(seed, profile=profile)
+    return sim.quiesced_in, next(v for v in sim.validators if isinstance(v, Coverage))
+
+
+def run_schedules(
+    jobs: Iterable[tuple[int, str]], workers: int | None = None
+) -> Iterator[tuple[int, Coverage]]:
+    """:func:`schedule_outcome` of each job, in order, on one process per core.
+
+    Schedules are independent and CPU-bound, so thousands of them take a core each; a
+    violation in any of them is raised here, with its message. Workers are spawned (not
+    forked): the caller may hold threads (gRPC, a JVM) that a fork would copy half-held.
+    """
+    jobs = list(jobs)
+    workers = workers or min(os.cpu_count() or 1, 8)
+    if workers == 1 or len(jobs) < 2 * workers:
+        yield from map(schedule_outcome, jobs)
+        return
+    context = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(workers, mp_context=context) as pool:
+        yield from pool.map(schedule_outcome, jobs, chunksize=max(1, len(jobs) // (workers * 8)))
 
 
 def _random_fault(sim: Simulator, rng: random.Random, prof: Profile) -> None:
