@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import random
 import re
@@ -977,9 +978,15 @@ class StallWatch:
         self.longest = Stall()
         self._last: dict[str, tuple[int, float, str]] = {}  # cf -> checkpoint, since, warning
         self._faults: list[tuple[str, float, float]] = []  # name, began, recovered (monotonic)
+        self._running: tuple[str, float] | None = None  # the fault injected, not yet over
+
+    def begin(self, name: str, began: float) -> None:
+        """A fault is injected at ``began``: a stall that ends before it is over is its."""
+        self._running = (name, began)
 
     def fault(self, name: str, began: float, ended: float) -> None:
         """A fault ran from ``began`` until replication had recovered at ``ended``."""
+        self._running = None
         self._faults.append((name, began, ended))
 
     def note(self, changefeed_id: str, checkpoint_ts: int, warning: str, now: float) -> None:
@@ -1001,7 +1008,8 @@ class StallWatch:
     def _ended(self, changefeed_id: str, since: float, warning: str, now: float) -> None:
         if now - since <= self.longest.seconds:
             return
-        during = [name for name, b, e in self._faults if b < now and e > since]
+        faults = self._faults + ([(*self._running, math.inf)] if self._running else [])
+        during = [name for name, b, e in faults if b < now and e > since]
         cause = "during " + ", ".join(during) if during else "no fault running"
         if warning:
             cause += f"; warning: {warning[:160]}"
@@ -1080,6 +1088,7 @@ def soak(
         name = rng.choice(sorted(names))
         say(f"soak: {(time.monotonic() - started) / 60:.1f} min in, injecting {name}")
         began = time.monotonic()
+        fs.stalls.begin(name, began)
         try:
             injected = FAULTS[name](fs)
         except Exception as exc:  # nothing to inject it into just then, or it broke: noted

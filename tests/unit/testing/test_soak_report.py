@@ -16,6 +16,18 @@ def test_longest_stall_is_blamed_on_the_fault_that_overlapped_it() -> None:
     assert (round(stall.seconds), stall.changefeed, stall.cause) == (35, "demo", "during etcd")
 
 
+def test_a_stall_that_ends_while_its_fault_is_still_being_recovered_is_blamed_on_it() -> None:
+    w = StallWatch()
+    w.note("shop", 100, "", now=0.0)
+    w.begin("zombie", began=5.0)  # injected; the watch keeps reading while it recovers
+    w.note("shop", 100, "the resolved ts has not moved for 65 s", now=70.0)
+    w.note("shop", 200, "", now=112.0)  # moved again before the fault was declared over
+    w.fault("zombie", began=5.0, ended=120.0)
+    stall = w.close(now=121.0)
+    assert (round(stall.seconds), stall.changefeed) == (112, "shop")
+    assert stall.cause == "during zombie; warning: the resolved ts has not moved for 65 s"
+
+
 def test_a_stall_with_no_fault_keeps_the_warning_seen_meanwhile() -> None:
     w = StallWatch()
     w.fault("postgres", began=0.0, ended=5.0)
