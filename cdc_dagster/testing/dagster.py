@@ -30,3 +30,12 @@ def evaluate_sensor(
     for request in getattr(result, "run_requests", None) or []:
         serialize_value(request)
     return result
+
+
+def owner_ticked(result: dg.SensorResult) -> bool:
+    """The owner sensor's evaluation was an owner's tick: runs requested, or the owner's own
+    summary of a tick with nothing to launch; not a skip (not the owner, an error)."""
+    from cdc_dagster.defs.owner.plan import IDLE_PREFIX
+
+    reason = result.skip_reason
+    return reason is None or (reason.skip_message or "").startswith(IDLE_PREFIX)

@@ -197,3 +197,20 @@ def progress_lines(step: OwnerStep) -> Mapping[str, str]:
         f"lag {t.lag_s:.1f} s"
         for cf, t in step.tick.changefeeds.items()
     }
+
+
+IDLE_PREFIX = "owner (owner_rev "  # how an owner tick that launched nothing starts its line
+
+
+def idle_reason(step: OwnerStep) -> str:
+    """What an owner tick that launched no run did, for the sensor's tick list in the UI
+    (instead of Dagster's "returned an empty result"): each changefeed's lag and health."""
+    parts = []
+    for cf, t in sorted(step.tick.changefeeds.items()):
+        health = step.tick.health.get(cf)
+        state = ""
+        if health is not None and health.message:
+            state = f", {'failed' if health.failed else 'warning'}: {health.message[:200]}"
+        parts.append(f"{cf} lag {t.lag_s:.1f} s{state}")
+    what = "; ".join(parts) if parts else "no changefeed"
+    return f"{IDLE_PREFIX}{step.tick.owner_rev}), no run to launch: {what}"

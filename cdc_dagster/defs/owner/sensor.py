@@ -17,6 +17,7 @@ from cdc_dagster.defs.owner.mailbox import MailboxOutbox
 from cdc_dagster.defs.owner.plan import (
     CAPTURE_JOB,
     awaiting_answers,
+    idle_reason,
     moving,
     plan,
     progress_lines,
@@ -315,6 +316,7 @@ def build_owner_sensor(
                 dynamic_partitions_requests=partitions,
                 cursor=str(tick),
                 asset_events=_asset_events(catalog, step, budgets, settings.lag_bound_s),
+                skip_reason=None if runs else idle_reason(step),
             )
         return result
 

@@ -80,6 +80,31 @@ def test_sensor_as_owner_requests_capture_runs_and_adds_partitions(
     assert sorted(add.partition_keys) == ["c1", "c2"]
 
 
+def test_an_owner_tick_that_launches_nothing_says_what_it_saw_instead_of_an_empty_result(
+    env: None, instance: dg.DagsterInstance, metastore: Metastore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from cdc_dagster.runtime.health import Health
+    from cdc_dagster.runtime.owner import ChangefeedTick
+    from scheduler_core.messages import Barrier
+
+    session = metastore.election.try_campaign("dagster-test", ttl_s=10)
+    changefeeds = {
+        cf: ChangefeedTick(cf, 100, 200, Barrier(300), lag, None, 0, False, False)
+        for cf, lag in (("demo", 3.25), ("shop", 75.0))
+    }
+    health = {"shop": Health("no captures are alive: run `cdc-dagster capture add`")}
+    step = OwnerStep(
+        OwnerTick(True, "dagster-test", session.owner_rev, changefeeds=changefeeds, health=health)
+    )
+    monkeypatch.setattr(sensor_module, "owner_step", lambda loop: step)
+    result = _evaluate(instance, cursor="1")
+    assert not result.run_requests
+    assert result.skip_reason.skip_message == (
+        f"owner (owner_rev {session.owner_rev}), no run to launch: demo lag 3.2 s; shop lag "
+        "75.0 s, warning: no captures are alive: run `cdc-dagster capture add`"
+    )
+
+
 def test_admin_requests_are_written_where_the_owner_loop_reads_them(metastore: Metastore) -> None:
     admin.add_capture(metastore, "c1")
     metastore.changefeeds.create("cf", "delta:///tmp/x")
