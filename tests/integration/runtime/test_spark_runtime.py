@@ -178,11 +178,15 @@ def test_generator_workload_with_ddls_through_the_driver_equals_the_oracle(
 
     points = list_syncpoints(str(lake), "cf")
     assert len(points) >= 2, "the workload should span several syncpoints"
-    bank = [t for t, s in log.tables_at(target).items() if s.database == "bank"]
     totals = set()
     for ts in points:
         record = read_syncpoint(str(lake), "cf", ts)
         assert record is not None
+        # Every table that existed at the syncpoint, and only those: a 1 s syncpoint may
+        # fall between the bootstrap's creates of the bank tables.
+        at_ts = log.tables_at(ts)
+        assert sorted(record.locations) == sorted(at_ts), ts
+        bank = [t for t, s in at_ts.items() if s.database == "bank"]
         total = 0
         for tid, location in record.locations.items():
             at = read_table_at(str(lake), location, record.versions[tid])
