@@ -332,7 +332,7 @@ def snapshot_in_process(
     base: Path, my: PrivateMariaDB, sizes: Sizes, cores: int, tables: int, rows: int
 ) -> dict[str, float]:
     """Scenario (b) with the snapshot runner on ``local[cores]`` (``--in-process``)."""
-    from cdc_dagster.mysql.snapshot_runner import run_snapshots, snapshot_specs
+    from cdc_dagster.mysql.snapshot_runner import run_snapshot_reads, snapshot_specs
     from cdc_dagster.mysql.snapshots import read_plan
     from cdc_dagster.mysql.state import load_state
 
@@ -358,7 +358,7 @@ def snapshot_in_process(
         }
         tasks = parallelism(spark)
         t0 = time.perf_counter()
-        run_snapshots(uri, str(root), spark, cores * 2, 50_000, tasks)
+        run_snapshot_reads(uri, str(root), spark, cores * 2, 50_000, tasks)
         read_s = time.perf_counter() - t0
         while load_state(root).snapshots:
             time.sleep(0.1)
@@ -385,7 +385,7 @@ def snapshot_in_process(
 
 def _snapshot_now(uri: str, root: Path, spark: Any, cores: int, flt: tuple[str, ...]) -> None:
     """The tables' chunked snapshots read and placed (a puller following meanwhile)."""
-    from cdc_dagster.mysql.snapshot_runner import run_snapshots
+    from cdc_dagster.mysql.snapshot_runner import run_snapshot_reads
     from cdc_dagster.mysql.state import load_state
 
     stop = root.parent / "snapshot-stop"
@@ -394,7 +394,7 @@ def _snapshot_now(uri: str, root: Path, spark: Any, cores: int, flt: tuple[str, 
     )
     proc.start()
     try:
-        run_snapshots(uri, str(root), spark, cores * 2, 50_000, parallelism(spark))
+        run_snapshot_reads(uri, str(root), spark, cores * 2, 50_000, parallelism(spark))
         while load_state(root).snapshots:
             time.sleep(0.1)
     finally:

@@ -112,20 +112,4 @@ def run_snapshot_reads(
     )
 
 
-def run_snapshots(
-    upstream_uri: str,
-    root: str,
-    spark: Any = None,
-    parallelism: int = 2,
-    chunk_rows: int = 50_000,
-    tasks: int = 0,
-    client: str = "auto",
-    local_max_rows: int = 0,
-) -> int:
-    """Read every pending snapshot's ranges; rows read (``run_snapshot_reads``)."""
-    return run_snapshot_reads(
-        upstream_uri, root, spark, parallelism, chunk_rows, tasks, client, local_max_rows
-    ).rows
-
-
-__all__ = ["SnapshotReads", "run_snapshot_reads", "run_snapshots", "snapshot_specs"]
+__all__ = ["SnapshotReads", "run_snapshot_reads", "snapshot_specs"]

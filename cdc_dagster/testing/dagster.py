@@ -8,6 +8,7 @@ from typing import Any
 import dagster as dg
 from dagster._serdes import serialize_value
 
+from cdc_dagster.defs.owner.plan import IDLE_PREFIX
 from cdc_dagster.defs.resources import CdcResource
 
 
@@ -35,7 +36,5 @@ def evaluate_sensor(
 def owner_ticked(result: dg.SensorResult) -> bool:
     """The owner sensor's evaluation was an owner's tick: runs requested, or the owner's own
     summary of a tick with nothing to launch; not a skip (not the owner, an error)."""
-    from cdc_dagster.defs.owner.plan import IDLE_PREFIX
-
     reason = result.skip_reason
     return reason is None or (reason.skip_message or "").startswith(IDLE_PREFIX)

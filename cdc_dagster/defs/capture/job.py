@@ -110,11 +110,18 @@ def receive(context: dg.OpExecutionContext, config: ReceiveConfig, cdc: CdcResou
     return Received(config.capture_id, config.owner_rev, config.tick, ttl, merge(work, later))
 
 
-def tag_registration(context: dg.OpExecutionContext, registration: str) -> None:
+def tag_registration(
+    context: dg.OpExecutionContext, registration: str, tagged: str | None = None
+) -> str:
     """Tag the run with the registration it works under: the owner retires only runs of an
-    expired one (cdc_dagster/defs/owner/stale_runs.py), never one that has not attached."""
-    if registration and context.run.tags.get(REGISTRATION_TAG) != registration:
+    expired one (cdc_dagster/defs/owner/stale_runs.py), never one that has not attached.
+    ``tagged``: what this op tagged last (None: the run's tags as it started; they are not
+    refreshed by a write). Returns what the run is tagged with now."""
+    before = context.run.tags.get(REGISTRATION_TAG, "") if tagged is None else tagged
+    if registration and registration != before:
         context.instance.add_run_tags(context.run_id, {REGISTRATION_TAG: registration})
+        return registration
+    return before
 
 
 def capture_tick(
@@ -206,7 +213,7 @@ class _Follow:
             self.registration = self.ms.captures.attach(self.cid).epoch
         except (CaptureNotRegisteredError, LeaseExpiredError):
             self.registration = ""
-        tag_registration(context, self.registration)
+        self.tagged = tag_registration(context, self.registration)
 
     def next_work(self) -> tuple[dict[str, Any], str]:
         """The owner's messages if any, else changefeeds with new resolved data (when a
@@ -235,7 +242,8 @@ class _Follow:
             )
         for outcome in capture.prepared.values():  # the registration its tick attached to
             self.registration = outcome.registration
-        tag_registration(self.context, self.registration)
+        # One run-storage write when the registration changes, not one per tick.
+        self.tagged = tag_registration(self.context, self.registration, self.tagged)
 
     def canceling(self) -> bool:
         """Whether this run was marked canceling (by the owner, or a person in the UI)."""

@@ -16,7 +16,7 @@ from test_table_join import changelog_table, fingerprint, upstream_rows
 
 from cdc_dagster.mysql.chunk_reader import plan_table, read_range
 from cdc_dagster.mysql.puller import Puller, PullerConfig
-from cdc_dagster.mysql.snapshot_runner import run_snapshot_reads, run_snapshots
+from cdc_dagster.mysql.snapshot_runner import run_snapshot_reads
 from cdc_dagster.mysql.state import load_state
 from cdc_dagster.upstream.changelog import ChangeLog
 from cdc_dagster.upstream.uri import parse_uri
@@ -92,7 +92,9 @@ def test_chunks_read_during_writes_land_in_the_stream_and_equal_the_upstream(
 
         with pytest.raises(KeyboardInterrupt):
             read_range(upstream, str(root), tid, gen, 0, 150, progress=kill, client=client)
-        run_snapshots(cfg.upstream_uri, str(root), parallelism=3, chunk_rows=150, client=client)
+        run_snapshot_reads(
+            cfg.upstream_uri, str(root), parallelism=3, chunk_rows=150, client=client
+        )
         time.sleep(1.0)  # writes after the last chunk, too
     finally:
         writer.stop_.set()

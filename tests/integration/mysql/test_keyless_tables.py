@@ -15,7 +15,7 @@ from test_table_join import changelog_table, fingerprint, pull, upstream_rows
 from cdc_dagster import admin
 from cdc_dagster.cli import main
 from cdc_dagster.metastore.changefeeds import ChangefeedState
-from cdc_dagster.mysql.snapshot_runner import run_snapshots
+from cdc_dagster.mysql.snapshot_runner import run_snapshot_reads
 from cdc_dagster.mysql.state import load_state, skipped_tables
 
 
@@ -92,7 +92,7 @@ def test_changefeed_stays_normal_and_query_lists_the_skipped_table(
     root = tmp_path / "cl"
     cf = _create(metastore, mariadb, mydb, root)
     admin.add_capture(metastore, "c1")  # else the changefeed warns: no capture alive
-    run_snapshots(cf.info.upstream_uri, str(root), parallelism=1)
+    run_snapshot_reads(cf.info.upstream_uri, str(root), parallelism=1)
     execute(mariadb, mydb, "CREATE TABLE nopk_live (a INT, b INT)",
             "INSERT INTO nopk_live VALUES (1, 2)", "INSERT INTO t VALUES (2, 2)")  # fmt: skip
     with dg.instance_for_test() as instance:

@@ -24,7 +24,7 @@ from cdc_dagster.defs.mysql.requests import (
     UPSTREAM_TAG,
 )
 from cdc_dagster.metastore.changefeeds import ChangefeedState
-from cdc_dagster.mysql.snapshot_runner import run_snapshots
+from cdc_dagster.mysql.snapshot_runner import run_snapshot_reads
 from cdc_dagster.testing.dagster import evaluate_sensor, owner_ticked
 
 
@@ -75,7 +75,7 @@ def test_owner_sensor_launches_bounded_puller_runs_that_resume_and_report(
         (snap,) = [r for r in first.run_requests or [] if r.job_name == SNAPSHOT_JOB]
         assert snap.tags[CHANGEFEED_TAG] == "shop"
         # the snapshot's chunks (read here, not as Spark tasks), placed by the puller run
-        run_snapshots(cf.info.upstream_uri, str(root), parallelism=1)
+        run_snapshot_reads(cf.info.upstream_uri, str(root), parallelism=1)
         (req,) = _pullers(first)
         assert req.tags[UPSTREAM_TAG] == f"127.0.0.1:{mariadb.port}/4242"
         assert req.tags[CHANGEFEED_TAG] == "shop"

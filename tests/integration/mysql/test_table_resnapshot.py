@@ -22,7 +22,7 @@ from test_table_rejoin import _setup
 from cdc_dagster.mysql.chunk_reader import plan_table, read_range
 from cdc_dagster.mysql.context import ResnapshotOutcome
 from cdc_dagster.mysql.puller import PullerConfig
-from cdc_dagster.mysql.snapshot_runner import run_snapshots
+from cdc_dagster.mysql.snapshot_runner import run_snapshot_reads
 from cdc_dagster.mysql.snapshots import done_chunks, generation_dir
 from cdc_dagster.mysql.state import load_state
 from cdc_dagster.sinks.delta import read_table_at
@@ -140,7 +140,7 @@ def test_resnapshot_replaces_a_diverged_downstream_while_both_tables_are_written
         # the stream goes on: a's mark passes the truncate, b's waits below it
         _until(lambda: log.table_resolved_ts(a) > gen)
         assert log.table_resolved_ts(b) < gen
-        run_snapshots(cfg.upstream_uri, str(root), parallelism=3, chunk_rows=150)
+        run_snapshot_reads(cfg.upstream_uri, str(root), parallelism=3, chunk_rows=150)
         time.sleep(1.0)  # writes after the last chunk, too
     finally:
         writes.stop_.set()
@@ -190,11 +190,11 @@ def test_a_resnapshot_killed_midway_resumes_in_the_next_runs(mariadb, mydb, pg_s
 
     # Another snapshot run reads the rest while no puller runs; the next puller run places
     # them (or drops those read before the stream it remembers, and they are read again).
-    run_snapshots(cfg.upstream_uri, str(root), parallelism=2, chunk_rows=100)
+    run_snapshot_reads(cfg.upstream_uri, str(root), parallelism=2, chunk_rows=100)
     execute(mariadb, mydb, "DELETE FROM b WHERE id = 501", "INSERT INTO a VALUES (9, 9)")
     p, done, th = _follow(PullerConfig(mariadb.uri(), str(root), rules, heartbeat_s=0.3))
     time.sleep(1.5)
-    run_snapshots(cfg.upstream_uri, str(root), parallelism=2, chunk_rows=100)
+    run_snapshot_reads(cfg.upstream_uri, str(root), parallelism=2, chunk_rows=100)
     target = gtid_now(mariadb)
     _until(lambda: p.stats.position == target and not p.state.snapshots)
     done.set()
@@ -209,7 +209,7 @@ def _snapshot_done(mariadb, root: Path, rules: tuple[str, ...]) -> None:
     """The changefeed's initial chunked snapshot, read here and placed by a puller."""
     cfg = PullerConfig(mariadb.uri(), str(root), rules, heartbeat_s=0.3)
     p, done, th = _follow(cfg)
-    run_snapshots(cfg.upstream_uri, str(root), parallelism=1)
+    run_snapshot_reads(cfg.upstream_uri, str(root), parallelism=1)
     _until(lambda: not p.state.snapshots)
     done.set()
     th.join(30)

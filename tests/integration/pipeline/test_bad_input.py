@@ -28,6 +28,19 @@ def _files(log_dir: Path, table_id: int) -> list[Path]:
     return sorted((log_dir / "tables" / str(table_id) / "data").rglob("*.parquet"))
 
 
+def _replicating(
+    tmp_path: Path, spark: Any, writer: Any, tables: list[int]
+) -> tuple[Workload, Any]:
+    """Two steps of writes to ``tables``, an executor that replicated them: (workload, it)."""
+    w = Workload(writer, tables)
+    w.write(steps=2)
+    ex = make(tmp_path, spark)
+    ex.set_barrier(OPEN)
+    start(ex, tables, ts(1))
+    ex.sink_phase()
+    return w, ex
+
+
 def _run_broken_then_fixed(
     tmp_path: Path, spark: Any, w: Workload, damage: Any, expect: list[str]
 ) -> None:
@@ -101,12 +114,7 @@ def test_a_row_that_does_not_fit_its_schema_stops_its_table_until_rewritten(
 def test_an_unknown_column_type_stops_its_table_until_the_ddl_record_is_fixed(
     tmp_path: Path, spark: Any, writer: Any
 ) -> None:
-    w = Workload(writer, [1])
-    w.write(steps=2)
-    ex = make(tmp_path, spark)
-    ex.set_barrier(OPEN)
-    start(ex, [1], ts(1))
-    ex.sink_phase()
+    w, ex = _replicating(tmp_path, spark, writer, [1])
     before_ddl = w.write(steps=1)
     ddl_ts = before_ddl + 1
     added = w.schemas[1]
@@ -152,12 +160,7 @@ def test_a_lost_staged_file_is_staged_again_from_the_change_log_by_itself(
     """Staging caches the change log above the checkpoint: a staged file that is gone (a
     damaged disk, a late writer) costs one tick with the table's error shown, then the table
     is pulled again from its checkpoint and goes on with nothing lost, without anyone."""
-    w = Workload(writer, [1, 2])
-    w.write(steps=2)
-    ex = make(tmp_path, spark)
-    ex.set_barrier(OPEN)
-    start(ex, [1, 2], ts(1))
-    ex.sink_phase()
+    w, ex = _replicating(tmp_path, spark, writer, [1, 2])
     good = ex.status(1).checkpoint.checkpoint_ts
     ex.set_barrier(Barrier(good))  # stage more, sink nothing yet
     top = w.write(steps=2)
@@ -186,12 +189,7 @@ def test_a_sink_error_stays_across_pulls_until_the_sink_takes_the_table_again(
     """A sink that keeps refusing is the table's error until a sink write succeeds: the pull
     of the next tick's prepare half does not clear it (the capture's problem then counted
     one attempt forever, cleared by each prepare and made anew by each commit)."""
-    w = Workload(writer, [1])
-    w.write(steps=2)
-    ex = make(tmp_path, spark)
-    ex.set_barrier(OPEN)
-    start(ex, [1], ts(1))
-    ex.sink_phase()
+    w, ex = _replicating(tmp_path, spark, writer, [1])
     lake = tmp_path / "delta"
     away = tmp_path / "delta-away"
     lake.rename(away)
