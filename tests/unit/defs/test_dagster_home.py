@@ -10,6 +10,7 @@ from cdc_dagster.defs import build_definitions
 from cdc_dagster.defs.capture.job import MAX_RUNTIME_S
 from cdc_dagster.defs.catalog import demo_catalog
 from cdc_dagster.services.dagster_home import dagster_home
+from cdc_dagster.services.run_launcher import WarmRunLauncher
 
 
 def test_queue_is_checked_every_second_and_runs_are_monitored(tmp_path: Path) -> None:
@@ -23,6 +24,10 @@ def test_queue_is_checked_every_second_and_runs_are_monitored(tmp_path: Path) ->
         assert instance.run_monitoring_start_timeout_seconds == 180
         limits = instance.get_concurrency_config().run_queue_config.tag_concurrency_limits
         assert {"key": "cdc/dbt_build", "limit": 1} in limits  # run_queue kept them
+        launcher = instance.run_launcher
+        assert isinstance(launcher, WarmRunLauncher)
+        assert launcher.warm_workers == 2 and launcher.kill_after_s == 30
+        assert launcher.supports_check_run_worker_health  # run monitoring sees dead workers
     finally:
         instance.dispose()
 

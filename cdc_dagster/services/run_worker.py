@@ -1,0 +1,76 @@
+"""A warm run worker: ``dagster api execute_run`` with the code location already imported.
+
+Started by :class:`cdc_dagster.services.run_launcher.WarmRunLauncher` before any run needs
+it: it imports the modules named on its command line (the code location's module, which
+imports Dagster, dagster-dbt, PySpark's client, ...: ~6 s on this machine), then waits on
+its standard input. The launcher writes one run's ``ExecuteRunArgs`` there and closes it;
+the worker then does exactly what ``dagster api execute_run`` does, and exits when the run
+ends. End of input without a run (the launcher retired it, or its process died): it exits.
+
+One run per worker, as Dagster's own run workers: a run never shares a process, so a run's
+crash, leak or ``os._exit`` is its own. Only imports are done ahead; the definitions
+(``defs()``: the table catalog from etcd, the dbt manifest) are built by the run, so they
+are as current as with a cold worker.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+import time
+
+# The first line of a worker's output once its imports are done (the launcher's log shows
+# how long they took); a module it could not import is named, and the run imports it again
+# (and fails there, in its own event log, if it still cannot).
+READY = "cdc-dagster run worker ready"
+
+
+def preload(modules: list[str]) -> str:
+    """Import ``modules``; a line saying how long it took and what failed."""
+    started = time.monotonic()
+    failed = []
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except Exception as exc:  # the run reports it properly when it imports again
+            failed.append(f"{name} ({type(exc).__name__}: {exc})")
+    note = f"; not imported: {', '.join(failed)}" if failed else ""
+    return f"{READY}: imported {', '.join(modules)} in {time.monotonic() - started:.1f} s{note}"
+
+
+def warm_instance() -> str:
+    """Open and close the instance of ``DAGSTER_HOME`` (the one the launcher's runs use):
+    imports its storage's modules (SQLAlchemy, Alembic, ...: ~0.8 s) before a run needs
+    them. Nothing is written; a failure here is the run's to report."""
+    import os
+
+    if not os.environ.get("DAGSTER_HOME"):
+        return ""
+    started = time.monotonic()
+    try:
+        from dagster import DagsterInstance
+
+        with DagsterInstance.get() as instance:
+            instance.get_runs(limit=1)
+    except Exception as exc:
+        return f"; instance not opened ahead ({type(exc).__name__}: {exc})"
+    return f"; instance opened ahead in {time.monotonic() - started:.1f} s"
+
+
+def main(argv: list[str]) -> int:
+    """Preload ``argv``'s modules, then execute the run given on standard input."""
+    line = preload(argv) + warm_instance()
+    payload = sys.stdin.read()
+    if not payload.strip():
+        return 0  # retired before it got a run
+    print(line, file=sys.stderr, flush=True)
+    from dagster._cli.api import execute_run_command
+
+    # The CLI command itself (click), as `dagster api execute_run <args>` runs it: it loads
+    # the run's job from its code origin, executes it and exits with its status.
+    execute_run_command.main(args=[payload.strip()], prog_name="dagster api execute_run")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

@@ -1,0 +1,231 @@
+"""WarmRunLauncher: runs in warm workers, cold when none is ready, watched and terminated."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
+
+import dagster as dg
+import pytest
+from dagster._core.definitions.reconstruct import ReconstructableRepository
+from dagster._core.launcher.base import WorkerStatus
+
+from cdc_dagster.services.run_launcher import WORKER_TAG, WarmRunLauncher, worker_alive
+
+pytestmark = pytest.mark.slow
+
+JOBS = """
+import os, time
+from pathlib import Path
+import dagster as dg
+
+@dg.op
+def note_pid(context):
+    Path(os.environ["LAUNCHER_TEST_DIR"], context.run_id).write_text(str(os.getpid()))
+
+@dg.op
+def wait_long(context):
+    Path(os.environ["LAUNCHER_TEST_DIR"], context.run_id).write_text(str(os.getpid()))
+    for _ in range(600):
+        time.sleep(0.1)
+
+@dg.job(executor_def=dg.in_process_executor)
+def quick():
+    note_pid()
+
+@dg.job(executor_def=dg.in_process_executor)
+def long():
+    wait_long()
+
+defs = dg.Definitions(jobs=[quick, long])
+"""
+
+
+@pytest.fixture
+def env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "launcher_test_jobs.py").write_text(textwrap.dedent(JOBS))
+    out = tmp_path / "out"
+    out.mkdir()
+    monkeypatch.setenv("LAUNCHER_TEST_DIR", str(out))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(code), os.environ.get("PYTHONPATH", "")]))
+    overrides = {
+        "run_launcher": {
+            "module": "cdc_dagster.services.run_launcher",
+            "class": "WarmRunLauncher",
+            "config": {"warm_workers": 1, "kill_after_s": 3},
+        }
+    }
+    (tmp_path / "home").mkdir()
+    with dg.instance_for_test(temp_dir=str(tmp_path / "home"), overrides=overrides) as instance:
+        assert isinstance(instance.run_launcher, WarmRunLauncher)
+        repo = ReconstructableRepository.for_module(
+            "launcher_test_jobs", "defs", working_directory=str(code)
+        )
+        yield instance, repo, out, code
+        instance.run_launcher.dispose()
+
+
+def launch(instance: dg.DagsterInstance, repo: ReconstructableRepository, job: str) -> str:
+    recon = repo.get_reconstructable_job(job)
+    run = instance.create_run_for_job(
+        job_def=recon.get_definition(), job_code_origin=recon.get_python_origin()
+    )
+    instance.launch_run(run.run_id, workspace=None)  # type: ignore[arg-type]
+    return run.run_id
+
+
+def wait_status(instance: dg.DagsterInstance, run_id: str, timeout_s: float = 90.0) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        run = instance.get_run_by_id(run_id)
+        if run is not None and run.is_finished:
+            return run
+        time.sleep(0.1)
+    raise AssertionError(f"run {run_id} did not finish: {instance.get_run_by_id(run_id)}")
+
+
+def worker_line(instance: dg.DagsterInstance, run_id: str) -> str:
+    lines = [m for m in messages(instance, run_id) if m.startswith("Run worker pid")]
+    assert len(lines) == 1, lines
+    return lines[0]
+
+
+def messages(instance: dg.DagsterInstance, run_id: str) -> list[str]:
+    """Every event's message of the run (engine events carry theirs in the Dagster event)."""
+    out = []
+    for r in instance.all_logs(run_id):
+        if r.dagster_event is not None and r.dagster_event.message:
+            out.append(r.dagster_event.message)
+        elif r.user_message:
+            out.append(r.user_message)
+    return out
+
+
+def wait_file(path: Path, timeout_s: float = 60.0) -> int:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if path.exists() and path.read_text():
+            return int(path.read_text())
+        time.sleep(0.05)
+    raise AssertionError(f"{path} was not written")
+
+
+def wait_warm(launcher: WarmRunLauncher, timeout_s: float = 60.0) -> None:
+    """Until the pool's worker has done its imports (its process shows in /proc with the
+    modules loaded is not observable cheaply: wait for it to exist and give it time)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        idle = [w for ws in launcher._pool.idle.values() for w in ws]
+        if idle and all(w.proc.poll() is None for w in idle):
+            return
+        time.sleep(0.1)
+    raise AssertionError("no warm worker was started")
+
+
+def test_first_run_starts_cold_then_runs_take_warm_workers_each_in_its_own_process(env):
+    instance, repo, out, _ = env
+    first = launch(instance, repo, "quick")
+    assert wait_status(instance, first).status == dg.DagsterRunStatus.SUCCESS
+    assert "cold" in worker_line(instance, first)
+    wait_warm(instance.run_launcher)
+    pids = []
+    for _ in range(2):
+        run_id = launch(instance, repo, "quick")
+        assert wait_status(instance, run_id).status == dg.DagsterRunStatus.SUCCESS
+        line = worker_line(instance, run_id)
+        assert "warm" in line, line
+        pid = wait_file(out / run_id)
+        assert line.startswith(f"Run worker pid {pid} ")  # the op ran in the worker it names
+        tag = instance.get_run_by_id(run_id).tags[WORKER_TAG]
+        assert tag.startswith(f"{pid}:")
+        pids.append(pid)
+        wait_warm(instance.run_launcher)
+    assert len(set(pids)) == 2  # one run per process
+    assert os.getpid() not in pids
+
+
+def test_a_warm_worker_of_older_sources_is_retired_unused(env):
+    instance, repo, _, code = env
+    assert wait_status(instance, launch(instance, repo, "quick")).is_success
+    wait_warm(instance.run_launcher)
+    stale = [w.proc for ws in instance.run_launcher._pool.idle.values() for w in ws]
+    time.sleep(1.1)  # past the fingerprint's cache
+    src = code / "launcher_test_jobs.py"
+    os.utime(src, ns=(time.time_ns(), time.time_ns()))
+    run_id = launch(instance, repo, "quick")
+    assert wait_status(instance, run_id).is_success
+    assert "cold" in worker_line(instance, run_id)
+    for proc in stale:
+        assert proc.wait(timeout=30) == 0  # ended without a run
+
+
+def test_terminate_cancels_the_run_and_its_worker_exits(env):
+    instance, repo, out, _ = env
+    run_id = launch(instance, repo, "long")
+    pid = wait_file(out / run_id)
+    health = instance.run_launcher.check_run_worker_health(instance.get_run_by_id(run_id))
+    assert health.status == WorkerStatus.RUNNING
+    assert instance.run_launcher.terminate(run_id)
+    assert wait_status(instance, run_id, 30).status == dg.DagsterRunStatus.CANCELED
+    tag = instance.get_run_by_id(run_id).tags[WORKER_TAG]
+    assert tag.startswith(f"{pid}:")
+    deadline = time.monotonic() + 20
+    while worker_alive(tag) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not worker_alive(tag)  # the worker ended with its run, no SIGKILL needed
+    said = messages(instance, run_id)
+    assert not any("SIGKILL" in m for m in said), said
+
+
+def test_a_frozen_worker_is_killed_after_kill_after_s_and_its_run_canceled(env):
+    instance, repo, out, _ = env
+    run_id = launch(instance, repo, "long")
+    pid = wait_file(out / run_id)
+    os.kill(pid, signal.SIGSTOP)
+    started = time.monotonic()
+    assert instance.run_launcher.terminate(run_id)
+    run = wait_status(instance, run_id, 30)
+    assert run.status == dg.DagsterRunStatus.CANCELED
+    assert time.monotonic() - started >= 2.5  # SIGINT first; SIGKILL only after kill_after_s
+    said = messages(instance, run_id)
+    assert any("did not stop within 3 s" in m and "SIGKILL" in m for m in said), said
+
+
+def test_a_worker_killed_mid_run_fails_its_run_with_the_signal(env):
+    instance, repo, out, _ = env
+    run_id = launch(instance, repo, "long")
+    pid = wait_file(out / run_id)
+    os.kill(pid, signal.SIGKILL)
+    run = wait_status(instance, run_id, 30)
+    assert run.status == dg.DagsterRunStatus.FAILURE
+    said = messages(instance, run_id)
+    assert any(f"Run worker pid {pid} was killed by SIGKILL" in m for m in said), said
+    health = instance.run_launcher.check_run_worker_health(run)
+    assert health.status == WorkerStatus.FAILED and str(pid) in (health.msg or "")
+
+
+def test_a_run_of_another_python_starts_cold(env):
+    instance, repo, _, _ = env
+    names = {"python", "python3", f"python3.{sys.version_info.minor}"}
+    others = [Path(sys.executable).parent / n for n in sorted(names)]
+    others = [p for p in others if p.exists() and str(p) != sys.executable]
+    assert others, "the venv has python, python3 and python3.N"
+    other = others[0]  # the same environment, another path: not what the pool runs
+    recon = ReconstructableRepository.for_module(
+        "launcher_test_jobs", "defs", working_directory=str(repo.pointer.working_directory)
+    )
+    recon = recon._replace(executable_path=str(other))  # type: ignore[attr-defined]
+    job = recon.get_reconstructable_job("quick")
+    run = instance.create_run_for_job(
+        job_def=job.get_definition(), job_code_origin=job.get_python_origin()
+    )
+    instance.launch_run(run.run_id, workspace=None)  # type: ignore[arg-type]
+    assert wait_status(instance, run.run_id).is_success
+    assert "cold" in worker_line(instance, run.run_id)
