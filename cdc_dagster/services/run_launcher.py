@@ -388,6 +388,19 @@ class WarmRunLauncher(RunLauncher, ConfigurableClass):
                 "the termination request and was killed (SIGKILL).",
             )
 
+    def kill_worker(self, run: Any) -> str:
+        """SIGKILL the run's worker at once (a run that ignored its termination: frozen or
+        hung); what happened, for the log ("" when no worker of it runs)."""
+        tag = run.tags.get(WORKER_TAG, "")
+        if not tag or not worker_alive(tag):
+            return ""
+        pid = int(tag.split(":")[0])
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            return ""
+        return f"run worker pid {pid} killed (SIGKILL)"
+
     @property
     def supports_check_run_worker_health(self) -> bool:
         return True

@@ -764,7 +764,10 @@ def zombie_capture(fs: FaultStack, changefeed_id: str = DEMO) -> Injected:
         took = _wait("the zombie's tables to take new tokens elsewhere", moved, 300, fs)
         inj.notes.append(f"its tables took new tokens after {took:.0f} s")
     finally:
-        os.kill(pid, signal.SIGCONT)
+        try:
+            os.kill(pid, signal.SIGCONT)
+        except ProcessLookupError:  # the launcher killed it as hung (canceling for 30 s)
+            inj.notes.append("killed as hung before it thawed")
     inj.over()
     _wait("the zombie run to end", lambda: not procs.pid_alive(pid), 180, fs)
     return inj

@@ -17,6 +17,9 @@ The run launcher's ``terminate`` is not asked: Dagster's default launcher sets t
 termination event (a ``multiprocessing.Event``) in the code server, and ``Event.set`` waits
 for every process sleeping on it to wake; a frozen run (SIGSTOP, a stalled VM) never does,
 and the code server hung with it (the owner's sensor, every run launch) until it thawed.
+Under :class:`~cdc_dagster.services.run_launcher.WarmRunLauncher` (what ``server start``
+and ``demo`` configure) a hung run's worker process is killed (SIGKILL works on a frozen
+process too) when it is marked canceled, so it cannot come back at all.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from collections.abc import Mapping
 import dagster as dg
 
 from cdc_dagster.defs.owner.plan import CAPTURE_JOB
+from cdc_dagster.services.run_launcher import WarmRunLauncher
 
 log = logging.getLogger(__name__)
 
@@ -106,12 +110,19 @@ def force_cancel_hung_runs(
             continue
         run = record.dagster_run
         capture = run.tags.get("dagster/partition", "?")
-        instance.report_run_canceled(
+        launcher = instance.run_launcher
+        warm = isinstance(launcher, WarmRunLauncher)
+        instance.report_run_canceled(  # first: the worker's end then finds the run over
             run,
             message=(
                 f"capture run of {capture} did not stop within {grace_s:.0f} s of its "
-                "termination: marked canceled (the sink's fence refuses any late write of it)"
+                f"termination: marked canceled{', its run worker killed' if warm else ''} "
+                "(the sink's fence refuses any late write of it)"
             ),
         )
-        lines.append(f"capture {capture}: run {run.run_id} hung after termination; canceled")
+        killed = launcher.kill_worker(run) if warm else ""
+        lines.append(
+            f"capture {capture}: run {run.run_id} hung after termination; canceled"
+            + (f", {killed}" if killed else "")
+        )
     return lines

@@ -229,3 +229,22 @@ def test_a_run_of_another_python_starts_cold(env):
     instance.launch_run(run.run_id, workspace=None)  # type: ignore[arg-type]
     assert wait_status(instance, run.run_id).is_success
     assert "cold" in worker_line(instance, run.run_id)
+
+
+def test_kill_worker_ends_a_frozen_worker_at_once(env):
+    instance, repo, out, _ = env
+    run_id = launch(instance, repo, "long")
+    pid = wait_file(out / run_id)
+    os.kill(pid, signal.SIGSTOP)
+    run = instance.get_run_by_id(run_id)
+    instance.report_run_canceled(run, "hung")  # as force_cancel_hung_runs does, first
+    assert instance.run_launcher.kill_worker(run) == f"run worker pid {pid} killed (SIGKILL)"
+    deadline = time.monotonic() + 10
+    while worker_alive(run.tags[WORKER_TAG]) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not worker_alive(run.tags[WORKER_TAG])
+    assert instance.run_launcher.kill_worker(run) == ""  # nothing left to kill
+    time.sleep(1.0)  # the watcher saw the exit: the run stays canceled, said once
+    said = messages(instance, run_id)
+    assert instance.get_run_by_id(run_id).status == dg.DagsterRunStatus.CANCELED
+    assert sum("was killed" in m or m == "hung" for m in said) == 1, said
