@@ -68,6 +68,10 @@ class Settings:
     add_table_batch: int = DEFAULT_ADD_TABLE_BATCH  # tables the owner starts adding per tick
     local_tick_bytes: int = DEFAULT_LOCAL_TICK_BYTES  # smaller tick phases skip Spark
     batch_behind_s: float = DEFAULT_BATCH_BEHIND_S  # a backlog commits at most this often
+    # How long one owner sensor evaluation goes on ticking the owner on changes in etcd
+    # (cdc_dagster/defs/owner/wait.py). 0 here, so tests that evaluate the sensor directly
+    # are not slowed; ``server start`` / ``demo`` set OWNER_WAIT_S (services/stack.py).
+    owner_wait_s: float = 0.0
 
     @staticmethod
     def from_env(environ: Mapping[str, str] | None = None) -> Settings:
@@ -94,6 +98,7 @@ class Settings:
             add_table_batch=int(get("ADD_TABLE_BATCH", str(DEFAULT_ADD_TABLE_BATCH))),
             local_tick_bytes=int(get("LOCAL_TICK_BYTES", str(DEFAULT_LOCAL_TICK_BYTES))),
             batch_behind_s=float(get("BATCH_BEHIND_S", str(DEFAULT_BATCH_BEHIND_S))),
+            owner_wait_s=float(get("OWNER_WAIT_S", "0")),
         )
 
     def staging_dir(self) -> Path:

@@ -300,10 +300,12 @@ class WatchEventType(enum.Enum):
 
 @dataclass(frozen=True, slots=True)
 class WatchEvent:
-    """One change under a watched prefix (for a delete, ``kv.value`` is empty)."""
+    """One change under a watched prefix (for a delete, ``kv.value`` is empty); ``prev`` is
+    the key before it, when the watch asked for it and the key existed."""
 
     type: WatchEventType
     kv: KeyValue
+    prev: KeyValue | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -617,8 +619,11 @@ class EtcdClient:
         start_revision: int,
         on_events: Callable[[list[WatchEvent]], None],
         on_broken: Callable[[str], None],
+        *,
+        prev_kv: bool = False,
     ) -> int:
-        """Stream changes under ``prefix`` from ``start_revision``; returns a watch id.
+        """Stream changes under ``prefix`` from ``start_revision`` (0: from now); returns a
+        watch id. With ``prev_kv`` each event carries the key as it was before.
 
         ``on_broken`` is called once if the stream ends (etcd restarted, compaction): the
         caller re-reads and watches again (see :class:`PrefixWatch`).
@@ -634,7 +639,7 @@ class EtcdClient:
             try:
                 return int(
                     self._raw.add_watch_prefix_callback(
-                        prefix, callback, start_revision=start_revision
+                        prefix, callback, start_revision=start_revision or None, prev_kv=prev_kv
                     )
                 )
             except pyetcd_exceptions.RevisionCompactedError as exc:
@@ -658,8 +663,11 @@ class EtcdClient:
                 time.sleep(0.1)
 
     def cancel_watch(self, watch_id: int) -> None:
-        """Stop a watch; a watch whose stream already ended is fine."""
-        self._raw.cancel_watch(watch_id)
+        """Stop a watch; a watch whose stream already ended (or etcd gone) is fine."""
+        try:
+            self._raw.cancel_watch(watch_id)
+        except (grpc.RpcError, pyetcd_exceptions.Etcd3Exception, ValueError) as exc:
+            _log.debug("cancelling watch %d: %s", watch_id, exc)
 
 
 class _RetryableWatchError(Exception):
@@ -678,7 +686,9 @@ def _watch_event(event: Any) -> WatchEvent:
         if isinstance(event, pyetcd_events.DeleteEvent)
         else WatchEventType.PUT
     )
-    return WatchEvent(kind, KeyValue._of(event._event.kv))
+    raw = event._event
+    prev = KeyValue._of(raw.prev_kv) if raw.HasField("prev_kv") else None
+    return WatchEvent(kind, KeyValue._of(raw.kv), prev)
 
 
 _AUTH_HINT = (

@@ -140,6 +140,7 @@ class OwnerTick:
     registered: tuple[str, ...] = ()  # desired captures whose lease had expired, registered again
     # every running changefeed's health this tick (no message: normal)
     health: Mapping[str, Health] = field(default_factory=dict)
+    revision: int = 0  # the etcd revision the tick read (0: unknown)
 
     def run_config(self, capture_id: str) -> dict[str, list[dict[str, Any]]]:
         """The capture run's messages per changefeed, JSON-able (decode with wire.decode)."""
@@ -416,6 +417,7 @@ class OwnerLoop:
             tuple(sorted(step.alive)),
             step.registered,
             {cf: Health(p.problem, p.failed) for cf, p in step.progress.items()},
+            snapshot.revision,
         )
 
     def _heal_captures(self, snapshot: OwnerSnapshot, alive: dict[str, str]) -> tuple[str, ...]:

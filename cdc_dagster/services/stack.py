@@ -54,6 +54,7 @@ from cdc_dagster.services.supervise import (
 DEMO_CHANGEFEED = "demo"
 DEMO_CAPTURES = ("capture-1", "capture-2")
 VENV_BIN = Path(sys.executable).parent
+DEFAULT_OWNER_WAIT_S = "4"  # the owner sensor's wait budget (CDC_DAGSTER_OWNER_WAIT_S)
 STOP_GRACE_S = 2.0  # SIGTERM, then SIGKILL: a stop takes at most this + 1 s
 SERVER_LOG = "server.log"
 
@@ -132,6 +133,11 @@ def dagster_env(
         "CDC_DAGSTER_ETCD": etcd,
         "CDC_DAGSTER_SPARK_REMOTE": spark_remote,
         "DAGSTER_SENSOR_GRPC_TIMEOUT_SECONDS": "60",
+        # The owner sensor ticks on etcd changes until 1 s before the daemon's next wake
+        # (every 5 s; it skips a sensor still evaluating): cdc_dagster/defs/owner/wait.py.
+        "CDC_DAGSTER_OWNER_WAIT_S": os.environ.get(
+            "CDC_DAGSTER_OWNER_WAIT_S", DEFAULT_OWNER_WAIT_S
+        ),
         "PYTHONPATH": os.pathsep.join(
             p for p in (str(WORKSPACE_YAML.parent), os.environ.get("PYTHONPATH", "")) if p
         ),

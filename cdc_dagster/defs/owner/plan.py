@@ -47,17 +47,24 @@ def capture_run_request(
 
 
 DDL_RETRY_TICKS = 6  # a DDL still ready this many ticks later gets a new run (~30 s)
+# ... or, when the sensor passes a ``retry_epoch`` (its wall clock in these units: one
+# evaluation may tick the owner many times), this many seconds later.
+DDL_RETRY_S = 30
 
 
-def ddl_run_request(ddl: ReadyDdl, owner_rev: int, tick: int) -> dg.RunRequest:
-    """The run applying one DDL whose gate is open (again after a failed run, every ~30 s)."""
+def ddl_run_request(
+    ddl: ReadyDdl, owner_rev: int, tick: int, retry_epoch: int | None = None
+) -> dg.RunRequest:
+    """The run applying one DDL whose gate is open (again after a failed run, every ~30 s:
+    a new ``retry_epoch``, or DDL_RETRY_TICKS ticks without one)."""
+    retry = tick // DDL_RETRY_TICKS if retry_epoch is None else retry_epoch
     config = {
         "changefeed_id": ddl.changefeed_id,
         "commit_ts": ddl.commit_ts,
         "table_ids": list(ddl.table_ids),
     }
     return dg.RunRequest(
-        run_key=f"ddl:{ddl.changefeed_id}:{ddl.commit_ts}:{owner_rev}:{tick // DDL_RETRY_TICKS}",
+        run_key=f"ddl:{ddl.changefeed_id}:{ddl.commit_ts}:{owner_rev}:{retry}",
         job_name=DDL_JOB,
         run_config={"ops": {"ddl_gate": {"config": config}, "ddl_apply": {"config": config}}},
         tags={"cdc/changefeed": ddl.changefeed_id, "cdc/ddl_commit_ts": str(ddl.commit_ts)},
@@ -121,6 +128,7 @@ def plan(
     queued: Collection[str] = (),
     outbox: Outbox | None = None,
     follow_s: float = 0.0,
+    retry_epoch: int | None = None,
 ) -> dg.SensorResult:
     """The sensor's answer for one owner step.
 
@@ -128,7 +136,8 @@ def plan(
     capture has a run still queued (or, with ``follow_s``, in progress: a run that follows
     its mailbox takes them itself): then its messages wait in ``outbox`` for that run or
     the next; partitions follow the alive captures; a DDL run only when the tables'
-    checkpoint metadata has reached its commit ts (the gate op re-checks inside the run).
+    checkpoint metadata has reached its commit ts (the gate op re-checks inside the run),
+    asked again in each ``retry_epoch`` (see ``ddl_run_request``).
     """
     owner = step.tick
     if not owner.is_owner:
@@ -159,7 +168,7 @@ def plan(
         current = {t.table_id for t in tables.tables} if tables else set()
         is_open, _ = gate_status(ddl, catalog, checkpoint_of, current or None)
         if is_open:
-            runs.append(ddl_run_request(ddl, owner.owner_rev, tick))
+            runs.append(ddl_run_request(ddl, owner.owner_rev, tick, retry_epoch))
     return dg.SensorResult(
         run_requests=runs,
         dynamic_partitions_requests=partition_requests,

@@ -1,10 +1,9 @@
-"""The owner sensor: each evaluation is one owner step (docs: DESIGN.md "Mapping onto Dagster")."""
+"""The owner sensor: each evaluation is one owner step, and more while etcd shows changes
+the owner acts on, until its wait budget is spent (``wait.py``; docs: DESIGN.md "Mapping
+onto Dagster")."""
 
-import dataclasses
 import functools
-import json
 import time
-from collections.abc import Mapping
 from typing import Any
 
 import dagster as dg
@@ -12,10 +11,11 @@ from dagster._core.definitions.unresolved_asset_job_definition import Unresolved
 
 from cdc_dagster.defs.catalog import Catalog
 from cdc_dagster.defs.changefeeds.health import HealthReporter
-from cdc_dagster.defs.mysql.requests import PULLER_JOB, with_puller_runs
+from cdc_dagster.defs.mysql.requests import with_puller_runs
 from cdc_dagster.defs.owner.mailbox import MailboxOutbox
 from cdc_dagster.defs.owner.plan import (
     CAPTURE_JOB,
+    DDL_RETRY_S,
     awaiting_answers,
     idle_reason,
     moving,
@@ -23,6 +23,7 @@ from cdc_dagster.defs.owner.plan import (
     progress_lines,
 )
 from cdc_dagster.defs.owner.stale_runs import cancel_expired_runs, force_cancel_hung_runs
+from cdc_dagster.defs.owner.wait import SETTLE_S, OwnerWaiter
 from cdc_dagster.defs.partitions import CAPTURES
 from cdc_dagster.defs.resources import CdcResource
 from cdc_dagster.defs.tables.assets import (
@@ -33,7 +34,8 @@ from cdc_dagster.defs.tables.assets import (
 from cdc_dagster.defs.tables.checks import SYNCPOINT_CHECKS_JOB, lag_evaluations
 from cdc_dagster.defs.tables.gate import checkpoint_lookup
 from cdc_dagster.metastore import Metastore
-from cdc_dagster.runtime import OwnerStep, owner_step
+from cdc_dagster.metastore.errors import MetastoreError
+from cdc_dagster.runtime import OwnerLoop, OwnerStep, owner_step
 from cdc_dagster.sinks.uri import is_delta
 
 SENSOR_NAME = "cdc_owner"
@@ -44,13 +46,6 @@ MIN_INTERVAL_S = 1
 # Asset observations per tick: each is one event-log write in the daemon (~12 ms on SQLite).
 OBSERVATIONS_PER_TICK = 50
 LAG_REFRESH_S = 600.0
-# How long one evaluation may go on ticking the owner while following capture runs answer
-# (each step then waits for their answers, polling etcd every SETTLE_POLL_S): a resume's
-# reports, prepare and commit take three owner steps, 15 s at one per daemon wake.
-SETTLE_S = 3.0
-SETTLE_POLL_S = 0.1
-
-
 NOT_STARTED = [dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.NOT_STARTED]
 IN_PROGRESS = [dg.DagsterRunStatus.STARTING, dg.DagsterRunStatus.STARTED]
 
@@ -71,37 +66,6 @@ def following_captures(instance: dg.DagsterInstance) -> set[str]:
         dg.RunsFilter(job_name=CAPTURE_JOB, statuses=[dg.DagsterRunStatus.STARTED]), limit=1000
     )
     return {p for r in records if (p := r.dagster_run.tags.get("dagster/partition"))}
-
-
-def settle(
-    ms: Metastore,
-    targets: Mapping[str, tuple[str, ...]],
-    marks: Mapping[str, int],
-    deadline: float,
-) -> bool:
-    """Wait until every capture in ``targets`` took its mailbox and finished the tick that
-    took it (its agent state, written after ``marks[capture]``, the revision at which its
-    messages were put there, is out of the tick); False at ``deadline``.
-
-    Best effort: a capture whose own tick (on new data) ended between the put and the take
-    may look answered early; the owner's next tick then finds nothing new, and the protocol
-    goes on at the next evaluation, as without settling.
-    """
-    while time.monotonic() < deadline:
-        if all(_answered(ms, c, cfs, marks.get(c, 0)) for c, cfs in targets.items()):
-            return True
-        time.sleep(SETTLE_POLL_S)
-    return False
-
-
-def _answered(ms: Metastore, capture_id: str, changefeeds: tuple[str, ...], since: int) -> bool:
-    if ms.mailbox.held(capture_id):
-        return False
-    for cf in changefeeds:
-        kv = ms.client.get(ms.layout.agent_state(cf, capture_id))
-        if kv is None or kv.mod_revision <= since or json.loads(kv.value).get("in_tick"):
-            return False
-    return True
 
 
 def _cancel_stale_runs(
@@ -130,20 +94,6 @@ def _log_unsettled(
             "following their mailbox %s", ", ".join(stepped), sorted(step.work),
             sorted(following),
         )  # fmt: skip
-
-
-def _new_runs(before: list[dg.RunRequest], more: list[dg.RunRequest]) -> list[dg.RunRequest]:
-    """Run requests of a later step in the same evaluation that are not asked already: a DDL
-    run once per DDL (its run key moves with the tick)."""
-    seen = {_run_identity(r) for r in before}
-    return [r for r in more if _run_identity(r) not in seen]
-
-
-def _run_identity(r: dg.RunRequest) -> str:
-    tags = r.tags or {}
-    if "cdc/ddl_commit_ts" in tags:
-        return f"ddl:{tags.get('cdc/changefeed')}:{tags['cdc/ddl_commit_ts']}"
-    return r.run_key or ""
 
 
 def _checkpoints(context: dg.SensorEvaluationContext, catalog: Catalog, step: OwnerStep) -> Any:
@@ -224,6 +174,99 @@ def _asset_events(
     ]
 
 
+class _Evaluation:
+    """One evaluation's owner steps: each planned into a result with its run requests."""
+
+    def __init__(
+        self,
+        context: dg.SensorEvaluationContext,
+        catalog: Catalog,
+        loop: OwnerLoop,
+        follow_s: float,
+        checks_job: bool,
+    ) -> None:
+        self.context, self.catalog, self.loop = context, catalog, loop
+        # A run that follows its mailbox (capture_loop_s > 0) takes the messages sent while
+        # it runs: no second run for its capture meanwhile; they wait in its etcd mailbox.
+        self.follow_s = follow_s
+        self.checks_job = checks_job
+        self.outbox = MailboxOutbox(loop.metastore.mailbox)
+        self.known = context.instance.get_dynamic_partitions(CAPTURES.name)
+        self.queued: set[str] = set()
+        self.following: set[str] = set()
+
+    def step(self, tick: int, first: bool = False) -> tuple[OwnerStep, dg.SensorResult]:
+        """One owner step as ``tick``, and what the sensor would return for it."""
+        context, ms = self.context, self.loop.metastore
+        step = owner_step(self.loop)
+        if first or step.tick.registered:
+            _cancel_stale_runs(context, ms, step)
+        is_owner = step.tick.is_owner
+        follow = self.follow_s > 0
+        # Again each step: a run that ended meanwhile no longer takes its mailbox.
+        self.queued = queued_captures(context.instance, in_progress=follow) if is_owner else set()
+        self.following = following_captures(context.instance) if is_owner and follow else set()
+        result = plan(
+            step, tick, self.known, self.catalog, _checkpoints(context, self.catalog, step),
+            queued=self.queued, outbox=self.outbox, follow_s=self.follow_s,
+            retry_epoch=int(time.time() // DDL_RETRY_S),
+        )  # fmt: skip
+        if not is_owner:
+            return step, result
+        # binlog pullers of mysql:// changefeeds (and their snapshots)
+        result = with_puller_runs(result, context.instance, ms, step.tick.owner_rev, tick)
+        checks = checks_runs(step, ms, tick, self.checks_job)
+        if checks:
+            result = dg.SensorResult(
+                run_requests=[*(result.run_requests or []), *checks],
+                dynamic_partitions_requests=result.dynamic_partitions_requests,
+                cursor=result.cursor,
+            )
+        return step, result
+
+
+def _must_return(result: dg.SensorResult) -> bool:
+    """Runs are launched and partitions changed only once the evaluation returns."""
+    return bool(result.run_requests or result.dynamic_partitions_requests)
+
+
+def _keep_ticking(
+    ev: _Evaluation,
+    wait_s: float,
+    started: float,
+    last: tuple[int, OwnerStep, dg.SensorResult],
+) -> tuple[int, OwnerStep, dg.SensorResult]:
+    """Tick again within the evaluation while something the owner acts on changes in etcd,
+    until ``wait_s`` after ``started`` (0: only while following captures answer, for
+    SETTLE_S), or a step has runs to launch, or this process is no longer the owner
+    (``defs/owner/wait.py``). Never raises for etcd's trouble: the last good step stands."""
+    tick, step, result = last
+    deadline = started + wait_s if wait_s > 0 else time.monotonic() + SETTLE_S
+    waiter = OwnerWaiter(ev.loop.metastore, step.tick.owner_rev, deadline, general=wait_s > 0)
+    stepped_at = started
+    try:
+        while True:
+            targets = awaiting_answers(step, ev.following)
+            why = waiter.next(step.tick.revision, stepped_at, targets, ev.outbox.marks)
+            if why is None:
+                if waiter.stopped():
+                    ev.context.log.info("owner stopped waiting: %s", waiter.stopped())
+                return tick, step, result
+            _log_step(ev.context, ev.catalog, step, tick, 0)
+            ev.context.log.info("tick %d: ticking again at once: %s", tick + 1, why)
+            stepped_at = time.monotonic()
+            try:
+                step, result = ev.step(tick + 1)
+            except MetastoreError as exc:  # etcd went away mid-wait: the last step stands
+                ev.context.log.warning("owner stopped waiting: %s", exc)
+                return tick, step, result
+            tick += 1
+            if not step.tick.is_owner or _must_return(result):
+                return tick, step, result
+    finally:
+        waiter.close()
+
+
 def build_owner_sensor(
     catalog: Catalog,
     jobs: list[dg.JobDefinition | UnresolvedAssetJobDefinition],
@@ -255,69 +298,32 @@ def build_owner_sensor(
         ),
     )
     def cdc_owner(context: dg.SensorEvaluationContext, cdc: CdcResource) -> dg.SensorResult:
-        tick = int(context.cursor or 0) + 1
+        started = time.monotonic()
         settings = cdc.settings()
-        loop = cdc.owner_loop()
-        step = owner_step(loop)
-        _cancel_stale_runs(context, loop.metastore, step)
-        # A run that follows its mailbox (capture_loop_s > 0) takes the messages sent while
-        # it runs: no second run for its capture meanwhile; they wait in its etcd mailbox.
-        follow_s = settings.capture_loop_s
-        is_owner = step.tick.is_owner
-        queued = queued_captures(context.instance, in_progress=follow_s > 0) if is_owner else set()
-        following = following_captures(context.instance) if is_owner and follow_s > 0 else set()
-        outbox = MailboxOutbox(loop.metastore.mailbox)
-        known = context.instance.get_dynamic_partitions(CAPTURES.name)
-
-        def planned(step: OwnerStep, tick: int) -> dg.SensorResult:
-            return plan(step, tick, known, catalog, _checkpoints(context, catalog, step),
-                        queued=queued, outbox=outbox, follow_s=follow_s)  # fmt: skip
-
-        result = planned(step, tick)
-        if is_owner:  # binlog pullers of mysql:// changefeeds (and their snapshots)
-            result = with_puller_runs(
-                result, context.instance, loop.metastore, step.tick.owner_rev, tick
-            )
-        runs, recorded = list(result.run_requests or []), list(step.recorded)
-        partitions = result.dynamic_partitions_requests
-        # While the protocol waits on answers the following capture runs give within a
-        # second (a resume's first reports, a prepare, a commit), tick again as soon as they
-        # came instead of one daemon wake (5 s) per step (``settle``); not when a puller run
-        # is asked for: runs start only once the evaluation returns, and its launch is the
-        # longer wait.
-        settling = not any(r.job_name == PULLER_JOB for r in runs)
-        deadline = time.monotonic() + SETTLE_S
-        while (
-            settling
-            and (targets := awaiting_answers(step, following))
-            and settle(loop.metastore, targets, outbox.marks, deadline)
-        ):
-            _log_step(context, catalog, step, tick, len(result.run_requests or []))
-            queued |= {r.partition_key for r in runs if r.partition_key}
-            tick, step = tick + 1, owner_step(loop)
-            result = planned(step, tick)
-            runs += _new_runs(runs, result.run_requests or [])
-            recorded += step.recorded
-            partitions = result.dynamic_partitions_requests
-        if settling:
-            _log_unsettled(context, step, following)
-        if step.tick.is_owner:  # syncpoint checks of every step's recorded syncpoints
-            last = dataclasses.replace(step, recorded=tuple(recorded))
-            runs += checks_runs(last, loop.metastore, tick, checks_job)
-        _log_step(context, catalog, step, tick, len(runs))
-        if queued:  # one line, no etcd read per capture
-            context.log.info(
-                "run queued or following its mailbox (their messages wait there): %s",
-                ", ".join(sorted(queued)),
+        ev = _Evaluation(context, catalog, cdc.owner_loop(), settings.capture_loop_s, checks_job)
+        tick = int(context.cursor or 0) + 1
+        step, result = ev.step(tick, first=True)
+        if step.tick.is_owner and not _must_return(result):
+            tick, step, result = _keep_ticking(
+                ev, settings.owner_wait_s, started, (tick, step, result)
             )
         if step.tick.is_owner:
-            return dg.SensorResult(
-                run_requests=runs,
-                dynamic_partitions_requests=partitions,
-                cursor=str(tick),
-                asset_events=_asset_events(catalog, step, budgets, settings.lag_bound_s),
-                skip_reason=None if runs else idle_reason(step),
+            _log_unsettled(context, step, ev.following)
+        _log_step(context, catalog, step, tick, len(result.run_requests or []))
+        if ev.queued:  # one line, no etcd read per capture
+            context.log.info(
+                "run queued or following its mailbox (their messages wait there): %s",
+                ", ".join(sorted(ev.queued)),
             )
-        return result
+        if not step.tick.is_owner:
+            return result
+        runs = list(result.run_requests or [])
+        return dg.SensorResult(
+            run_requests=runs,
+            dynamic_partitions_requests=result.dynamic_partitions_requests,
+            cursor=str(tick),
+            asset_events=_asset_events(catalog, step, budgets, settings.lag_bound_s),
+            skip_reason=None if runs else idle_reason(step),
+        )
 
     return cdc_owner
