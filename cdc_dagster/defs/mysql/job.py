@@ -6,12 +6,17 @@ second while rows flow and, with an idle upstream, on the server's heartbeats, s
 see progress and resolved ts follow the clock during the run. It looks at its changefeed
 in etcd once a second and stops within a few seconds when the changefeed is no longer
 normal (paused, failed, removed). Then it persists its position and exits; the next owner
-tick launches the next run, which resumes from the persisted GTID / file:pos. Progress is
+tick launches the next run, which resumes from the persisted GTID / file:pos. Paused, it
+first closes its binlog connection and waits up to ``CDC_DAGSTER_MYSQL_PAUSE_HOLD_S`` (300
+s, within its follow time) for ``changefeed resume``: a resume then pulls again within a
+second, without an owner tick or a run launch on its path (a resume that changed the
+changefeed's configuration ends the run instead: the next one follows the new one). Progress is
 an asset observation per changefeed (``mysql_binlog/<changefeed>``: row events and their
 rate, resolved ts and lag, binlog position) and run tags (position, row events/s) in the
 runs list. (The puller writes row events as read; the data plane counts rows.)
 """
 
+import dataclasses
 import time
 from typing import Any
 
@@ -20,13 +25,15 @@ import dagster as dg
 from cdc_dagster.defs.catalog import key_segment
 from cdc_dagster.defs.mysql.requests import DEFAULT_PULL_S, PULLER_JOB
 from cdc_dagster.defs.resources import CdcResource
-from cdc_dagster.metastore.changefeeds import wall_ms
+from cdc_dagster.metastore.changefeeds import ChangefeedState, wall_ms
 from cdc_dagster.metastore.problems import PULLER
 from cdc_dagster.secrets import redact_text
 
 BINLOG_ASSET_PREFIX = "mysql_binlog"
 MAX_TAG_CHARS = 200
 CHANGEFEED_CHECK_S = 1.0  # a following run looks whether its changefeed is still normal
+DEFAULT_PAUSE_HOLD_S = 300.0  # a paused changefeed's run waits this long for its resume
+RESUME_POLL_S = 0.25  # ... looking at the changefeed this often
 
 
 class PullConfig(dg.Config):
@@ -79,6 +86,15 @@ class FollowStop:
         self.started = time.monotonic()
         self.checked = self.started
         self.why = ""
+        self.paused = False  # it stopped because the changefeed is paused
+
+    def remaining_s(self) -> float:
+        """Seconds of the run's follow time left."""
+        return max(0.0, self.config.max_seconds - (time.monotonic() - self.started))
+
+    def again(self) -> None:
+        """Follow again (after a resume), within the same follow time."""
+        self.why, self.paused, self.checked = "", False, time.monotonic()
 
     def __call__(self, stats: Any) -> bool:
         now = time.monotonic()
@@ -99,8 +115,55 @@ class FollowStop:
         except MetastoreError:
             return ""  # etcd unreachable for a moment: keep pulling, look again
         if not state.running:
+            self.paused = state is ChangefeedState.STOPPED
             return f"changefeed {self.config.changefeed_id} is {state.value}"
         return ""
+
+
+def pause_hold_s(environ: Any = None) -> float:
+    """``CDC_DAGSTER_MYSQL_PAUSE_HOLD_S`` (0: a pause ends the run at once)."""
+    import os
+
+    env = os.environ if environ is None else environ
+    return float(env.get("CDC_DAGSTER_MYSQL_PAUSE_HOLD_S", DEFAULT_PAUSE_HOLD_S))
+
+
+def await_resume(ms: Any, changefeed_id: str, info: Any, hold_s: float) -> str:
+    """Wait up to ``hold_s`` for the paused changefeed to run again with the configuration
+    ``info`` the run pulls for; "" when it does, else why the run should end."""
+    from cdc_dagster.metastore.errors import ChangefeedNotFoundError, MetastoreError
+
+    deadline = time.monotonic() + hold_s
+    while time.monotonic() < deadline:
+        try:
+            cf = ms.changefeeds.get(changefeed_id)
+        except ChangefeedNotFoundError:
+            return f"changefeed {changefeed_id} was removed"
+        except MetastoreError:
+            cf = None  # etcd away for a moment: look again
+        if cf is not None and cf.status.state.running:
+            if cf.info != info:
+                return f"changefeed {changefeed_id} was resumed with another configuration"
+            return ""
+        if cf is not None and cf.status.state is not ChangefeedState.STOPPED:
+            return f"changefeed {changefeed_id} is {cf.status.state.value}"
+        time.sleep(RESUME_POLL_S)
+    return f"changefeed {changefeed_id} was not resumed within {hold_s:.0f} s"
+
+
+def _plus(a: Any, b: Any) -> Any:
+    """Two pulls of one run as one (counts added, the later position)."""
+    return dataclasses.replace(
+        a,
+        row_events=a.row_events + b.row_events,
+        transactions=a.transactions + b.transactions,
+        ddls=a.ddls + b.ddls,
+        snapshot_rows=a.snapshot_rows + b.snapshot_rows,
+        flushes=a.flushes + b.flushes,
+        resolved_ts=b.resolved_ts or a.resolved_ts,
+        position=b.position or a.position,
+        start_ts=b.start_ts or a.start_ts,
+    )
 
 
 class EtcdResnapshotRequests:
@@ -133,11 +196,17 @@ class EtcdResnapshotRequests:
                                      outcome.name, exc)  # fmt: skip
 
 
-def _pull(context: dg.OpExecutionContext, config: PullConfig, ms: Any, cf: Any) -> Any:
+def _pull(
+    context: dg.OpExecutionContext,
+    config: PullConfig,
+    ms: Any,
+    cf: Any,
+    stop: FollowStop | None = None,
+) -> Any:
     from cdc_dagster.mysql.puller import PullerConfig, PullerError, run_puller
     from cdc_dagster.upstream.uri import UpstreamError, changelog_path
 
-    stop = FollowStop(config, ms)
+    stop = stop or FollowStop(config, ms)
     try:
         uri = cf.info.upstream_uri
         requests = EtcdResnapshotRequests(context, ms, cf.changefeed_id)
@@ -145,6 +214,19 @@ def _pull(context: dg.OpExecutionContext, config: PullConfig, ms: Any, cf: Any) 
                             requests=requests)  # fmt: skip
         stats = run_puller(pcfg, stop_after=stop)
         context.log.info("puller stopped: %s", stop.why or "done")
+        while stop.paused and (hold := min(pause_hold_s(), stop.remaining_s())) > 0:
+            context.log.info(
+                "binlog connection closed at %s; waiting up to %.0f s for `changefeed "
+                "resume` (then this run pulls again at once)", stats.position, hold,
+            )  # fmt: skip
+            why = await_resume(ms, cf.changefeed_id, cf.info, hold)
+            if why:
+                context.log.info("puller run ends: %s", why)
+                break
+            context.log.info("changefeed %s resumed: pulling again", cf.changefeed_id)
+            stop.again()
+            stats = _plus(stats, run_puller(pcfg, stop_after=stop))
+            context.log.info("puller stopped: %s", stop.why or "done")
         return stats
     except PullerError as exc:
         message = f"binlog puller: {redact_text(' '.join(str(exc).split()))}"
