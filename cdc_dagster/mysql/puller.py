@@ -66,6 +66,7 @@ REFUSED = {
 
 _Change = tuple[int, bytes, int, bytes]  # table id, table-map body, op, rows payload
 _UNKNOWN = object()  # a table map not looked at since the plans were forgotten
+FIRST_FLUSH_S = 0.25  # a pull's first flush, this long after it starts
 
 __all__ = [
     "Puller",
@@ -123,7 +124,9 @@ class Puller:
         self.trx_gtid: str | None = None
         self.trx_standalone = True  # the GTID group is one statement (a CTAS is not)
         self.trx_domain = 0  # MariaDB: the GTID's domain
-        self.last_flush = time.monotonic()
+        # The first flush comes FIRST_FLUSH_S after the start, not a whole interval: after a
+        # restart or a resume the captures get the backlog's first rows while it is pulled.
+        self.last_flush = time.monotonic() - config.flush_interval_s + FIRST_FLUSH_S
         self.log_file = ""  # MySQL without GTIDs: the binlog file being read
         # binlog table id (6 bytes) -> (table id, table-map body); None: not replicated
         self._maps: dict[bytes, tuple[int, bytes] | None] = {}

@@ -33,7 +33,7 @@ BINLOG_ASSET_PREFIX = "mysql_binlog"
 MAX_TAG_CHARS = 200
 CHANGEFEED_CHECK_S = 1.0  # a following run looks whether its changefeed is still normal
 DEFAULT_PAUSE_HOLD_S = 300.0  # a paused changefeed's run waits this long for its resume
-RESUME_POLL_S = 0.25  # ... looking at the changefeed this often
+RESUME_POLL_S = 0.1  # ... looking at the changefeed this often (one etcd read)
 
 
 class PullConfig(dg.Config):

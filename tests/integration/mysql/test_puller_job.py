@@ -139,14 +139,28 @@ def test_puller_run_that_cannot_go_on_fails_the_changefeed_with_the_reason(
         assert _pullers(_tick(defs, instance, "2")) == []  # no relaunch until resumed
 
 
-def test_following_puller_run_stops_within_seconds_of_a_pause(
+def test_a_following_puller_run_holds_through_a_pause_and_pulls_again_on_resume(
     mariadb, mydb, metastore, dagster_env, defs, tmp_path, monkeypatch
 ):
+    """Paused, the run stops pulling within seconds and waits (CDC_DAGSTER_MYSQL_PAUSE_HOLD_S)
+    for the resume, on which the same run pulls again at once; with no hold left it ends
+    within seconds of the pause."""
     monkeypatch.setenv("CDC_DAGSTER_MYSQL_PULL_S", "120")
+    monkeypatch.setenv("CDC_DAGSTER_MYSQL_PAUSE_HOLD_S", "60")
     execute(mariadb, mydb, "CREATE TABLE t (id INT PRIMARY KEY, v INT)")
     root = tmp_path / "cl"
     _create(metastore, mariadb, mydb, root)
     tid = table_id(root, "t")
+
+    def ids() -> set[int]:
+        return {r["c1"] for r in changes(root, tid)}  # column 1: id
+
+    def within(seconds: float, cond) -> bool:  # type: ignore[no-untyped-def]
+        deadline = time.monotonic() + seconds
+        while not cond() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        return bool(cond())
+
     with dg.instance_for_test() as instance:
         (req,) = _pullers(_tick(defs, instance, None))
         assert req.tags["dagster/max_runtime"] == str(120 + 600)
@@ -159,10 +173,23 @@ def test_following_puller_run_stops_within_seconds_of_a_pause(
             time.sleep(0.5)
         assert changes(root, tid), "the following run wrote nothing in 60 s"
         metastore.changefeeds.pause("shop")
+        time.sleep(3.0)  # the run looks at its changefeed every second
+        execute(mariadb, mydb, "INSERT INTO t VALUES (1, 1)")  # written while paused
+        time.sleep(2.0)
+        assert 1 not in ids(), "a paused changefeed's run went on pulling"
+        assert runner.is_alive(), "the run ended at the pause instead of holding"
+        metastore.changefeeds.resume("shop")
+        assert within(5.0, lambda: 1 in ids()), "the held run did not pull again on resume"
+        assert runner.is_alive()  # the same run: no owner tick, no run launch
+        monkeypatch.setenv("CDC_DAGSTER_MYSQL_PAUSE_HOLD_S", "0")  # read at the next pause
+        metastore.changefeeds.pause("shop")
         paused = time.monotonic()
         runner.join(timeout=30)
         assert not runner.is_alive() and done[0].success
         assert time.monotonic() - paused < 5.0
+        logs = [e.user_message for e in instance.all_logs(done[0].run_id)]
+        assert any("waiting up to 60 s for `changefeed resume`" in m for m in logs), logs
+        assert any("resumed: pulling again" in m for m in logs), logs
 
 
 def test_remove_deletes_the_pullers_change_log_and_staging_unless_asked_to_keep_them(
