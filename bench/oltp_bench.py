@@ -62,6 +62,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from cdc_dagster.mysql.puller import pulling  # noqa: E402
 from cdc_dagster.testing.servers import PrivateMariaDB, PrivatePostgres  # noqa: E402
 from scheduler_core.ts import MAX_TS, physical_ms  # noqa: E402
 
@@ -628,18 +629,6 @@ def create_changefeed(run: Run, cf: str, target: Target) -> None:
     say(" / ".join(line.strip() for line in out.splitlines() if "snapshot " not in line))
 
 
-def no_puller_in_flight() -> bool:
-    """No mysql_puller run queued, starting or running (one read of the instance)."""
-    from dagster import DagsterInstance, DagsterRunStatus, RunsFilter
-
-    statuses = [DagsterRunStatus.QUEUED, DagsterRunStatus.NOT_STARTED,
-                DagsterRunStatus.STARTING, DagsterRunStatus.STARTED]  # fmt: skip
-    with DagsterInstance.get() as inst:
-        return not inst.get_run_records(
-            RunsFilter(job_name="mysql_puller", statuses=statuses), limit=1
-        )
-
-
 def load_phase(run: Run, markers: Markers, sampler: Sampler, fig: dict[str, Any]) -> tuple:
     """sysbench + markers until the first marker is readable, then warm-up and the window."""
     a = run.args
@@ -685,8 +674,12 @@ def backlog_phase(
 ) -> None:
     """Pause; sysbench for backlog_s into the binlog; resume; until the checkpoint passes it."""
     run.stack.cli("changefeed", "pause", "-c", cf)
-    waited = wait_for("the puller run to end after pause", no_puller_in_flight, 120, 1.0)
-    say(f"paused (puller run ended after {waited:.0f} s); queueing {run.args.backlog_s:.0f} s")
+    # Paused, the puller run stops reading at once (and holds for a resume:
+    # CDC_DAGSTER_MYSQL_PAUSE_HOLD_S); its lock on the change log goes with the reading.
+    root = sampler.changelog.root
+    waited = wait_for("the puller to stop pulling after pause", lambda: not pulling(root), 120,
+                      0.5)  # fmt: skip
+    say(f"paused (puller stopped after {waited:.0f} s); queueing {run.args.backlog_s:.0f} s")
     b0 = run.up.row_changes()
     run.up.run_load(run.args.backlog_s)
     last = markers.write()

@@ -71,7 +71,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from cdc_dagster.defs.mysql.snapshot_job import LOCAL_MAX_ROWS
 from cdc_dagster.mysql.changefeed import take_initial_snapshot
-from cdc_dagster.mysql.puller import Puller, PullerConfig
+from cdc_dagster.mysql.puller import Puller, PullerConfig, pulling
 from cdc_dagster.pipeline.engine import spark_session
 from cdc_dagster.pipeline.job import parallelism
 from cdc_dagster.runtime.spark import spark_executor_factory
@@ -430,22 +430,6 @@ def wait_for(cond: Any, timeout_s: float, what: str, poll_s: float = 0.25) -> fl
     return time.perf_counter() - t0
 
 
-def puller_running(root: Path) -> bool:
-    """Whether a puller holds the change log's puller lock."""
-    import fcntl
-
-    path = root / "puller" / "lock"
-    if not path.exists():
-        return False
-    with open(path, "a+") as f:
-        try:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return True
-        fcntl.flock(f, fcntl.LOCK_UN)
-    return False
-
-
 def snapshots_pending(root: Path) -> bool:
     from cdc_dagster.mysql.state import load_state
 
@@ -507,7 +491,7 @@ def stack_drain(
     say(f"[{cores} core(s)] initial snapshot replicated {time.perf_counter() - t0:.0f} s after "
         "the stack was up; pausing the changefeed")  # fmt: skip
     admin.pause_changefeed(ms, DRAIN_CF)
-    wait_for(lambda: not puller_running(root), 120, "the puller run to stop")
+    wait_for(lambda: not pulling(root), 120, "the puller to stop pulling")
     bare_root = work / "bare"
     shutil.copytree(root, bare_root)  # the bare puller drains the same backlog later
     before_backlog = ChangeLog(bare_root).ddl_resolved_ts()

@@ -552,6 +552,21 @@ class Puller:
         self.stats.position = self.state.gtid
 
 
+def pulling(root: str | Path) -> bool:
+    """Whether a puller holds the change log's puller lock at ``root`` (reads the binlog
+    into it now; a run holding through a pause does not)."""
+    path = Path(root) / "puller" / "lock"
+    if not path.exists():
+        return False
+    with open(path, "a+") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        fcntl.flock(f, fcntl.LOCK_UN)
+    return False
+
+
 def run_puller(
     config: PullerConfig, stop_after: float | Callable[[PullerStats], bool] | None = None
 ) -> PullerStats:
