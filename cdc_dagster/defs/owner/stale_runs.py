@@ -31,7 +31,6 @@ from collections.abc import Mapping
 import dagster as dg
 
 from cdc_dagster.defs.owner.plan import CAPTURE_JOB
-from cdc_dagster.services.run_launcher import WarmRunLauncher
 
 log = logging.getLogger(__name__)
 
@@ -110,8 +109,9 @@ def force_cancel_hung_runs(
             continue
         run = record.dagster_run
         capture = run.tags.get("dagster/partition", "?")
-        launcher = instance.run_launcher
-        warm = isinstance(launcher, WarmRunLauncher)
+        # WarmRunLauncher (cdc_dagster.services.run_launcher) can kill the run's worker
+        kill_worker = getattr(instance.run_launcher, "kill_worker", None)
+        warm = callable(kill_worker)
         instance.report_run_canceled(  # first: the worker's end then finds the run over
             run,
             message=(
@@ -120,7 +120,7 @@ def force_cancel_hung_runs(
                 "(the sink's fence refuses any late write of it)"
             ),
         )
-        killed = launcher.kill_worker(run) if warm else ""
+        killed = kill_worker(run) if kill_worker is not None else ""
         lines.append(
             f"capture {capture}: run {run.run_id} hung after termination; canceled"
             + (f", {killed}" if killed else "")

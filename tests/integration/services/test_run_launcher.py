@@ -42,7 +42,11 @@ def quick():
 def long():
     wait_long()
 
-defs = dg.Definitions(jobs=[quick, long])
+@dg.job(name="capture_tick", executor_def=dg.in_process_executor)
+def capture_like():
+    wait_long()
+
+defs = dg.Definitions(jobs=[quick, long, capture_like])
 """
 
 
@@ -248,3 +252,21 @@ def test_kill_worker_ends_a_frozen_worker_at_once(env):
     said = messages(instance, run_id)
     assert instance.get_run_by_id(run_id).status == dg.DagsterRunStatus.CANCELED
     assert sum("was killed" in m or m == "hung" for m in said) == 1, said
+
+
+def test_a_hung_capture_run_marked_canceled_by_the_owner_has_its_worker_killed(env):
+    from cdc_dagster.defs.owner.stale_runs import force_cancel_hung_runs
+
+    instance, repo, out, _ = env
+    run_id = launch(instance, repo, "capture_tick")
+    pid = wait_file(out / run_id)
+    os.kill(pid, signal.SIGSTOP)  # frozen: it never sees its cancellation
+    instance.report_run_canceling(instance.get_run_by_id(run_id))
+    (line,) = force_cancel_hung_runs(instance, grace_s=0)
+    assert line.endswith(f"canceled, run worker pid {pid} killed (SIGKILL)"), line
+    assert instance.get_run_by_id(run_id).status == dg.DagsterRunStatus.CANCELED
+    deadline = time.monotonic() + 10
+    tag = instance.get_run_by_id(run_id).tags[WORKER_TAG]
+    while worker_alive(tag) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not worker_alive(tag)
