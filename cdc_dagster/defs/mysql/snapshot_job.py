@@ -101,7 +101,8 @@ class ProgressWatch:
                 result["error"] = exc
 
         job = threading.Thread(target=go, name="snapshot-read", daemon=True)
-        job.start()
+        job.start()  # first: rendering every table's progress takes ~50 ms a table
+        self.poll()
         while job.is_alive():
             job.join(POLL_S)
             self.poll()
@@ -194,7 +195,6 @@ def build_snapshot_job(catalog: Catalog) -> dg.JobDefinition:
                              "Spark tasks" if config.use_spark and planned > config.local_max_rows
                              else "in this process")  # fmt: skip
             watch = ProgressWatch(context, catalog, config.changefeed_id, root)
-            watch.poll()
             started = time.monotonic()
             reads = watch.watch(lambda: _read(config, uri, root, spark, planned))
             rows, seconds = reads.rows, time.monotonic() - started
