@@ -68,14 +68,19 @@ class _Warm:
     started: float = field(default_factory=time.monotonic)
 
 
+def _stat(pid: int) -> list[str]:
+    """The fields of /proc/<pid>/stat after the command name ([] where unknown)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return []
+
+
 def worker_start_time(pid: int) -> str:
     """The process's start time (clock ticks since boot, from /proc) or "" where unknown:
     tells a pid reused by another process from the worker's."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return ""
-    return stat.rsplit(")", 1)[1].split()[19]
+    fields = _stat(pid)
+    return fields[19] if len(fields) > 19 else ""
 
 
 def worker_alive(tag: str) -> bool:
@@ -88,16 +93,10 @@ def worker_alive(tag: str) -> bool:
         return False
     except PermissionError:
         return True
-    if start and worker_start_time(pid) != start:
+    fields = _stat(pid)
+    if start and (len(fields) <= 19 or fields[19] != start):
         return False
-    return _state(pid) != "Z"
-
-
-def _state(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return ""
+    return not fields or fields[0] != "Z"  # a zombie has exited
 
 
 def exit_text(returncode: int) -> str:

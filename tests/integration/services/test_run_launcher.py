@@ -122,8 +122,8 @@ def wait_file(path: Path, timeout_s: float = 60.0) -> int:
 
 
 def wait_warm(launcher: WarmRunLauncher, timeout_s: float = 60.0) -> None:
-    """Until the pool's worker has done its imports (its process shows in /proc with the
-    modules loaded is not observable cheaply: wait for it to exist and give it time)."""
+    """Until the pool holds live idle workers (a run handed to one still mid-import waits in
+    its input pipe, so the run is warm either way)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         idle = [w for ws in launcher._pool.idle.values() for w in ws]
