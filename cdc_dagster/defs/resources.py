@@ -117,6 +117,17 @@ class SparkResource(LazyPySparkResource):
             remote or "local[2]", dict(self.spark_config), fresh=fresh
         )
 
+    def shared_session(self, name: str) -> Any:
+        """Spark Connect's session ``name``, shared with other runs asking for it (its Python
+        workers stay warm: ``pipeline.engine.shared_session``); in-process Spark: this
+        resource's session."""
+        from cdc_dagster.pipeline.engine import shared_session
+
+        remote = self.remote or Settings.from_env().spark_remote
+        if not remote.startswith("sc://"):
+            return self.live_session()
+        return shared_session(remote, name, dict(self.spark_config))
+
     def live_session(self) -> Any:
         """The session, built anew when the old one no longer answers (Spark Connect was
         restarted under a run that follows its mailbox: the old session is gone for good)."""

@@ -11,7 +11,9 @@ midway resumes at each range's first chunk not read (``snapshots.next_read``).
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import importlib
 import json
 import os
 import time
@@ -23,6 +25,18 @@ from cdc_dagster.mysql.state import load_state
 from cdc_dagster.pipeline.job import balance
 from cdc_dagster.secrets import resolve_uri
 from cdc_dagster.upstream.uri import parse_uri
+
+# The Spark Connect session snapshot runs share (``pipeline.engine.shared_session``).
+SNAPSHOT_SESSION = "cdc-dagster-snapshot"
+
+
+def warm_imports(batches: Any) -> Any:
+    """``mapInArrow`` body that warms a session's Python workers for chunk reads: unpickling
+    it imports this module (the chunk readers); connectorx's first read imports pandas
+    (~0.3 s), done here."""
+    with contextlib.suppress(ImportError):
+        importlib.import_module("pandas")
+    yield from batches
 
 
 def snapshot_specs(
@@ -112,4 +126,10 @@ def run_snapshot_reads(
     )
 
 
-__all__ = ["SnapshotReads", "run_snapshot_reads", "snapshot_specs"]
+__all__ = [
+    "SNAPSHOT_SESSION",
+    "SnapshotReads",
+    "run_snapshot_reads",
+    "snapshot_specs",
+    "warm_imports",
+]

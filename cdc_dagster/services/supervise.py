@@ -99,6 +99,9 @@ class Part:
     start_timeout_s: float = 180.0
     # Called with the dead handle before a relaunch (e.g. kill what is left of its group).
     before_restart: Callable[[Handle], None] | None = None
+    # Called each time the part becomes ready (first start and every restart; not when
+    # adopted running): work that needs it up, started without blocking the supervisor.
+    on_ready: Callable[[Handle], None] | None = None
 
 
 class PartState(Enum):
@@ -193,6 +196,8 @@ class Supervisor:
 
     def _ready(self, slot: Slot) -> None:
         slot.state = PartState.RUNNING
+        if slot.part.on_ready is not None and not slot.adopted:
+            slot.part.on_ready(slot.handle)  # type: ignore[arg-type]
         if slot.restarts:
             where = f" at {slot.part.address}" if slot.part.address else ""
             self.say(

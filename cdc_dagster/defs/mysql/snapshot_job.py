@@ -157,12 +157,14 @@ def _completed(p: Any) -> Any:
 
 
 def _read(config: SnapshotConfig, uri: str, root: str, spark: SparkResource, planned: int) -> Any:
-    from cdc_dagster.mysql.snapshot_runner import run_snapshot_reads
+    from cdc_dagster.mysql.snapshot_runner import SNAPSHOT_SESSION, run_snapshot_reads
     from cdc_dagster.pipeline.job import parallelism
 
-    # no Spark Connect session for a snapshot read here anyway (a client costs ~0.5 s)
+    # no Spark Connect session for a snapshot read here anyway (a client costs ~0.5 s); the
+    # session is the one every snapshot run shares: its Python workers imported the chunk
+    # readers in an earlier run (or at `server start`), not 2-5 s after this job began
     use = config.use_spark and planned > config.local_max_rows
-    session = spark.live_session() if use else None
+    session = spark.shared_session(SNAPSHOT_SESSION) if use else None
     tasks = config.tasks or (parallelism(session) if session is not None else 0)
     return run_snapshot_reads(uri, root, session, config.parallelism, config.chunk_rows, tasks,
                               config.client, config.local_max_rows)  # fmt: skip

@@ -99,3 +99,53 @@ def test_executor_scenarios_pass_over_spark_connect(connect_url: str, tmp_path: 
     )
     assert proc.returncode == 0, proc.stdout[-3000:]
     assert "4 passed" in proc.stdout
+
+
+_SHARED = r"""
+import json, os, sys
+import pyarrow as pa
+from cdc_dagster.pipeline.engine import shared_session
+
+def pids(batches):
+    for _ in batches:
+        pass
+    yield pa.RecordBatch.from_pylist([{"pid": os.getpid()}], schema=pa.schema([("pid", pa.int64())]))
+
+url, name, release = sys.argv[1], sys.argv[2], sys.argv[3] == "release"
+spark = shared_session(url, name)
+got = sorted(r.pid for r in spark.range(0, 2, 1, 2).mapInArrow(pids, "pid long").collect())
+sid = spark.client._session_id
+if release:
+    spark.client.release_session()  # as a `stop()` of an unshared session would
+spark.stop()
+print(json.dumps({"session": sid, "pids": got}))
+"""
+
+
+def _shared(url: str, name: str, release: bool = False) -> dict:
+    import json
+
+    proc = subprocess.run(
+        [sys.executable, "-c", _SHARED, url, name, "release" if release else "keep"],
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.slow
+def test_a_shared_session_keeps_its_python_workers_between_processes(connect_url: str) -> None:
+    """Two processes asking for one shared session run on the same Python workers (no new
+    daemon, no imports again); its `stop()` does not release it. Once released on the server
+    (gone for good there), the name gets a session again, under the next id."""
+    first = _shared(connect_url, "test-shared")
+    second = _shared(connect_url, "test-shared", release=True)
+    assert second == first
+    third = _shared(connect_url, "test-shared")
+    assert third["session"] != first["session"]
+    assert third["pids"] != first["pids"]  # a new session: new workers
+    assert _shared(connect_url, "test-shared")["session"] == third["session"]
+    assert _shared(connect_url, "test-other")["session"] not in (first["session"], third["session"])

@@ -265,3 +265,39 @@ def test_what_a_dead_part_left_running_is_kept_and_stopped_at_shutdown(tmp_path:
     assert [s.pid for s in sup.leftovers] == [worker]
     sup.shutdown(grace_s=0.5)
     assert not procs.pid_alive(worker)
+
+
+def test_on_ready_is_called_at_each_start_of_a_part_not_when_adopted(tmp_path: Path) -> None:
+    """``Part.on_ready`` (the stack warms Spark Connect's snapshot session with it) runs when
+    the part is first ready and again after each restart; an adopted part was warmed by the
+    supervisor that started it."""
+    called: list[int] = []
+    clock = Clock()
+    sup = Supervisor(lambda _: None, Backoff(initial_s=1, factor=2, max_s=4), clock=clock)
+    sup.add(sh_part("warm", "sleep 1000", tmp_path, on_ready=lambda h: called.append(h.pid)))
+    sup.start(threading.Event())
+    try:
+        first = sup.slots["warm"].handle
+        assert called == [first.pid]  # type: ignore[union-attr]
+        os.kill(first.pid, signal.SIGKILL)  # type: ignore[union-attr]
+        wait_for(lambda: first.exit_note() is not None)  # type: ignore[union-attr]
+        sup.step()
+        clock.now = sup.slots["warm"].due
+        sup.step()
+        sup.step()
+        again = sup.slots["warm"].handle
+        assert sup.slots["warm"].state is PartState.RUNNING
+        assert called == [first.pid, again.pid]  # type: ignore[union-attr]
+    finally:
+        sup.shutdown(grace_s=1.0)
+    adopter = Supervisor(lambda _: None, Backoff(initial_s=1, factor=2, max_s=4), clock=clock)
+    part = sh_part("warm", "sleep 1000", tmp_path, on_ready=lambda h: called.append(-1))
+    proc = procs.launch("warm", ["sh", "-c", "sleep 1000"], tmp_path / "a.log", os.environ)
+    adopter.add(part)
+    adopter.adopt("warm", ProcessHandle(proc))
+    adopter.start(threading.Event())
+    try:
+        adopter.step()
+        assert -1 not in called
+    finally:
+        adopter.shutdown(grace_s=1.0)
