@@ -34,17 +34,23 @@ captures. For each Spark core count:
     same chunk size, with the snapshot's own client (connectorx where it reads), spread
     over the same number of Spark tasks on the stack's Spark Connect server (or, below the
     snapshot job's ``local_max_rows``, in one process as the job then reads), into Parquet
-    (no snapshot positions, metadata lock, catalog check or puller). The Spark Connect
-    server's first Python jobs are run before either is timed.
+    (no snapshot positions, metadata lock, catalog check or puller), twice: while the same
+    stream (sysbench at ``--lag-rate``) is sunk by the stack, as the snapshot was (like for
+    like: on a small machine that stream's Delta MERGEs take much of the CPU), and on the
+    idle stack. The bench's Spark Connect session runs its first Python jobs before the
+    bare reads are timed; the snapshot runs' own shared session was warmed by ``server
+    start``. The snapshot's reads run at a lower CPU priority than the stream's captures
+    (``chunk_reader.SNAPSHOT_NICE``); the bare reads do not.
 
 ``--in-process`` adds the older figures (the in-process driver on ``local[N]``, the snapshot
 runner in this process) as extra rows. ``--keep`` keeps the work directory (the stack's
 Dagster event logs: where the seconds went).
 
 It ends with one line: ``drain_rows_per_s=... drain_ratio=... drain_after_first_rows_per_s=...
-snapshot_rows_per_s=... snapshot_ratio=...`` (drain_ratio: the drain's rate over the bare
-puller's; snapshot_ratio: the snapshot's rate over a bare parallel chunked read of the same
-tables into Parquet).
+snapshot_rows_per_s=... snapshot_ratio=... snapshot_ratio_idle=...`` (drain_ratio: the
+drain's rate over the bare puller's; snapshot_ratio: the snapshot's rate over the bare
+parallel chunked read of the same tables into Parquet while the same stream is sunk;
+snapshot_ratio_idle: over the bare read on the idle stack).
 """
 
 from __future__ import annotations
@@ -84,6 +90,7 @@ from cdc_dagster.upstream.oracle import fingerprint
 from scheduler_core.ts import MAX_TS
 
 DB = "sbtest"
+STREAM_SETTLE_S = 5.0  # a stream started: the captures sink it this long before a measurement
 
 
 def say(msg: str) -> None:
@@ -98,15 +105,31 @@ class Sizes:
     threads: int
 
 
-def sysbench(my: PrivateMariaDB, sizes: Sizes, command: str, *extra: str) -> str:
-    """Run sysbench oltp_read_write against the private MariaDB; its output."""
-    args = [
+def _sysbench_args(my: PrivateMariaDB, sizes: Sizes, command: str, *extra: str) -> list[str]:
+    return [
         "sysbench", "oltp_read_write", "--db-driver=mysql", "--mysql-host=127.0.0.1",
         f"--mysql-port={my.port}", "--mysql-user=root", f"--mysql-db={DB}",
         f"--tables={sizes.tables}", f"--table-size={sizes.table_size}", *extra, command,
     ]  # fmt: skip
-    out = subprocess.run(args, capture_output=True, text=True, check=True)
-    return out.stdout
+
+
+def sysbench(my: PrivateMariaDB, sizes: Sizes, command: str, *extra: str) -> str:
+    """Run sysbench oltp_read_write against the private MariaDB; its output."""
+    args = _sysbench_args(my, sizes, command, *extra)
+    return subprocess.run(args, capture_output=True, text=True, check=True).stdout
+
+
+def under_stream(my: PrivateMariaDB, sizes: Sizes, rate: int, fn: Any) -> Any:
+    """``fn()`` while sysbench writes at ``rate`` txn/s (the stream the lag is watched on, so
+    the stack's captures sink it meanwhile, as during the snapshot); its result."""
+    args = _sysbench_args(my, sizes, "run", "--threads=2", f"--rate={rate}", "--time=3600")
+    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        time.sleep(STREAM_SETTLE_S)
+        return fn()
+    finally:
+        proc.terminate()
+        proc.wait(30)
 
 
 def gtid_now(my: PrivateMariaDB) -> str:
@@ -700,6 +723,10 @@ def stack_snapshot(
         f"{k} {v:.1f} s" for k, v in breakdown.items()))  # fmt: skip
     try:
         bare_s = _bare_read(spark, uri, work, pieces, tables * rows, parallelism(spark), local)
+        # ... and again while the stream the snapshot ran beside is sunk (like for like)
+        shutil.rmtree(work / "bare", ignore_errors=True)
+        bare_stream_s = under_stream(my, sizes, rate, lambda: _bare_read(
+            spark, uri, work, pieces, tables * rows, parallelism(spark), local))  # fmt: skip
     finally:
         # Release the Connect session while its server is up: a session left open kept the
         # client's release threads retrying after the stack stopped, and the bench never
@@ -712,7 +739,8 @@ def stack_snapshot(
         f"{q['p90']:.1f}/{q['max']:.1f} s, during it {b['p50']:.1f}/{b['p90']:.1f}/{b['max']:.1f} s")  # fmt: skip
     return {"cores": cores, "tables": tables, "rows": n,
             "snapshot_rows_per_s": n / times["placed"], "readable_rows_per_s": n / times["readable"],
-            "bare_read_rows_per_s": n / bare_s, "ranges": len(pieces),
+            "bare_read_rows_per_s": n / bare_s, "bare_read_stream_rows_per_s": n / bare_stream_s,
+            "ranges": len(pieces),
             "lag_p50_quiet": q["p50"], "lag_max_quiet": q["max"],
             "lag_p50_snapshot": b["p50"], "lag_max_snapshot": b["max"],
             "breakdown": breakdown}  # fmt: skip
@@ -845,13 +873,19 @@ def main() -> int:
     return 0
 
 
+def _bare_stream(r: dict[str, Any]) -> float:
+    """The like-for-like baseline: the bare read while the same stream is sunk (the
+    in-process rows have no stream: their bare read)."""
+    return float(r.get("bare_read_stream_rows_per_s") or r["bare_read_rows_per_s"])
+
+
 def _report(results: list[dict[str, Any]], snaps: list[dict[str, Any]], final: bool = True) -> None:
     """Tables of the figures; with ``final``, the closing machine-readable line."""
     print()
     if snaps:
         print(f"{'cores':>5} {'tables':>6} {'rows':>9} {'snapshot/s':>11} {'readable/s':>11} "
-              f"{'bare read/s':>12} {'ratio':>6} {'lag p50/max quiet':>18} "
-              f"{'lag p50/max snap':>17}")  # fmt: skip
+              f"{'bare+stream/s':>13} {'ratio':>6} {'bare idle/s':>12} {'ratio':>6} "
+              f"{'lag p50/max quiet':>18} {'lag p50/max snap':>17}")  # fmt: skip
         for r in snaps:
             lag = (
                 f"{r.get('lag_p50_quiet', 0):.1f}/{r.get('lag_max_quiet', 0):.1f}",
@@ -859,6 +893,7 @@ def _report(results: list[dict[str, Any]], snaps: list[dict[str, Any]], final: b
             )
             print(f"{r['cores']:>5} {r['tables']:>6} {r['rows']:>9} "
                   f"{r['snapshot_rows_per_s']:>11.0f} {r.get('readable_rows_per_s', 0):>11.0f} "
+                  f"{_bare_stream(r):>13.0f} {r['snapshot_rows_per_s'] / _bare_stream(r):>6.2f} "
                   f"{r['bare_read_rows_per_s']:>12.0f} "
                   f"{r['snapshot_rows_per_s'] / r['bare_read_rows_per_s']:>6.2f} "
                   f"{lag[0]:>18} {lag[1]:>17}")  # fmt: skip
@@ -867,6 +902,7 @@ def _report(results: list[dict[str, Any]], snaps: list[dict[str, Any]], final: b
     if snaps:
         best = max(snaps, key=lambda r: r["snapshot_rows_per_s"])
         line = (f" snapshot_rows_per_s={best['snapshot_rows_per_s']:.0f} snapshot_ratio="
+                f"{best['snapshot_rows_per_s'] / _bare_stream(best):.2f} snapshot_ratio_idle="
                 f"{best['snapshot_rows_per_s'] / best['bare_read_rows_per_s']:.2f}")  # fmt: skip
     if results:
         print(f"{'cores':>5} {'changes':>8} {'drain/s':>9} {'after 1st/s':>11} {'puller/s':>9} "

@@ -20,7 +20,13 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from cdc_dagster.mysql.chunk_reader import RESULT_DDL, plan_tables, read_group, read_groups
+from cdc_dagster.mysql.chunk_reader import (
+    RESULT_DDL,
+    plan_tables,
+    read_group,
+    read_groups,
+    yield_cpu,
+)
 from cdc_dagster.mysql.state import load_state
 from cdc_dagster.pipeline.job import balance
 from cdc_dagster.secrets import resolve_uri
@@ -33,7 +39,8 @@ SNAPSHOT_SESSION = "cdc-dagster-snapshot"
 def warm_imports(batches: Any) -> Any:
     """``mapInArrow`` body that warms a session's Python workers for chunk reads: unpickling
     it imports this module (the chunk readers); connectorx's first read imports pandas
-    (~0.3 s), done here."""
+    (~0.3 s), done here; and the workers take the readers' CPU priority."""
+    yield_cpu()
     with contextlib.suppress(ImportError):
         importlib.import_module("pandas")
     yield from batches
