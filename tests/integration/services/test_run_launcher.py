@@ -34,9 +34,23 @@ def wait_long(context):
     for _ in range(600):
         time.sleep(0.1)
 
+@dg.op
+def note_nice(context):
+    import threading
+    seen = []
+    t = threading.Thread(target=lambda: seen.append(os.getpriority(os.PRIO_PROCESS, 0)))
+    t.start(); t.join()
+    Path(os.environ["LAUNCHER_TEST_DIR"], context.run_id + ".nice").write_text(
+        f"{os.getpriority(os.PRIO_PROCESS, 0)} {seen[0]}")
+    Path(os.environ["LAUNCHER_TEST_DIR"], context.run_id).write_text(str(os.getpid()))
+
 @dg.job(executor_def=dg.in_process_executor)
 def quick():
     note_pid()
+
+@dg.job(executor_def=dg.in_process_executor)
+def nice():
+    note_nice()
 
 @dg.job(executor_def=dg.in_process_executor)
 def long():
@@ -46,7 +60,7 @@ def long():
 def capture_like():
     wait_long()
 
-defs = dg.Definitions(jobs=[quick, long, capture_like])
+defs = dg.Definitions(jobs=[quick, nice, long, capture_like])
 """
 
 
@@ -270,3 +284,28 @@ def test_a_hung_capture_run_marked_canceled_by_the_owner_has_its_worker_killed(e
     while worker_alive(tag) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not worker_alive(tag)
+
+
+def test_a_warm_worker_imports_at_a_lower_priority_and_runs_at_its_own(env):
+    """Workers refilling the pool import at niceness ``PRELOAD_NICE`` (beside the runs
+    going); the run they take runs, every thread of it, at the daemon's niceness."""
+    from cdc_dagster.services.run_worker import PRELOAD_NICE, lower_priority, restore_priority
+
+    base = os.getpriority(os.PRIO_PROCESS, 0)
+    probe = lower_priority()  # what a worker may do here (root, or RLIMIT_NICE)
+    restore_priority(probe)
+    if probe is None:
+        pytest.skip("this user may not raise a priority back: workers import at their own")
+    instance, repo, out, _ = env
+    assert wait_status(instance, launch(instance, repo, "quick")).is_success
+    wait_warm(instance.run_launcher)
+    idle = [w for ws in instance.run_launcher._pool.idle.values() for w in ws]
+    deadline = time.monotonic() + 30
+    while os.getpriority(os.PRIO_PROCESS, idle[0].proc.pid) != PRELOAD_NICE:
+        assert time.monotonic() < deadline, "the idle worker was not niced"
+        time.sleep(0.05)
+    run_id = launch(instance, repo, "nice")
+    assert wait_status(instance, run_id).is_success
+    assert "warm" in worker_line(instance, run_id)
+    assert wait_file(out / run_id) == idle[0].proc.pid
+    assert (out / f"{run_id}.nice").read_text() == f"{base} {base}"
