@@ -287,11 +287,12 @@ def _snapshot_tables(my: Any, prefix: str, tables: int, rows: int) -> None:
     c.close()
 
 
-def _settle(my: Any, drain_root: Path, rows: int, cores: int) -> None:
+def _settle(my: Any, ms: Any, tables: int, drain_root: Path, rows: int, cores: int) -> None:
     """Wait until the drain changefeed's puller is past the binlog of the tables just
-    filled (it reads every event and skips those of tables it does not replicate): else
-    the lag watched "without a snapshot" is that catch-up's, and the snapshot competes
-    with it for the CPU. A change to a replicated table marks where the filling ended."""
+    filled (it reads every event and skips those of tables it does not replicate) and its
+    tables are readable there (filling them took the CPU from its captures): else the lag
+    watched "without a snapshot" is that catch-up's, and the snapshot competes with it for
+    the CPU. A change to a replicated table marks where the filling ended."""
     from cdc_dagster.mysql.state import load_state
 
     c = my.connect(database=DB)
@@ -302,8 +303,12 @@ def _settle(my: Any, drain_root: Path, rows: int, cores: int) -> None:
     mark = gtid_now(my)
     waited = wait_for(lambda: (s := load_state(drain_root)) is not None and s.gtid == mark,
                       900, "the drain puller to pass the filled tables' binlog")  # fmt: skip
+    at = load_state(drain_root).last_ts
+    readable = wait_for(lambda: readable_ts(ms, DRAIN_CF, tables) >= at, 900,
+                        "the drain changefeed readable past the filling")  # fmt: skip
     say(f"[{cores} core(s)] the drain changefeed's puller passed the {rows} rows' binlog "
-        f"(not replicated by it) {waited:.1f} s after they were written")  # fmt: skip
+        f"(not replicated by it) {waited:.1f} s after they were written, its tables readable "
+        f"there {readable:.1f} s later")  # fmt: skip
 
 
 def _bare_read(
@@ -671,7 +676,7 @@ def stack_snapshot(
     work = base / f"stack-{cores}"
     prefix = f"snap{cores}x{tables}x{rows}_"
     _snapshot_tables(my, prefix, tables, rows)
-    _settle(my, work / "changelog-drain", tables * rows, cores)
+    _settle(my, ms, sizes.tables, work / "changelog-drain", tables * rows, cores)
     say(f"[{cores} core(s)] stream lag without a snapshot ({rate} txn/s for {lag_s} s)")
     quiet = LagSampler(ms, my, sizes, rate)
     quiet.run(lag_s)
