@@ -77,6 +77,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from cdc_dagster.defs.mysql.snapshot_job import LOCAL_MAX_ROWS
 from cdc_dagster.mysql.changefeed import take_initial_snapshot
+from cdc_dagster.mysql.chunk_reader import CHUNK_ROWS
 from cdc_dagster.mysql.puller import Puller, PullerConfig, pulling
 from cdc_dagster.pipeline.engine import spark_session
 from cdc_dagster.pipeline.job import parallelism
@@ -315,7 +316,7 @@ def _bare_read(
     spark: Any, uri: str, work: Path, pieces: list[tuple], expect: int, tasks: int,
     local: bool = False,
 ) -> float:  # fmt: skip
-    """The bare baseline: each (name, schema, lo, hi, weight) key range read in 50,000-row
+    """The bare baseline: each (name, schema, lo, hi, weight) key range read in ``CHUNK_ROWS``-row
     keyset chunks into Parquet by the snapshot's own chunk client (connectorx where the
     snapshot uses it), the ranges spread over ``tasks`` Spark tasks as the snapshot job
     spreads them -- or, ``local`` (where the snapshot job reads without a Spark job), one
@@ -328,7 +329,7 @@ def _bare_read(
         out = work / "bare" / name
         out.parent.mkdir(parents=True, exist_ok=True)
         specs.append({"uri": uri, "schema": schema.to_json(), "lo": lo, "hi": hi,
-                      "chunk": 50_000, "out": str(out), "weight": weight})  # fmt: skip
+                      "chunk": CHUNK_ROWS, "out": str(out), "weight": weight})  # fmt: skip
     groups = [json.dumps(g) for g in balance(specs, max(1, min(tasks, len(specs))))]
     t0 = time.perf_counter()
     if local:
@@ -396,7 +397,7 @@ def snapshot_in_process(
     )
     proc.start()
     try:
-        specs = snapshot_specs(uri, str(root), cores * 2, 50_000)  # plans, before the clock
+        specs = snapshot_specs(uri, str(root), cores * 2, CHUNK_ROWS)  # plans, before the clock
         ranges = {  # kept: a table's plan goes once its snapshot is complete
             (sp["table_id"], sp["range"]): read_plan(root, sp["table_id"], sp["generation"]).ranges[
                 sp["range"]
@@ -405,7 +406,7 @@ def snapshot_in_process(
         }
         tasks = parallelism(spark)
         t0 = time.perf_counter()
-        run_snapshot_reads(uri, str(root), spark, cores * 2, 50_000, tasks)
+        run_snapshot_reads(uri, str(root), spark, cores * 2, CHUNK_ROWS, tasks)
         read_s = time.perf_counter() - t0
         while load_state(root).snapshots:
             time.sleep(0.1)
@@ -441,7 +442,7 @@ def _snapshot_now(uri: str, root: Path, spark: Any, cores: int, flt: tuple[str, 
     )
     proc.start()
     try:
-        run_snapshot_reads(uri, str(root), spark, cores * 2, 50_000, parallelism(spark))
+        run_snapshot_reads(uri, str(root), spark, cores * 2, CHUNK_ROWS, parallelism(spark))
         while load_state(root).snapshots:
             time.sleep(0.1)
     finally:
@@ -715,7 +716,7 @@ def stack_snapshot(
     from pyspark.sql import SparkSession
 
     spark = SparkSession.builder.remote(spark_remote).getOrCreate()
-    plans = {tid: plan_table(parse_uri(uri), str(root), tid, 999_999, 4, 50_000)
+    plans = {tid: plan_table(parse_uri(uri), str(root), tid, 999_999, 4, CHUNK_ROWS)
              for tid in sorted(state.tables)}  # fmt: skip
     pieces = [
         (f"{cf}-{tid}-{r}", log.schema_at(tid, MAX_TS), lo, hi, p.rows // len(p.ranges))

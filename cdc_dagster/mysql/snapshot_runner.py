@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cdc_dagster.mysql.chunk_reader import (
+    CHUNK_ROWS,
     RESULT_DDL,
     plan_tables,
     read_group,
@@ -95,7 +96,7 @@ def run_snapshot_reads(
     root: str,
     spark: Any = None,
     parallelism: int = 2,
-    chunk_rows: int = 50_000,
+    chunk_rows: int = CHUNK_ROWS,
     tasks: int = 0,
     client: str = "auto",
     local_max_rows: int = 0,

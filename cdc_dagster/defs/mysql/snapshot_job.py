@@ -45,7 +45,7 @@ class SnapshotConfig(dg.Config):
 
     changefeed_id: str
     parallelism: int = 4  # key ranges per table (read in parallel)
-    chunk_rows: int = 50_000
+    chunk_rows: int = 200_000  # cdc_dagster.mysql.chunk_reader.CHUNK_ROWS (not imported here)
     tasks: int = 0  # Spark tasks the ranges are spread over (0: the session's task slots)
     client: str = "auto"  # chunk reads: auto (connectorx where it can), arrow, rows (pymysql)
     # snapshots of at most this many planned rows are read in the run's process (no job)
