@@ -51,6 +51,7 @@ RESULT = pa.schema([("table_id", pa.int64()), ("range", pa.int64()), ("rows", pa
 RESULT_DDL = "table_id long, range long, rows long, task long, began double, ended double"
 SCHEMA_WAIT_S = 60.0  # a DDL the puller has not written yet: wait this long for it
 EXACT_COUNT_BELOW = 1_000_000  # tables InnoDB estimates larger are planned on the estimate
+EXACT_COUNT_SMALL = 20_000  # ... and those it estimates smaller are counted (a few ms)
 # Rows per chunk. Each chunk's snapshot position costs MariaDB a BINLOG_GTID_POS, which
 # reads the binlog file from its start to the snapshot's offset: 0.26 s at 848 MB into a
 # file, 0.44 s at 1.08 GB, 4.4 s at 2.85 GB (one transaction larger than max_binlog_size),
@@ -307,7 +308,7 @@ def _plan(
     """One table's plan. The row count sizes the ranges and the progress shown (chunks
     done / total). An exact ``COUNT(*)`` scans the table (5 s for 10M rows here; 100 tables
     of 100k rows took 4.5 s to plan with one each), so it is made only where InnoDB's
-    estimate is small (a chunk: it costs nothing then) or doubtful: below a million rows
+    estimate is small (under ``EXACT_COUNT_SMALL``: a few ms) or doubtful: below a million rows
     and, for an integer key, under half the key's span (statistics not yet updated after
     a bulk load); else the estimate counts, at most the key's span."""
     ranges: list[tuple[Key, Key]] = [(None, None)]
@@ -323,7 +324,7 @@ def _plan(
         span = hi - lo + 1 if lo is not None else 0
         count = min(estimate, span) if span else estimate
         doubtful = estimate < EXACT_COUNT_BELOW and (not split or span > 2 * estimate)
-        if estimate < chunk_rows or doubtful:
+        if estimate < EXACT_COUNT_SMALL or doubtful:
             cur.execute(f"SELECT COUNT(*) FROM {table}")
             count = int(cur.fetchone()[0])
     n = min(parallelism, max(1, (count or 0) // chunk_rows))

@@ -162,16 +162,16 @@ def test_plans_count_rows_only_where_the_estimate_is_small_or_doubtful(
     mariadb, mydb, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Planning many tables must not scan each (100 x 100k rows took 4.5 s with a COUNT(*)
-    each): InnoDB's estimate sizes a table's ranges unless it is a chunk or less (the count
-    is then free) or looks stale (under half the integer key's span: the statistics of a
+    each): InnoDB's estimate sizes a table's ranges unless it is small (``EXACT_COUNT_SMALL``:
+    the count costs a few ms) or looks stale (under half the integer key's span: the statistics of a
     bulk load not updated yet), and it is never taken above the key's span."""
     import cdc_dagster.mysql.chunk_reader as chunk_reader
 
     execute(mariadb, mydb,
             "CREATE TABLE dense (id INT PRIMARY KEY, v INT)",
-            "INSERT INTO dense SELECT seq, seq FROM seq_1_to_6000",
+            "INSERT INTO dense SELECT seq, seq FROM seq_1_to_30000",
             "CREATE TABLE sparse (id INT PRIMARY KEY, v INT)",
-            "INSERT INTO sparse SELECT seq * 20, seq FROM seq_1_to_600",
+            "INSERT INTO sparse SELECT seq * 20, seq FROM seq_1_to_25000",
             "CREATE TABLE tiny (id INT PRIMARY KEY, v INT)",
             "INSERT INTO tiny SELECT seq, seq FROM seq_1_to_50",
             "ANALYZE TABLE dense, sparse, tiny")  # fmt: skip
@@ -203,10 +203,10 @@ def test_plans_count_rows_only_where_the_estimate_is_small_or_doubtful(
     monkeypatch.setattr(chunk_reader, "connect", spying)
     state = load_state(root)
     plans = chunk_reader.plan_tables(
-        parse_uri(cfg.upstream_uri), str(root), state.snapshots, parallelism=4, chunk_rows=500
+        parse_uri(cfg.upstream_uri), str(root), state.snapshots, parallelism=4, chunk_rows=5000
     )
     by_name = {name: plans[table_id(root, name)] for name in ("dense", "sparse", "tiny")}
-    assert sorted(counted) == ["sparse", "tiny"]  # doubtful (span 12000 > 2 x 600), a chunk
-    assert by_name["sparse"].rows == 600 and by_name["tiny"].rows == 50
-    assert 3000 <= by_name["dense"].rows <= 6000  # the estimate, at most the key's span
+    assert sorted(counted) == ["sparse", "tiny"]  # doubtful (span 500k > 2 x 25k), small
+    assert by_name["sparse"].rows == 25000 and by_name["tiny"].rows == 50
+    assert 15000 <= by_name["dense"].rows <= 30000  # the estimate, at most the key's span
     assert len(by_name["dense"].ranges) == 4 and len(by_name["tiny"].ranges) == 1
