@@ -69,6 +69,9 @@ SPARK, CODE, DAEMON, WEB, ETCD, GENERATOR = (
 DAGSTER_PARTS = (CODE, DAEMON, WEB)
 
 
+WARM_TIMEOUT_S = 300.0  # the snapshot session's warm-up at start is given up after this
+
+
 def say(message: str) -> None:
     """One progress line."""
     print(f"[cdc-dagster] {message}", flush=True)
@@ -121,25 +124,45 @@ def spark_connect_part(state_dir: Path, port: int) -> Part:
     )
 
 
-def _warm_snapshot_session(remote: str) -> None:
-    """In a thread: the snapshot runs' shared Spark session, its Python workers started and
-    their imports done, so a first snapshot's reads start at once (not 2-5 s into its job)."""
+def warm_snapshot_session(remote: str) -> None:
+    """The snapshot runs' shared Spark session on ``remote``: its Python workers started and
+    their imports done (``mysql.snapshot_runner.warm_imports``), so a first snapshot's reads
+    start at once, not 2-5 s into its job."""
     from cdc_dagster.mysql.snapshot_runner import SNAPSHOT_SESSION, warm_imports
     from cdc_dagster.pipeline.engine import shared_session
     from cdc_dagster.pipeline.job import parallelism
 
+    spark = shared_session(remote, SNAPSHOT_SESSION)
+    try:
+        n = parallelism(spark)  # the task slots a snapshot's reads spread over
+        spark.range(0, n, 1, n).mapInArrow(warm_imports, "id long").collect()
+    finally:
+        spark.stop()  # closes this client only: the session is shared
+
+
+_WARM = (
+    "import sys; from cdc_dagster.services.stack import warm_snapshot_session as w; w(sys.argv[1])"
+)
+
+
+def _warm_snapshot_session(remote: str) -> None:
+    """``warm_snapshot_session`` in a process of its own (a Spark Connect client switches
+    PySpark into Connect mode for its whole process: a local session there fails after it),
+    waited for in a thread; its outcome goes to the stack's log."""
+
     def warm() -> None:
         started = time.monotonic()
         try:
-            spark = shared_session(remote, SNAPSHOT_SESSION)
-            try:
-                n = parallelism(spark)  # the task slots a snapshot's reads spread over
-                spark.range(0, n, 1, n).mapInArrow(warm_imports, "id long").collect()
-            finally:
-                spark.stop()  # closes this client only: the session is shared
+            done = subprocess.run([sys.executable, "-c", _WARM, remote], capture_output=True,
+                                  text=True, timeout=WARM_TIMEOUT_S, check=False)  # fmt: skip
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            say(f"spark-connect: snapshot session not warmed ({exc})")
+            return
+        if done.returncode == 0:
             say(f"spark-connect: snapshot session warmed in {time.monotonic() - started:.1f}s")
-        except Exception as exc:  # a snapshot then warms it itself
-            say(f"spark-connect: snapshot session not warmed ({' '.join(str(exc).split())[:300]})")
+        else:  # a snapshot then warms it itself
+            last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+            say(f"spark-connect: snapshot session not warmed ({' '.join(last.split())[:300]})")
 
     threading.Thread(target=warm, name="warm-snapshot-session", daemon=True).start()
 

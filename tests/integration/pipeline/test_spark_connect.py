@@ -149,3 +149,34 @@ def test_a_shared_session_keeps_its_python_workers_between_processes(connect_url
     assert third["pids"] != first["pids"]  # a new session: new workers
     assert _shared(connect_url, "test-shared")["session"] == third["session"]
     assert _shared(connect_url, "test-other")["session"] not in (first["session"], third["session"])
+
+
+@pytest.mark.slow
+def test_server_start_warms_the_snapshot_session_out_of_this_process(
+    connect_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The stack warms the snapshot runs' shared session when Spark Connect is ready, in a
+    process of its own (a Connect client in this process would switch PySpark into Connect
+    mode here: local sessions made after it fail with CONNECT_URL_NOT_SET). Its workers have
+    then taken the snapshot readers' priority; a remote it cannot use is logged, not raised."""
+    from cdc_dagster.mysql.chunk_reader import SNAPSHOT_NICE
+    from cdc_dagster.mysql.snapshot_runner import SNAPSHOT_SESSION
+    from cdc_dagster.services import stack
+
+    lines: list[str] = []
+    monkeypatch.setattr(stack, "say", lines.append)
+    mode = os.environ.get("SPARK_CONNECT_MODE_ENABLED")
+    for remote in (connect_url, "sc://nohost:notaport"):
+        stack._warm_snapshot_session(remote)
+        deadline = time.monotonic() + 240
+        while not any(line.startswith("spark-connect: snapshot session") for line in lines):
+            assert time.monotonic() < deadline, "no word of the warm-up"
+            time.sleep(0.2)
+        if remote == connect_url:
+            assert lines[-1].startswith("spark-connect: snapshot session warmed in"), lines
+            pids = _shared(connect_url, SNAPSHOT_SESSION)["pids"]
+            assert {os.getpriority(os.PRIO_PROCESS, p) for p in pids} == {SNAPSHOT_NICE}
+        else:
+            assert lines[-1].startswith("spark-connect: snapshot session not warmed ("), lines
+        lines.clear()
+    assert os.environ.get("SPARK_CONNECT_MODE_ENABLED") == mode
