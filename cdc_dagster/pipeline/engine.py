@@ -10,7 +10,7 @@ import os
 import sys
 import uuid
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -48,18 +48,15 @@ def spark_session(
     from pyspark.sql import SparkSession
 
     master = master or "local[*]"
-    settings = {**DEFAULT_CONF, **(conf or {})}
     if master.startswith("sc://"):
-        builder = SparkSession.builder.remote(master)
-        # Static settings belong to the server; only session-level SQL settings apply.
-        settings = {k: v for k, v in settings.items() if k.startswith("spark.sql.")}
+        builder = _connect_builder(master, conf)
     else:
         builder = SparkSession.builder.master(master).appName(app_name)
         # Workers run this interpreter (its packages), not whatever python3 is on PATH;
         # PySpark reads only the environment variable for this.
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    for key, value in settings.items():
-        builder = builder.config(key, value)
+        for key, value in {**DEFAULT_CONF, **(conf or {})}.items():
+            builder = builder.config(key, value)
     if fresh and master.startswith("sc://"):
         return builder.create()
     return builder.getOrCreate()
@@ -78,16 +75,10 @@ def shared_session(remote: str, name: str, conf: Mapping[str, str] | None = None
     first process that asks and attached to by the next ones; its Python workers stay warm
     between runs. ``stop()`` on it only closes this client: it is never released. A name
     whose sessions were all closed on the server gets a fresh, unnamed session."""
-    from pyspark.sql import SparkSession
-
-    settings = {k: v for k, v in {**DEFAULT_CONF, **(conf or {})}.items()
-                if k.startswith("spark.sql.")}  # fmt: skip
     sep = ";" if ";" in remote else "/;"
     for slot in range(_SHARED_SLOTS):
         sid = uuid.uuid5(_SHARED_NS, f"{name}:{slot}")
-        builder = SparkSession.builder.remote(f"{remote.rstrip('/')}{sep}session_id={sid}")
-        for key, value in settings.items():
-            builder = builder.config(key, value)
+        builder = _connect_builder(f"{remote.rstrip('/')}{sep}session_id={sid}", conf)
         try:
             session = builder.create()
             session.release_session_on_close = False
@@ -97,6 +88,18 @@ def shared_session(remote: str, name: str, conf: Mapping[str, str] | None = None
             if "SESSION_CLOSED" not in str(exc):
                 raise
     return spark_session(remote, conf=conf, fresh=True)
+
+
+def _connect_builder(url: str, conf: Mapping[str, str] | None) -> Any:
+    """A Spark Connect builder for ``url`` with the session-level SQL settings of the
+    defaults and ``conf`` (static settings belong to the server)."""
+    from pyspark.sql import SparkSession
+
+    builder = SparkSession.builder.remote(url)
+    for key, value in {**DEFAULT_CONF, **(conf or {})}.items():
+        if key.startswith("spark.sql."):
+            builder = builder.config(key, value)
+    return builder
 
 
 def session_alive(spark: SparkSession) -> bool:
