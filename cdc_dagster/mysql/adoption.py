@@ -8,6 +8,17 @@ fresh TS. A chunk read before this run's history began, or with the schema of an
 version than the one valid where it lands, is dropped: its reader reads it again. When a
 table's plan is covered by chunks in the change log, its resolved mark is released.
 See ``mysql.snapshots`` for why this needs no reconciliation with the binlog.
+
+A chunk comes with its snapshot's binlog coordinates (server id, file, offset), which are
+turned into the GTIDs S here: while tables are being snapshotted the puller remembers the
+GTIDs after every transaction it read, by the file and offset where that transaction ends
+(``ended``; a snapshot's offset is where its last transaction ends), for ``ENDS_KEEP_S``.
+Coordinates not remembered (read before this stream began, forgotten, or in a quiet binlog
+where no transaction went by: the stream is past them once a heartbeat says so) are asked
+of the upstream (``BINLOG_GTID_POS``, on the puller's side: ``PullerContext.gtid_at``).
+Coordinates of another server than the stream's cannot be turned into GTIDs here: the
+chunk is dropped and the generation's readers give GTIDs from then on
+(``snapshots.ask_gtid_positions``).
 """
 
 from __future__ import annotations
@@ -15,12 +26,15 @@ from __future__ import annotations
 import logging
 import time
 import zlib
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 from cdc_dagster.mysql.context import PullerContext
 from cdc_dagster.mysql.snapshots import (
     Chunk,
+    ask_gtid_positions,
     covered,
     done_chunks,
     generation_dir,
@@ -33,6 +47,27 @@ from cdc_dagster.mysql.snapshots import (
 from cdc_dagster.mysql.state import SLOTS
 
 log = logging.getLogger(__name__)
+
+ENDS_KEEP_S = 120.0  # transactions' ends remembered this long (wall seconds) ...
+ENDS_MAX = 400_000  # ... and at most this many
+_WAIT = object()  # the stream has not reached the chunk's position
+
+
+class AdoptionContext(PullerContext, Protocol):
+    """What adoption needs of the puller beyond ``PullerContext``: where its stream is."""
+
+    # the binlog (file, offset) the stream is past (None: not known yet on this stream)
+    binlog_at: tuple[str, int] | None
+    stream_server_id: int | None  # the server the stream reads (None: not connected)
+
+    def gtid_at(self, server_id: int, log_file: str, offset: int) -> dict[int, int] | None:
+        """The upstream's GTID sequence per domain at ``log_file:offset`` (None: it is not
+        server ``server_id``, or it has no such binlog)."""
+
+
+def binlog_order(log_file: str, offset: int) -> tuple[int, int]:
+    """A binlog position's order: the file's number (``name.000012``), then the offset."""
+    return int(log_file.rsplit(".", 1)[1]), offset
 
 
 @dataclass(slots=True)
@@ -56,6 +91,31 @@ class Adopter:
         self.placed: list[tuple[Path, Chunk]] = []  # done marks due after the state save
         self.released: list[Path] = []  # generation dirs to remove after the state save
         self.swept = False  # generation dirs no snapshot holds were removed (once a run)
+        # (file, offset) where a transaction ends -> GTID sequence per domain after it
+        self.ends: dict[tuple[str, int], dict[int, int]] = {}
+        self._ends_order: deque[tuple[float, tuple[str, int]]] = deque()
+        self.horizon: tuple[int, int] | None = None  # the first end remembered (its order)
+        self.resolved: dict[Path, dict[int, int] | None] = {}  # chunk coordinates asked
+
+    def ended(self, log_file: str, offset: int, position: dict[int, str]) -> None:
+        """A transaction ends at ``log_file:offset``, the stream then at ``position``."""
+        key = (log_file, offset)
+        self.ends[key] = {d: _seq(g) for d, g in position.items()}
+        now = time.monotonic()
+        order = self._ends_order
+        order.append((now, key))
+        if self.horizon is None:
+            self.horizon = binlog_order(log_file, offset)
+        while now - order[0][0] > ENDS_KEEP_S or len(order) > ENDS_MAX:
+            self.ends.pop(order.popleft()[1], None)
+
+    def forget_ends(self) -> None:
+        """The stream (re)connected, maybe to another server, or no table is being
+        snapshotted any more: forget the ends."""
+        self.ends.clear()
+        self._ends_order.clear()
+        self.horizon = None
+        self.resolved.clear()
 
     def track(self, ctx: PullerContext, table_id: int) -> None:
         """Start remembering a snapshotting table's changes (from the stream's position)."""
@@ -75,7 +135,7 @@ class Adopter:
         for tid in table_ids & self.history.keys():
             self.history[tid].changes.append((domain, seq, ts))
 
-    def adopt(self, ctx: PullerContext) -> None:
+    def adopt(self, ctx: AdoptionContext) -> None:
         """Before a flush's state save: place readable chunks, release covered tables (in
         the same save as their last chunks: no flush interval between)."""
         if not self.swept:
@@ -98,6 +158,8 @@ class Adopter:
                 self.history.pop(tid, None)
                 self.released.append(gen_dir)
                 log.info("table %d: snapshot complete; its resolved mark moves on", tid)
+        if not self.history and self.ends:
+            self.forget_ends()
 
     def after_save(self, fsync: bool) -> None:
         """After the state save: mark placed chunks done, remove released generations."""
@@ -110,17 +172,55 @@ class Adopter:
             release_generation(gen_dir)
         self.released = []
 
-    def _place(self, ctx: PullerContext, tid: int, path: Path, chunk: Chunk) -> bool:
+    def _position(
+        self, ctx: AdoptionContext, path: Path, chunk: Chunk
+    ) -> dict[int, int] | object | None:
+        """The chunk's GTID sequence per domain; None: it cannot be placed (drop it);
+        ``_WAIT``: the stream has not reached it."""
+        if chunk.binlog is None:
+            return {d: _seq(g) for d, g in chunk.position.items()}
+        if path in self.resolved:
+            return self.resolved[path]
+        server_id, log_file, offset = chunk.binlog
+        if ctx.stream_server_id is None:
+            return _WAIT
+        if server_id != ctx.stream_server_id:
+            log.warning(
+                "chunk %s was read on server %d, the binlog stream is server %d's: dropped, "
+                "and the snapshot's readers give GTID positions from now on",
+                path, server_id, ctx.stream_server_id,
+            )  # fmt: skip
+            ask_gtid_positions(path.parent.parent)
+            return None
+        found = self.ends.get((log_file, offset))
+        if found is None:
+            at = ctx.binlog_at
+            where = binlog_order(log_file, offset)
+            if at is None or binlog_order(*at) < where:
+                return _WAIT
+            if self.horizon is not None and where < self.horizon:
+                return None  # read before this stream began: read again
+            found = ctx.gtid_at(server_id, log_file, offset)  # a quiet binlog, or forgotten
+        self.resolved[path] = found
+        return found
+
+    def _place(self, ctx: AdoptionContext, tid: int, path: Path, chunk: Chunk) -> bool:
         """Place the chunk if the stream has passed its position; whether it was placed."""
+        spos = self._position(ctx, path, chunk)
+        if spos is _WAIT:
+            return False
+        assert spos is None or isinstance(spos, dict)
         pos = {d: _seq(g) for d, g in ctx.state.position.items()}
-        if any(pos.get(d, -1) < _seq(g) for d, g in chunk.position.items()):
+        if spos is not None and any(pos.get(d, -1) < s for d, s in spos.items()):
             return False  # the stream has not reached the chunk's position yet
+        self.resolved.pop(path, None)
         hist = self.history[tid]
-        slot = self._slot(ctx, hist, chunk)
+        slot = None if spos is None else self._slot(ctx, hist, spos)
         version = ctx.writer.log.schema_version_at(tid, slot) if slot else None
         if slot is None or version != chunk.schema_version:
-            log.info("table %d: chunk %s dropped (read before this run's history or with "
-                     "another schema version); it is read again", tid, chunk.name)  # fmt: skip
+            log.info("table %d: chunk %s dropped (read before this run's history, on another "
+                     "server or with another schema version); it is read again",
+                     tid, chunk.name)  # fmt: skip
             path.unlink(missing_ok=True)
             return False
         tag = f"{zlib.crc32(f'{tid}/{path}'.encode()):08x}"
@@ -132,8 +232,7 @@ class Adopter:
         ctx.stats.snapshot_rows += chunk.rows
         return True
 
-    def _slot(self, ctx: PullerContext, hist: _History, chunk: Chunk) -> int | None:
-        s = {d: _seq(g) for d, g in chunk.position.items()}
+    def _slot(self, ctx: PullerContext, hist: _History, s: dict[int, int]) -> int | None:
         if any(s.get(d, 0) < seq for d, seq in hist.since.items() if d in s):
             return None  # read before this run began to remember the table's changes
         after = next((ts for d, seq, ts in hist.changes if seq > s.get(d, -1)), None)
@@ -145,4 +244,4 @@ class Adopter:
         return None
 
 
-__all__ = ["Adopter"]
+__all__ = ["ENDS_KEEP_S", "Adopter", "AdoptionContext", "binlog_order"]

@@ -95,8 +95,9 @@ class BinlogStream:
         self.conn = connect(upstream)
         try:
             with self.conn.cursor() as cur:
-                cur.execute("SELECT @@global.binlog_checksum")
-                self.checksum = str(cur.fetchone()[0] or "NONE").upper() != "NONE"
+                cur.execute("SELECT @@global.binlog_checksum, @@server_id")
+                checksum, self.server_id = cur.fetchone()  # the server streaming its binlog
+                self.checksum = str(checksum or "NONE").upper() != "NONE"
                 for sql, args in session_settings(state, heartbeat_s):
                     cur.execute(sql, args)
             self.conn._write_bytes(dump_request(state, upstream.server_id))

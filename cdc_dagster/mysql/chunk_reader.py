@@ -34,6 +34,7 @@ from cdc_dagster.mysql.snapshots import (
     done_chunks,
     encode_key,
     generation_dir,
+    gtid_positions,
     next_read,
     pending_chunks,
     read_plan,
@@ -52,11 +53,10 @@ RESULT_DDL = "table_id long, range long, rows long, task long, began double, end
 SCHEMA_WAIT_S = 60.0  # a DDL the puller has not written yet: wait this long for it
 EXACT_COUNT_BELOW = 1_000_000  # tables InnoDB estimates larger are planned on the estimate
 EXACT_COUNT_SMALL = 20_000  # ... and those it estimates smaller are counted (a few ms)
-# Rows per chunk. Each chunk's snapshot position costs MariaDB a BINLOG_GTID_POS, which
-# reads the binlog file from its start to the snapshot's offset: 0.26 s at 848 MB into a
-# file, 0.44 s at 1.08 GB, 4.4 s at 2.85 GB (one transaction larger than max_binlog_size),
-# measured here; with 50,000-row chunks that made MariaDB the bottleneck of a 100 x 100k-row
-# snapshot (one core for 60 s). A chunk's rows are held in memory once (~40 MB here).
+# Rows per chunk. A chunk's rows are held in memory once (~40 MB here). (Chunks were 50,000
+# rows while each one's position cost MariaDB a BINLOG_GTID_POS, which reads the binlog
+# file up to the snapshot's offset: 0.26 s at 848 MB, 0.44 s at 1.08 GB; the readers now
+# give binlog coordinates, which the puller turns into GTIDs: ``mysql.adoption``.)
 CHUNK_ROWS = 200_000
 Progress = Callable[[Chunk], None]
 
@@ -103,7 +103,7 @@ def read_range(
     gen_dir = generation_dir(root, table_id, generation)
     own = session is None
     shared = ReadSession(upstream, root) if session is None else session
-    reader: tuple[int, ChunkClient] | None = None  # (schema version, client)
+    reader: tuple[int, bool, ChunkClient] | None = None  # (schema version, GTIDs?, client)
     total = 0
     try:
         while True:
@@ -118,11 +118,13 @@ def read_range(
             lock = shared.lock
             schema, version = _lock_and_check(lock, shared.log, table_id)
             try:
-                if reader is None or reader[0] != version:
+                gtids = gtid_positions(gen_dir)
+                if reader is None or reader[:2] != (version, gtids):
                     if reader is not None:
-                        reader[1].close()
-                    reader = (version, client_for(upstream, schema, version, client))
-                chunk, rows = _read_chunk(reader[1], version, range_no, nr)
+                        reader[2].close()
+                    made = client_for(upstream, schema, version, client, gtid_positions=gtids)
+                    reader = (version, gtids, made)
+                chunk, rows = _read_chunk(reader[2], version, range_no, nr)
             finally:
                 lock.rollback()  # the metadata lock: held only while the chunk was read
             write_chunk(gen_dir, chunk, rows)
@@ -131,7 +133,7 @@ def read_range(
                 progress(chunk)
     finally:
         if reader is not None:
-            reader[1].close()
+            reader[2].close()
         if own:
             shared.close()
 
@@ -152,7 +154,7 @@ def _read_chunk(
     full = nr.limit is not None and n == nr.limit
     hi = encode_key(got.last_key) if full else nr.bound
     chunk = Chunk(range_no, nr.chunk_no, got.position, nr.lo, hi,
-                  not full and not nr.fills_hole, n, version)  # fmt: skip
+                  not full and not nr.fills_hole, n, version, got.binlog)  # fmt: skip
     return chunk, got.rows
 
 

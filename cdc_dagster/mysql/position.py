@@ -29,6 +29,37 @@ def mariadb_snapshot_state(cur: Any) -> PullerState:
     return PullerState(parse_gtid_pos(cur.fetchone()[0] or ""), 0)
 
 
+Coords = tuple[int, str, int]  # (server id, binlog file, offset)
+
+
+def parse_coords(text: str) -> Coords:
+    """``server_id:file:offset`` (``COORDS_SQL``'s text) as a tuple."""
+    sid, rest = text.split(":", 1)
+    log_file, offset = rest.rsplit(":", 1)
+    return int(sid), log_file, int(offset)
+
+
+# A consistent snapshot's binlog coordinates as one text (no BINLOG_GTID_POS: no binlog read)
+COORDS_SQL = (
+    "SELECT CONCAT(@@server_id, ':', f.VARIABLE_VALUE, ':', p.VARIABLE_VALUE) "
+    "FROM information_schema.SESSION_STATUS f JOIN information_schema.SESSION_STATUS p "
+    "ON f.VARIABLE_NAME = 'BINLOG_SNAPSHOT_FILE' AND p.VARIABLE_NAME = 'BINLOG_SNAPSHOT_POSITION'"
+)
+
+
+def mariadb_snapshot_coords(cur: Any) -> Coords:
+    """Open the snapshot on ``cur``; its server id, binlog file and offset (no lock, and no
+    binlog read: ``BINLOG_GTID_POS`` reads the file up to the offset)."""
+    cur.execute("START TRANSACTION WITH CONSISTENT SNAPSHOT")
+    cur.execute(COORDS_SQL)
+    row = cur.fetchone()
+    if not row or not row[0]:
+        raise PullerError(
+            "the upstream gives no binlog_snapshot_file (not MariaDB, or log_bin OFF?)"
+        )
+    return parse_coords(row[0])
+
+
 def mysql_snapshot_state(cur: Any) -> PullerState:
     """Open the snapshot at a known MySQL binlog position (mysqldump's --single-transaction
     --source-data sequence): the global read lock is held only while the transaction starts
@@ -74,4 +105,13 @@ def mysql_state_at(status: dict[str, Any], gtid_mode: str) -> PullerState:
     return PullerState({}, 0, flavor="mysql_file", log_file=file, log_pos=pos)
 
 
-__all__ = ["binary_log_status", "mariadb_snapshot_state", "mysql_snapshot_state", "mysql_state_at"]
+__all__ = [
+    "COORDS_SQL",
+    "Coords",
+    "binary_log_status",
+    "mariadb_snapshot_coords",
+    "mariadb_snapshot_state",
+    "mysql_snapshot_state",
+    "mysql_state_at",
+    "parse_coords",
+]

@@ -41,7 +41,13 @@ from cdc_dagster.mysql.ddl import UnsupportedDDLError, is_ignored, parse_ddl
 from cdc_dagster.mysql.ddl_records import ddl_record
 from cdc_dagster.mysql.errors import PullerBusyError, PullerError
 from cdc_dagster.mysql.join import PendingJoin
-from cdc_dagster.mysql.state import PullerState, TsAllocator, load_state, save_state
+from cdc_dagster.mysql.state import (
+    PullerState,
+    TsAllocator,
+    load_state,
+    parse_gtid_pos,
+    save_state,
+)
 from cdc_dagster.mysql.upstream import check_upstream, connect
 from cdc_dagster.upstream.binlog_rows import (
     EVENT_SCHEMA,
@@ -127,7 +133,9 @@ class Puller:
         # The first flush comes FIRST_FLUSH_S after the start, not a whole interval: after a
         # restart or a resume the captures get the backlog's first rows while it is pulled.
         self.last_flush = time.monotonic() - config.flush_interval_s + FIRST_FLUSH_S
-        self.log_file = ""  # MySQL without GTIDs: the binlog file being read
+        self.log_file = ""  # the binlog file being read
+        self.log_offset = 0  # where the stream is in it (0: not known on this stream yet)
+        self.stream_server_id: int | None = None  # the server the stream reads
         # binlog table id (6 bytes) -> (table id, table-map body); None: not replicated
         self._maps: dict[bytes, tuple[int, bytes] | None] = {}
         # table-map body -> the same (table id, body) or None, its columns checked
@@ -248,6 +256,26 @@ class Puller:
         )
         return ResnapshotOutcome(name, True, note, tid, record.commit_ts)
 
+    @property
+    def binlog_at(self) -> tuple[str, int] | None:
+        """The binlog file and offset the stream is past (None: not known yet)."""
+        return (self.log_file, self.log_offset) if self.log_file and self.log_offset else None
+
+    def gtid_at(self, server_id: int, log_file: str, offset: int) -> dict[int, int] | None:
+        """The upstream's GTID sequence per domain at ``log_file:offset`` (``BINLOG_GTID_POS``,
+        which reads the file up to there); None: the upstream is not server ``server_id``
+        or has no such binlog."""
+        conn = connect(self.upstream)
+        try:
+            with conn.cursor() as cur:
+                cur.execute("SELECT @@server_id, BINLOG_GTID_POS(%s, %s)", (log_file, offset))
+                sid, text = cur.fetchone()
+        finally:
+            conn.close()
+        if sid != server_id or not text:
+            return None
+        return {d: int(g.rsplit("-", 1)[1]) for d, g in parse_gtid_pos(text).items()}
+
     def _take_requests(self) -> None:
         """Re-snapshot requests (``PullerConfig.requests``), looked at every
         ``requests_every_s``; each is forgotten only once its outcome is saved."""
@@ -312,6 +340,8 @@ class Puller:
             except UpstreamError as exc:
                 retries = self._lost(retries, exc)
                 continue
+            self.stream_server_id, self.log_offset = stream.server_id, 0
+            self.adopter.forget_ends()
             try:
                 if self._follow(stream, stop):
                     retries = 0
@@ -394,10 +424,13 @@ class Puller:
         elif typ == MYSQL_GTID:
             self.trx, self.trx_gtid, self.trx_standalone = [], mysql_gtid(body), True
         elif typ == HEARTBEAT and not self.trx:
+            self.log_offset = log_pos  # the stream is idle there
             self.alloc.issue(time.time())
             self.flush()
         elif typ == ROTATE:
-            self.log_file = rotate_event(body)[0]
+            # every event of the files before is behind (the first one of a stream, too:
+            # the server starts it in the file holding its GTID position)
+            self.log_file, self.log_offset = rotate_event(body)[0], 4
         elif typ in REFUSED:
             raise PullerError(f"the upstream writes events the puller cannot read: "
                               f"{REFUSED[typ]}")  # fmt: skip
@@ -431,8 +464,11 @@ class Puller:
     def _advance(self, gtid: str | None, log_pos: int) -> None:
         """Our position moves past ``gtid`` (and, on MySQL, to file:pos after the event)."""
         if self.state.flavor == "mariadb":
+            self.log_offset = log_pos
             if gtid is not None:
                 self.state.position[self.trx_domain] = gtid
+                if self.adopter.history:  # chunks' coordinates are turned into GTIDs by these
+                    self.adopter.ended(self.log_file, log_pos, self.state.position)
         else:
             self.state.advance(gtid, self.log_file, log_pos)
 

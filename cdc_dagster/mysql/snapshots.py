@@ -8,11 +8,17 @@ asked for until the snapshot is complete. Then, under the change log's root:
 snapshot/<table_id>/<gen>/plan.json                     the key ranges (chunk readers run them in parallel)
 snapshot/<table_id>/<gen>/chunks/<range>-<chunk>.parquet rows of one chunk, read at one binlog position
 snapshot/<table_id>/<gen>/done/<range>-<chunk>.json      the chunk is in the change log (or was empty)
+snapshot/<table_id>/<gen>/gtid-positions                the puller asks readers for GTID positions
 ```
 
 A chunk is read in a short ``START TRANSACTION WITH CONSISTENT SNAPSHOT`` whose binlog
 position MariaDB reports (DBLog's watermark, read-only: no signal table, no lock but a
-metadata lock for the chunk's few milliseconds). The puller places the chunk's rows in
+metadata lock for the chunk's few milliseconds): the server's id and the snapshot's binlog
+file and offset (``Chunk.binlog``), which the puller, that sees every transaction's file and
+offset go by, turns into GTIDs itself (``mysql.adoption``). A reader asks MariaDB for the
+GTIDs only where the puller said it cannot (``gtid_positions``: the readers reach another
+server than the puller): ``BINLOG_GTID_POS`` reads the binlog file from its start to the
+offset, 0.07 s at 380 MB into a file here, 0.44 s at 1.08 GB. The puller places the chunk's rows in
 the stream exactly there -- at a free TS between the table's last change at or before that
 position and its first change after it (``mysql.state.SLOTS``) -- so no reconciliation
 with the binlog is needed: each chunk row says what its key held at that point, and every
@@ -43,6 +49,7 @@ from cdc_dagster.mysql.state import load_state
 from cdc_dagster.upstream.changelog import write_json
 
 CHUNK_KEY = b"cdc_dagster.chunk"
+GTID_POSITIONS = "gtid-positions"
 _CHUNK_NAME = re.compile(r"(\d{4})-(\d{6})\.(parquet|json)")
 
 Key = list[Any] | None  # a primary-key tuple as JSON values; None: the table's end
@@ -123,6 +130,8 @@ class Chunk:
     last: bool  # the range ends with this chunk
     rows: int
     schema_version: int  # of the change log's schema the rows were read with
+    # where it was read as (server id, binlog file, offset), when ``position`` is not given
+    binlog: tuple[int, str, int] | None = None
 
     @property
     def name(self) -> str:
@@ -138,10 +147,12 @@ class Chunk:
             "last": self.last,
             "rows": self.rows,
             "schema_version": self.schema_version,
+            **({"binlog": list(self.binlog)} if self.binlog else {}),
         }
 
     @staticmethod
     def from_json(obj: dict[str, Any]) -> Chunk:
+        binlog = obj.get("binlog")
         return Chunk(
             obj["range"],
             obj["chunk"],
@@ -151,11 +162,24 @@ class Chunk:
             obj["last"],
             obj["rows"],
             obj["schema_version"],
+            (int(binlog[0]), str(binlog[1]), int(binlog[2])) if binlog else None,
         )
 
 
 def generation_dir(root: str | os.PathLike[str], table_id: int, generation: int) -> Path:
     return Path(root) / "snapshot" / str(table_id) / str(generation)
+
+
+def gtid_positions(gen_dir: Path) -> bool:
+    """Whether the puller asked this generation's readers for GTID positions."""
+    return (gen_dir / GTID_POSITIONS).exists()
+
+
+def ask_gtid_positions(gen_dir: Path) -> None:
+    """The puller cannot place binlog coordinates read on another server: readers of this
+    generation read GTID positions from now on."""
+    gen_dir.mkdir(parents=True, exist_ok=True)
+    (gen_dir / GTID_POSITIONS).touch()
 
 
 def release_generation(gen_dir: Path) -> None:
@@ -443,11 +467,13 @@ __all__ = [
     "NextRead",
     "Plan",
     "SnapshotProgress",
+    "ask_gtid_positions",
     "covered",
     "decode_key",
     "done_chunks",
     "encode_key",
     "generation_dir",
+    "gtid_positions",
     "mark_done",
     "next_read",
     "pending_chunks",

@@ -148,12 +148,15 @@ def test_composite_key_chunks_and_a_date_key_takes_the_rows_client(mariadb, mydb
         client_for(upstream, dk, 1, prefer="arrow")
 
 
+@pytest.mark.parametrize("gtid_positions", [True, False], ids=["gtids", "coordinates"])
 @pytest.mark.parametrize("client_class", [ArrowClient, RowClient])
 def test_chunk_rows_are_the_table_exactly_at_the_position_read_with_them(
-    mariadb, mydb, client_class
+    mariadb, mydb, client_class, gtid_positions
 ):
     """One writer increments a counter row, one transaction (one GTID) per increment, and
-    nothing else writes: a snapshot at GTID sequence s shows the counter at s - s0."""
+    nothing else writes: a snapshot at GTID sequence s shows the counter at s - s0. Read
+    as binlog coordinates, the position is this server's, and MariaDB's own
+    ``BINLOG_GTID_POS`` of them is that GTID."""
     execute(mariadb, mydb, "CREATE TABLE c (id INT PRIMARY KEY, n INT)",
             "INSERT INTO c VALUES (1, 0)")  # fmt: skip
     c = mariadb.connect()
@@ -172,14 +175,26 @@ def test_chunk_rows_are_the_table_exactly_at_the_position_read_with_them(
         w.close()
 
     schema = schema_of(mariadb, mydb, "c")
-    client = client_class(parse_uri(mariadb.uri()), schema, 1)
+    client = client_class(parse_uri(mariadb.uri()), schema, 1, gtid_positions)
     th = threading.Thread(target=write, daemon=True)
     th.start()
     seen = set()
+    ask = mariadb.connect()
     try:
         for _ in range(60):
             got = client.select((None, None), 10, snapshot=True)
-            seq = int(got.position[domain].rsplit("-", 1)[1])
+            if gtid_positions:
+                assert got.binlog is None
+                text = got.position[domain]
+            else:
+                assert got.position == {}
+                server_id, log_file, offset = got.binlog
+                with ask.cursor() as cur:
+                    cur.execute("SELECT @@server_id, BINLOG_GTID_POS(%s, %s)", (log_file, offset))
+                    sid, gtids = cur.fetchone()
+                assert server_id == sid
+                text = parse_gtid_pos(gtids)[domain]
+            seq = int(text.rsplit("-", 1)[1])
             n = got.rows.column(f"c{schema.columns[1].id}")[0].as_py()
             assert n == seq - s0, (n, seq, s0)
             seen.add(n)
@@ -187,4 +202,5 @@ def test_chunk_rows_are_the_table_exactly_at_the_position_read_with_them(
         stop.set()
         th.join(10)
         client.close()
+        ask.close()
     assert len(seen) > 10  # the writer moved on between the reads

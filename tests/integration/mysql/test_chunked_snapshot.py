@@ -17,6 +17,7 @@ from test_table_join import changelog_table, fingerprint, upstream_rows
 from cdc_dagster.mysql.chunk_reader import plan_table, read_range
 from cdc_dagster.mysql.puller import Puller, PullerConfig
 from cdc_dagster.mysql.snapshot_runner import run_snapshot_reads
+from cdc_dagster.mysql.snapshots import ask_gtid_positions, generation_dir
 from cdc_dagster.mysql.state import load_state
 from cdc_dagster.upstream.changelog import ChangeLog
 from cdc_dagster.upstream.uri import parse_uri
@@ -65,18 +66,39 @@ def _until(what, timeout: float = 60.0) -> None:
         time.sleep(0.2)
 
 
+def _count_asks(p: Puller) -> list[tuple]:
+    """The puller's ``gtid_at`` calls (coordinates it asked the upstream to turn into GTIDs)."""
+    asked, real = [], p.gtid_at
+
+    def gtid_at(*args):
+        asked.append(args)
+        return real(*args)
+
+    p.gtid_at = gtid_at
+    return asked
+
+
+@pytest.mark.parametrize("positions", ["coordinates", "gtids"])
 @pytest.mark.parametrize("client", ["arrow", "rows"])  # connectorx, pymysql
 def test_chunks_read_during_writes_land_in_the_stream_and_equal_the_upstream(
-    mariadb, mydb, tmp_path: Path, client: str
+    mariadb, mydb, tmp_path: Path, client: str, positions: str
 ) -> None:
+    """Chunks give binlog coordinates, which the puller turns into GTIDs from the
+    transactions it saw end there (it asks the upstream for none while writes go by); or,
+    once the puller asked for them, GTIDs read by the readers themselves."""
     execute(mariadb, mydb, "CREATE TABLE t (id INT PRIMARY KEY, v INT, s VARCHAR(20))",
             "INSERT INTO t SELECT seq, seq, CONCAT('r', seq) FROM seq_1_to_3000")  # fmt: skip
     root = tmp_path / "cl"
     cfg = PullerConfig(mariadb.uri(), str(root), (f"{mydb}.*",), chunked_snapshot=True)
     p, done, th = _follow(cfg)
+    asked = _count_asks(p)
     _until(lambda: load_state(root) is not None)
     tid = table_id(root, "t")
     assert load_state(root).snapshots == {tid: ChangeLog(root).table_resolved_ts(tid)}
+    gen_dir = generation_dir(root, tid, load_state(root).snapshots[tid])
+    if positions == "gtids":
+        ask_gtid_positions(gen_dir)
+    read = []
     writer = Writer(mariadb, mydb)
     writer.start()
     try:
@@ -87,6 +109,7 @@ def test_chunks_read_during_writes_land_in_the_stream_and_equal_the_upstream(
         assert len(plan.ranges) == 3
 
         def kill(chunk) -> None:
+            read.append(chunk)
             if chunk.chunk_no == 2:
                 raise KeyboardInterrupt("killed")
 
@@ -108,6 +131,34 @@ def test_chunks_read_during_writes_land_in_the_stream_and_equal_the_upstream(
     assert resolved >= p.stats.resolved_ts > gen  # released: the mark follows the stream
     assert fingerprint(changelog_table(root, tid)) == fingerprint(upstream_rows(mariadb, mydb, "t"))
     assert not (root / "snapshot" / str(tid) / str(gen)).exists()  # cleaned up once complete
+    assert len(read) == 3
+    if positions == "gtids":
+        assert all(c.binlog is None and c.position for c in read)
+    else:
+        assert all(c.binlog is not None and not c.position for c in read)
+        assert asked == []  # every chunk's coordinates were a transaction's end it saw
+
+
+def test_chunks_of_a_quiet_upstream_are_placed_by_asking_it_for_their_gtids(
+    mariadb, mydb, tmp_path: Path
+) -> None:
+    """No transaction goes by while the chunks are read: the puller's heartbeats say the
+    stream is past their coordinates, and it asks the upstream which GTIDs they are."""
+    execute(mariadb, mydb, "CREATE TABLE q (id INT PRIMARY KEY, v INT)",
+            "INSERT INTO q SELECT seq, seq FROM seq_1_to_1000")  # fmt: skip
+    root = tmp_path / "cl"
+    cfg = PullerConfig(mariadb.uri(), str(root), (f"{mydb}.*",), chunked_snapshot=True,
+                       heartbeat_s=0.2)  # fmt: skip
+    p, done, th = _follow(cfg)
+    asked = _count_asks(p)
+    _until(lambda: load_state(root) is not None)
+    tid = table_id(root, "q")
+    run_snapshot_reads(cfg.upstream_uri, str(root), parallelism=2, chunk_rows=300)
+    _until(lambda: not p.state.snapshots, timeout=30)
+    done.set()
+    th.join(30)
+    assert asked and all(a[0] == p.stream_server_id for a in asked)
+    assert fingerprint(changelog_table(root, tid)) == fingerprint(upstream_rows(mariadb, mydb, "q"))
 
 
 @pytest.fixture(scope="module")

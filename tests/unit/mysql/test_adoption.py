@@ -17,6 +17,7 @@ from cdc_dagster.mysql.snapshots import (
     Plan,
     done_chunks,
     generation_dir,
+    gtid_positions,
     write_chunk,
     write_plan,
 )
@@ -53,6 +54,14 @@ class _Ctx:
     writer: _Writer = field(default_factory=_Writer)
     alloc: TsAllocator = field(default_factory=lambda: TsAllocator(1 << 40))
     stats: PullerStats = field(default_factory=PullerStats)
+    binlog_at: tuple[str, int] | None = None
+    stream_server_id: int | None = 1
+    asked: list[tuple[int, str, int]] = field(default_factory=list)
+    upstream_gtids: dict[tuple[str, int], dict[int, int]] = field(default_factory=dict)
+
+    def gtid_at(self, server_id: int, log_file: str, offset: int) -> dict[int, int] | None:
+        self.asked.append((server_id, log_file, offset))
+        return self.upstream_gtids.get((log_file, offset))
 
 
 def _start(tmp_path: Path, ranges: int, stream_at: int) -> tuple[_Ctx, Adopter]:
@@ -100,3 +109,60 @@ def test_a_chunk_ahead_of_the_stream_waits_and_the_table_stays_held(tmp_path: Pa
     assert ctx.state.snapshots == {}
     adopter.after_save(fsync=False)
     assert not gen_dir.exists()
+
+
+def _read_at(tmp_path: Path, range_no: int, lo: Any, server: int, offset: int) -> Chunk:
+    """A chunk read at binlog coordinates (server ``server``, binlog.000003:``offset``)."""
+    chunk = Chunk(range_no, 0, {}, lo, None if range_no else lo, True, 1, VERSION,
+                  (server, "binlog.000003", offset))  # fmt: skip
+    write_chunk(generation_dir(tmp_path, TID, GEN), chunk, pa.table({"c1": [range_no]}))
+    return chunk
+
+
+def test_coordinates_are_placed_at_the_gtids_of_the_transaction_that_ends_there(
+    tmp_path: Path,
+) -> None:
+    """The stream remembers where each transaction ends; a chunk read at such an end is
+    placed just below the table's first change after it, without asking the upstream; one
+    ahead of the stream waits; the chunk's coordinates survive its file's metadata."""
+    ctx, adopter = _start(tmp_path, ranges=2, stream_at=8)
+    for seq, offset in ((9, 1000), (10, 1500), (11, 2000)):
+        ctx.state.position[0] = f"0-1-{seq}"
+        adopter.ended("binlog.000003", offset, ctx.state.position)
+        adopter.note({TID}, 0, f"0-1-{seq}", ctx.alloc.issue(1000.0 + seq))
+    first_after_10 = adopter.history[TID].changes[2][2]  # the change of seq 11
+    ctx.binlog_at = ("binlog.000003", 2000)
+    _read_at(tmp_path, 0, None, server=1, offset=1500)  # after seq 10
+    _read_at(tmp_path, 1, [100], server=1, offset=2600)  # ahead of the stream
+    adopter.adopt(ctx)
+    assert [(p[1], p[2]) for p in ctx.writer.placed] == [
+        (first_after_10 - 1, "0000-000000.parquet")
+    ]
+    assert ctx.asked == [] and ctx.state.snapshots == {TID: GEN}
+    adopter.after_save(fsync=False)
+    ctx.state.position[0] = "0-1-12"  # seq 12 ends at 2600: the stream is there now
+    adopter.ended("binlog.000004", 2600, ctx.state.position)  # another file: not the chunk's
+    ctx.binlog_at = ("binlog.000004", 2600)
+    ctx.upstream_gtids[("binlog.000003", 2600)] = {0: 12}
+    adopter.adopt(ctx)  # not remembered, behind the stream: the upstream is asked
+    assert ctx.asked == [(1, "binlog.000003", 2600)]
+    assert [p[2] for p in ctx.writer.placed][1:] == ["0001-000000.parquet"]
+    assert ctx.state.snapshots == {}
+
+
+def test_coordinates_of_another_server_or_from_before_the_stream_are_read_again(
+    tmp_path: Path,
+) -> None:
+    """A chunk read on another server than the stream's is dropped, and the generation's
+    readers are asked for GTID positions; one read before the first transaction this
+    stream saw end is dropped without asking the upstream."""
+    ctx, adopter = _start(tmp_path, ranges=2, stream_at=9)
+    adopter.ended("binlog.000003", 1000, ctx.state.position)
+    ctx.binlog_at = ("binlog.000003", 1000)
+    gen_dir = generation_dir(tmp_path, TID, GEN)
+    _read_at(tmp_path, 0, None, server=2, offset=900)
+    _read_at(tmp_path, 1, [100], server=1, offset=400)
+    adopter.adopt(ctx)
+    assert ctx.writer.placed == [] and ctx.asked == []
+    assert not (gen_dir / "chunks").exists() or not any((gen_dir / "chunks").iterdir())
+    assert gtid_positions(gen_dir)
