@@ -12,9 +12,10 @@ See ``mysql.snapshots`` for why this needs no reconciliation with the binlog.
 A chunk comes with its snapshot's binlog coordinates (server id, file, offset), which are
 turned into the GTIDs S here: while tables are being snapshotted the puller remembers the
 GTIDs after every transaction it read, by the file and offset where that transaction ends
-(``ended``; a snapshot's offset is where its last transaction ends), for ``ENDS_KEEP_S``.
-Coordinates not remembered (read before this stream began, forgotten, or in a quiet binlog
-where no transaction went by: the stream is past them once a heartbeat says so) are asked
+(``ended``; a snapshot's offset is where its last transaction ends), and where every
+transaction begins (the first one of a stream: where the stream resumed), for
+``ENDS_KEEP_S``. Coordinates not remembered (forgotten, or in a quiet binlog where no
+transaction went by: the stream is past them once a heartbeat says so) are asked
 of the upstream (``BINLOG_GTID_POS``, on the puller's side: ``PullerContext.gtid_at``).
 Coordinates of another server than the stream's cannot be turned into GTIDs here: the
 chunk is dropped and the generation's readers give GTIDs from then on
@@ -94,18 +95,16 @@ class Adopter:
         # (file, offset) where a transaction ends -> GTID sequence per domain after it
         self.ends: dict[tuple[str, int], dict[int, int]] = {}
         self._ends_order: deque[tuple[float, tuple[str, int]]] = deque()
-        self.horizon: tuple[int, int] | None = None  # the first end remembered (its order)
         self.resolved: dict[Path, dict[int, int] | None] = {}  # chunk coordinates asked
 
     def ended(self, log_file: str, offset: int, position: dict[int, str]) -> None:
-        """A transaction ends at ``log_file:offset``, the stream then at ``position``."""
+        """A transaction ends (or one begins: where the one before ended) at
+        ``log_file:offset``, the stream then at ``position``."""
         key = (log_file, offset)
         self.ends[key] = {d: _seq(g) for d, g in position.items()}
         now = time.monotonic()
         order = self._ends_order
         order.append((now, key))
-        if self.horizon is None:
-            self.horizon = binlog_order(log_file, offset)
         while now - order[0][0] > ENDS_KEEP_S or len(order) > ENDS_MAX:
             self.ends.pop(order.popleft()[1], None)
 
@@ -114,7 +113,6 @@ class Adopter:
         snapshotted any more: forget the ends."""
         self.ends.clear()
         self._ends_order.clear()
-        self.horizon = None
         self.resolved.clear()
 
     def track(self, ctx: PullerContext, table_id: int) -> None:
@@ -198,8 +196,6 @@ class Adopter:
             where = binlog_order(log_file, offset)
             if at is None or binlog_order(*at) < where:
                 return _WAIT
-            if self.horizon is not None and where < self.horizon:
-                return None  # read before this stream began: read again
             found = ctx.gtid_at(server_id, log_file, offset)  # a quiet binlog, or forgotten
         self.resolved[path] = found
         return found

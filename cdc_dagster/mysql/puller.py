@@ -385,6 +385,7 @@ class Puller:
         """
         seen = False
         interval = self.config.flush_interval_s
+        trailer = 4 if stream.checksum else 0  # an event's checksum
         row_ops, maps, known = ROW_EVENT_OPS, self._maps, self._known
         for batch in stream.batches():
             seen = True
@@ -400,6 +401,8 @@ class Puller:
                     maps[body[:6]] = entry
                 elif typ == MARIADB_GTID:
                     self.trx = []
+                    if self.adopter.history:  # it begins where the transaction before ended
+                        self._begins(log_pos - 19 - len(body) - trailer)
                     self.trx_domain, self.trx_gtid, self.trx_standalone = mariadb_gtid(
                         server_id, body
                     )
@@ -460,6 +463,12 @@ class Puller:
                 f"({sorted(c.name for c in t.columns)}): binlog_row_metadata must be FULL, and "
                 "the puller must not lag more than one DDL behind the upstream catalog"
             )
+
+    def _begins(self, offset: int) -> None:
+        """A transaction begins at ``offset``: the position there is the stream's now (the
+        first one of a stream begins where the stream resumed)."""
+        self.log_offset = offset
+        self.adopter.ended(self.log_file, offset, self.state.position)
 
     def _advance(self, gtid: str | None, log_pos: int) -> None:
         """Our position moves past ``gtid`` (and, on MySQL, to file:pos after the event)."""

@@ -154,15 +154,16 @@ def test_coordinates_of_another_server_or_from_before_the_stream_are_read_again(
     tmp_path: Path,
 ) -> None:
     """A chunk read on another server than the stream's is dropped, and the generation's
-    readers are asked for GTID positions; one read before the first transaction this
-    stream saw end is dropped without asking the upstream."""
+    readers are asked for GTID positions; one read before this run began to remember the
+    table's changes (the upstream says which GTIDs) is dropped."""
     ctx, adopter = _start(tmp_path, ranges=2, stream_at=9)
     adopter.ended("binlog.000003", 1000, ctx.state.position)
     ctx.binlog_at = ("binlog.000003", 1000)
+    ctx.upstream_gtids[("binlog.000003", 400)] = {0: 7}  # the run remembers from seq 8
     gen_dir = generation_dir(tmp_path, TID, GEN)
     _read_at(tmp_path, 0, None, server=2, offset=900)
     _read_at(tmp_path, 1, [100], server=1, offset=400)
     adopter.adopt(ctx)
-    assert ctx.writer.placed == [] and ctx.asked == []
+    assert ctx.writer.placed == [] and ctx.asked == [(1, "binlog.000003", 400)]
     assert not (gen_dir / "chunks").exists() or not any((gen_dir / "chunks").iterdir())
     assert gtid_positions(gen_dir)
