@@ -29,8 +29,8 @@ captures. For each Spark core count:
     has placed every chunk and released every table (the rows are in the change log), and
     until readable downstream; where that time went (sensor tick, run launch, planning, to
     the first read, reading, to the reads' end, placing), from the stack's event log; the
-    stream's lag (the drain changefeed, sysbench at ``--lag-rate``) with and without the
-    snapshot. Baseline in the same run: a bare chunked ``SELECT`` of the same key ranges,
+    stream's lag (the drain changefeed, sysbench at ``--lag-rate``) without a snapshot, and
+    from the create until the snapshot is readable downstream (its rows sunk too). Baseline in the same run: a bare chunked ``SELECT`` of the same key ranges,
     same chunk size, with the snapshot's own client (connectorx where it reads), spread
     over the same number of Spark tasks on the stack's Spark Connect server (or, below the
     snapshot job's ``local_max_rows``, in one process as the job then reads), into Parquet
@@ -494,6 +494,8 @@ class LagSampler:
 
         self.ms, self.my, self.sizes, self.rate = ms, my, sizes, rate
         self.samples: list[float] = []
+        self.times: list[float] = []  # when each sample was taken (wall clock)
+        self.t0 = 0.0
         self.stop = threading.Event()
         self.threads = [threading.Thread(target=self._sample, daemon=True)]
 
@@ -503,21 +505,36 @@ class LagSampler:
         while not self.stop.wait(0.5):
             ts = readable_ts(self.ms, DRAIN_CF, self.sizes.tables)
             if ts:
-                self.samples.append(time.time() - physical_ms(ts) / 1000)
+                now = time.time()
+                self.samples.append(now - physical_ms(ts) / 1000)
+                self.times.append(now)
 
-    def run(self, seconds: int) -> None:
-        """Write at ``rate`` transactions/s for ``seconds`` while sampling."""
+    def run(self, seconds: int, until: Any = None) -> None:
+        """Write at ``rate`` transactions/s while sampling, for ``seconds`` and, given an
+        event ``until``, on until it is set (a snapshot readable downstream: its rows are
+        sunk after they are placed, and the stream's lag shows that too)."""
+        self.t0 = time.time()
         for t in self.threads:
             t.start()
-        sysbench(self.my, self.sizes, "run", "--threads=2", f"--rate={self.rate}",
-                 f"--time={seconds}")  # fmt: skip
-        self.stop.set()
-        for t in self.threads:
-            t.join()
+        args = _sysbench_args(self.my, self.sizes, "run", "--threads=2", f"--rate={self.rate}",
+                              "--time=3600")  # fmt: skip
+        proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            time.sleep(seconds)
+            if until is not None:
+                until.wait(1800)
+        finally:
+            proc.terminate()
+            proc.wait(30)
+            self.stop.set()
+            for t in self.threads:
+                t.join()
 
     def summary(self) -> dict[str, float]:
         v = sorted(self.samples) or [float("nan")]
-        return {"p50": v[len(v) // 2], "p90": v[int(len(v) * 0.9)], "max": v[-1]}
+        at = self.times[self.samples.index(v[-1])] - self.t0 if self.samples else float("nan")
+        return {"p50": v[len(v) // 2], "p90": v[int(len(v) * 0.9)], "max": v[-1],
+                "max_at": at, "seconds": time.time() - self.t0}  # fmt: skip
 
 
 def stack_drain(
@@ -702,8 +719,16 @@ def stack_snapshot(
         wait_for(lambda: readable_ts(ms, cf, tables) >= last, 1800, "the snapshot downstream")
         times["readable"] = time.perf_counter() - t0
 
-    busy.threads.append(threading.Thread(target=snap))  # started by run, with the sampler
-    busy.run(lag_s)  # the stream's lag while the snapshot runs (and after, until it is done)
+    readable = threading.Event()
+
+    def snap_then_say() -> None:
+        try:
+            snap()
+        finally:
+            readable.set()
+
+    busy.threads.append(threading.Thread(target=snap_then_say))  # started with the sampler
+    busy.run(lag_s, until=readable)  # the stream's lag until the snapshot is readable
     say(f"[{cores} core(s)] {tables} x {rows} rows: created in {times['created']:.1f} s, in the "
         f"change log after {times['placed']:.1f} s, readable after {times['readable']:.1f} s")  # fmt: skip
     log = ChangeLog(root)
@@ -742,7 +767,9 @@ def stack_snapshot(
     n = tables * rows
     q, b = quiet.summary(), busy.summary()
     say(f"[{cores} core(s)] stream lag p50/p90/max without a snapshot {q['p50']:.1f}/"
-        f"{q['p90']:.1f}/{q['max']:.1f} s, during it {b['p50']:.1f}/{b['p90']:.1f}/{b['max']:.1f} s")  # fmt: skip
+        f"{q['p90']:.1f}/{q['max']:.1f} s, from its create until readable ({b['seconds']:.0f} s) "
+        f"{b['p50']:.1f}/{b['p90']:.1f}/{b['max']:.1f} s (the max {b['max_at']:.0f} s in; "
+        f"placed at {times['placed']:.0f} s)")  # fmt: skip
     return {"cores": cores, "tables": tables, "rows": n,
             "snapshot_rows_per_s": n / times["placed"], "readable_rows_per_s": n / times["readable"],
             "bare_read_rows_per_s": n / bare_s, "bare_read_stream_rows_per_s": n / bare_stream_s,

@@ -32,6 +32,11 @@ DEFAULT_LOCAL_TICK_BYTES = 16 << 20
 # Delta MERGE costs about the same for 1k rows as for 100k (it rewrites the files the keys
 # touch), so a drain commits few large batches (bench/throughput_bench.py). 0: every tick.
 DEFAULT_BATCH_BEHIND_S = 10.0
+# Row changes a changefeed's capture tick moves per phase (pull, sink): a capture ticks its
+# changefeeds one after another, so a table with millions of rows resolved at once (a
+# snapshot) would hold every other table and changefeed of the capture for its whole MERGE;
+# it moves in slices of this many instead (~1-3 s of a Spark core each here). 0: no limit.
+DEFAULT_TICK_ROWS = 1_000_000
 
 
 def process_owner_id() -> str:
@@ -68,6 +73,7 @@ class Settings:
     add_table_batch: int = DEFAULT_ADD_TABLE_BATCH  # tables the owner starts adding per tick
     local_tick_bytes: int = DEFAULT_LOCAL_TICK_BYTES  # smaller tick phases skip Spark
     batch_behind_s: float = DEFAULT_BATCH_BEHIND_S  # a backlog commits at most this often
+    tick_rows: int = DEFAULT_TICK_ROWS  # row changes per changefeed and tick phase
     # How long one owner sensor evaluation goes on ticking the owner on changes in etcd
     # (cdc_dagster/defs/owner/wait.py). 0 here, so tests that evaluate the sensor directly
     # are not slowed; ``server start`` / ``demo`` set OWNER_WAIT_S (services/stack.py).
@@ -98,6 +104,7 @@ class Settings:
             add_table_batch=int(get("ADD_TABLE_BATCH", str(DEFAULT_ADD_TABLE_BATCH))),
             local_tick_bytes=int(get("LOCAL_TICK_BYTES", str(DEFAULT_LOCAL_TICK_BYTES))),
             batch_behind_s=float(get("BATCH_BEHIND_S", str(DEFAULT_BATCH_BEHIND_S))),
+            tick_rows=int(get("TICK_ROWS", str(DEFAULT_TICK_ROWS))),
             owner_wait_s=float(get("OWNER_WAIT_S", "0")),
         )
 

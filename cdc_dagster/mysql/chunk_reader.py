@@ -221,7 +221,8 @@ def read_groups(groups: list[str], batches: Iterator[pa.RecordBatch]) -> Iterato
 # The niceness of a Spark worker reading snapshot chunks: where the CPU is short, the
 # captures' ticks (the binlog stream of the other tables) come first, the reads take what
 # they leave. The workers belong to the snapshot runs' own session (``SNAPSHOT_SESSION``).
-SNAPSHOT_NICE = 10
+# ``CDC_DAGSTER_SNAPSHOT_NICE`` (in the Spark server's environment) sets it, 0-19.
+SNAPSHOT_NICE = min(19, max(0, int(os.environ.get("CDC_DAGSTER_SNAPSHOT_NICE", "10") or 10)))
 
 
 def yield_cpu() -> None:

@@ -23,6 +23,14 @@ barrier or DDL cuts its batch or it is stopping: a Delta MERGE rewrites every fi
 batch's keys touch, about as dear for a thousand rows as for a hundred thousand, so while
 draining a backlog one large commit per table is many times cheaper than one per tick.
 
+A changefeed's tick moves at most ``tick_rows`` row changes per phase (0: no limit): the
+tables with the fewest pending changes go first, whole, while they fit; the first that does
+not fit moves a slice of what is left (at least one change-log or staged file, cut at its
+ts), and the tables after it wait for the next tick. A capture ticks its changefeeds one
+after another, so without it a table that turns 10M snapshot rows resolved at once held
+every other table and changefeed of that capture for the whole of its pull and MERGE. A
+table with a budget's worth pending does not gather a backlog (below): it commits each tick.
+
 Nothing lives in memory between ticks that is not in the manifest
 (:class:`~cdc_dagster.pipeline.staging.Staging`): the phases save it, :meth:`save` does
 (the runtime calls it after the Agent's commands), and
@@ -52,6 +60,8 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 
 from cdc_dagster.pipeline import job
 from cdc_dagster.pipeline.spark_tasks import RESTAGE
@@ -89,8 +99,10 @@ class SparkTableExecutor:
         batch_behind_s: float = 0.0,
         clock: Callable[[], float] = time.time,
         registration: str = "",
+        tick_rows: int = 0,
     ) -> None:
         self.capture_id = capture_id
+        self.tick_rows = tick_rows  # row changes per phase and tick (0: no limit)
         self.sync_point_interval_ms = sync_point_interval_ms
         self.local_max_bytes = local_max_bytes  # a phase reading less runs without a job
         self.batch_behind_ms = int(batch_behind_s * 1000)  # 0: every tick commits
@@ -123,6 +135,7 @@ class SparkTableExecutor:
         batch_behind_s: float = 0.0,
         clock: Callable[[], float] = time.time,
         registration: str = "",
+        tick_rows: int = 0,
     ) -> SparkTableExecutor:
         """The executor as the last :meth:`save` left it (empty if none), reconciled with the sink."""
         ex = cls(
@@ -137,6 +150,7 @@ class SparkTableExecutor:
             batch_behind_s,
             clock,
             registration,
+            tick_rows,
         )
         loaded = ex.staging.load()
         if loaded is None:
@@ -258,7 +272,7 @@ class SparkTableExecutor:
 
     def pull_phase(self) -> dict[int, int]:
         """Phase 1 for every pulling table, in one Spark job; returns rows staged per table."""
-        specs = []
+        pending = []  # (table_id, rec, resolved, its change-log files in (staged, resolved])
         for table_id, rec in sorted(self._tables.items()):
             if not (rec.state in _PULLING or (rec.state == T.STOPPING and rec.token)):
                 continue
@@ -267,10 +281,19 @@ class SparkTableExecutor:
                 if resolved <= rec.staged_upto:
                     self._caught_up(rec)
                     continue
-                spec = self._pull_spec(table_id, rec, resolved)
+                files = self.changelog.data_files(table_id, rec.staged_upto, resolved)
             except (ChangeLogError, SchemaError, OSError, ValueError) as exc:
                 self._fail(table_id, rec, self._history_error(table_id, exc), "pull")
                 continue
+            pending.append((table_id, rec, resolved, files))
+        specs = []
+        for table_id, rec, resolved, upto in self._pull_budget(pending):
+            try:
+                spec = self._pull_spec(table_id, rec, upto)
+            except (ChangeLogError, SchemaError, OSError, ValueError) as exc:
+                self._fail(table_id, rec, self._history_error(table_id, exc), "pull")
+                continue
+            spec["resolved"] = resolved
             specs.append(spec)
         staged: dict[int, int] = {}
         for res in job.run(self.spark, "pull", specs, local_max_bytes=self.local_max_bytes):
@@ -280,14 +303,43 @@ class SparkTableExecutor:
                 self._fail(table_id, rec, res["message"], "pull")
                 continue
             rec.files += [StagedFile(**f) for f in json.loads(res["detail"])]
-            rec.staged_upto = next(s["upto"] for s in specs if s["table_id"] == table_id)
+            spec = next(s for s in specs if s["table_id"] == table_id)
+            rec.staged_upto = spec["upto"]
             rec.resolved_ts = max(rec.resolved_ts, rec.staged_upto)
             self._clear(rec, "pull")
-            self._caught_up(rec)
+            if rec.staged_upto >= spec["resolved"]:  # not a slice: caught up
+                self._caught_up(rec)
             staged[table_id] = res["rows"]
         self.save()
         self._check()
         return staged
+
+    def _pull_budget(
+        self, pending: list[tuple[int, TableRecord, int, list[Any]]]
+    ) -> list[tuple[int, TableRecord, int, int]]:
+        """(table, record, resolved, upto) of the tables this tick pulls, within
+        ``tick_rows`` (the module docstring): whole (upto = resolved) while they fit, fewest
+        pending bytes first; the first that does not fit up to the ts where its files'
+        rows reach what is left (at least one file); the others wait. A stopping table's
+        last pull is never cut or put off."""
+        if not self.tick_rows:
+            return [(t, rec, res, res) for t, rec, res, _ in pending]
+        out, left, sliced = [], self.tick_rows, False
+        order = sorted(pending, key=lambda p: (sum(_size(f.path) for f in p[3]), p[0]))
+        for table_id, rec, resolved, files in order:
+            if rec.state == T.STOPPING:
+                out.append((table_id, rec, resolved, resolved))
+                continue
+            if sliced:
+                continue  # waits for the next tick
+            upto, rows = _slice(files, left)
+            if upto >= resolved or not files:
+                out.append((table_id, rec, resolved, resolved))
+                left -= rows
+                continue
+            out.append((table_id, rec, resolved, upto))
+            sliced = True
+        return out
 
     @staticmethod
     def _caught_up(rec: TableRecord) -> None:
@@ -348,6 +400,7 @@ class SparkTableExecutor:
             if self._gathers(rec, spec):
                 continue
             specs.append(spec)
+        specs = self._sink_budget(specs)
         upto = {spec["table_id"]: spec for spec in specs}
         for spec in specs:
             self._tables[spec["table_id"]].sink_intent = spec["end"]
@@ -388,6 +441,30 @@ class SparkTableExecutor:
         self._check()
         return written
 
+    def _sink_budget(self, specs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The batches this tick writes, within ``tick_rows`` (as ``_pull_budget``): whole,
+        fewest staged rows first, while they fit; the first that does not fit cut at a
+        staged file's end (at least one file); the others wait. A stopping table's last
+        batch is never cut or put off."""
+        if not self.tick_rows:
+            return specs
+        out, left, sliced = [], self.tick_rows, False
+        for spec in sorted(specs, key=lambda sp: (sp["rows"], sp["table_id"])):
+            rec = self._tables[spec["table_id"]]
+            if rec.state == T.STOPPING:
+                out.append(spec)
+            elif sliced:
+                continue  # waits for the next tick
+            elif spec["rows"] <= left:
+                out.append(spec)
+                left -= spec["rows"]
+            else:
+                cut = self._sink_spec(spec["table_id"], rec, max_rows=left)
+                if cut is not None and cut["end"] > cut["start"]:
+                    out.append(cut)
+                sliced = True
+        return out
+
     def _held_by_barrier(self, table_id: int, end: int) -> bool:
         b = self.barrier
         closed = not b.open_until_ts and b.global_barrier_ts < MAX_TS
@@ -405,6 +482,8 @@ class SparkTableExecutor:
         wait = self.batch_behind_ms
         if not wait or rec.state != T.REPLICATING or spec["held"]:
             return False
+        if self.tick_rows and spec["rows"] >= self.tick_rows:
+            return False  # a budget's worth is staged: it commits each tick
         now = self._now_ms()
         return now - physical_ms(rec.staged_upto) > wait and now - rec.sunk_at_ms < wait
 
@@ -426,12 +505,24 @@ class SparkTableExecutor:
         self._ddl_stop_ts = min((r.commit_ts for r in ddls), default=0)
         return min([resolved, *(r.commit_ts for r in ddls)]) if resolved > low else low
 
-    def _sink_spec(self, table_id: int, rec: TableRecord) -> dict[str, Any] | None:
+    def _sink_spec(
+        self, table_id: int, rec: TableRecord, max_rows: int | None = None
+    ) -> dict[str, Any] | None:
+        """The table's batch (None: nothing to write); ``max_rows``: cut at the end of the
+        staged file where the staged rows pass it (at least one file)."""
         start = rec.checkpoint_ts
         limit = self.barrier.open_barrier_ts(table_id, self._stream_ts)
         end = min(rec.staged_upto, limit)
         if end <= start:
             return None
+        if max_rows is not None:
+            rows = 0
+            for i, f in enumerate(sorted((f for f in rec.files if f.hi > start),
+                                         key=lambda f: f.hi)):  # fmt: skip
+                if i and rows + f.rows > max_rows:
+                    end = min(end, f.lo)  # files are the pull's slices: (lo, hi] follow on
+                    break
+                rows += f.rows
         # A batch never spans a DDL of its table (the barrier cuts there too; this is a guard).
         ddl_at_end = False
         for r in self.changelog.ddl_records(start, end):
@@ -442,7 +533,8 @@ class SparkTableExecutor:
         schema = self._schema(table_id, start) or self._schema(table_id, end)
         if schema is None:
             return None
-        files = [self.staging.path(table_id, f) for f in rec.files if f.hi > start and f.lo < end]
+        staged = [f for f in rec.files if f.hi > start and f.lo < end]
+        files = [self.staging.path(table_id, f) for f in staged]
         interval = self.sync_point_interval_ms
         sink_end = end - 1 if ddl_at_end else end
         cuts = syncpoints_between(start, sink_end, interval)
@@ -469,6 +561,7 @@ class SparkTableExecutor:
             "schema": schema.to_json(),
             "files": files,
             "weight": sum(_size(p) for p in files),
+            "rows": sum(f.rows for f in staged),  # staged changes (before the collapse)
         }
 
     def _restage(self, table_id: int, rec: TableRecord) -> None:
@@ -584,6 +677,30 @@ class SparkTableExecutor:
     def tables(self) -> Mapping[int, TableRecord]:
         """The held tables' records (read them, do not change them)."""
         return self._tables
+
+
+def _rows(path: str) -> int:
+    """Rows of a change-log file (its Parquet footer); 0 if it cannot be read (the pull
+    reads it and says why)."""
+    try:
+        return pq.read_metadata(path).num_rows
+    except (OSError, pa.ArrowException):
+        return 0
+
+
+def _slice(files: list[Any], budget: int) -> tuple[int, int]:
+    """(ts, rows): the files in ts order up to the one where their rows pass ``budget`` (at
+    least one file), and how many rows that is; ts is the last file's ``last_ts`` (rows of
+    files that straddle it above are pulled next tick: the pull filters by ts), MAX_TS
+    when all fit."""
+    rows = 0
+    ordered = sorted(files, key=lambda f: (f.last_ts, f.first_ts))
+    for i, f in enumerate(ordered):
+        n = _rows(f.path)
+        if i and rows + n > budget:
+            return ordered[i - 1].last_ts, rows
+        rows += n
+    return MAX_TS, rows
 
 
 def _size(path: str) -> int:

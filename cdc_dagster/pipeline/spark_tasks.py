@@ -60,7 +60,9 @@ def pull_table(spec: dict[str, Any]) -> dict[str, Any]:
                 continue
             name = f"{seg['lo']:020d}-{seg['hi']:020d}.parquet"
             _write_atomic(mounted, os.path.join(spec["out_dir"], name))
-            staged.append({"name": name, "lo": seg["lo"], "hi": seg["hi"]})
+            staged.append(
+                {"name": name, "lo": seg["lo"], "hi": seg["hi"], "rows": mounted.num_rows}
+            )
             rows += mounted.num_rows
     except BadInputError as exc:
         return _result(table_id, "error", str(exc))

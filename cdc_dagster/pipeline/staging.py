@@ -36,9 +36,10 @@ class StagedFile:
     name: str
     lo: int
     hi: int
+    rows: int = 0  # mounted changes in it (0: a manifest from before they were counted)
 
     def to_json(self) -> dict[str, Any]:
-        return {"name": self.name, "lo": self.lo, "hi": self.hi}
+        return {"name": self.name, "lo": self.lo, "hi": self.hi, "rows": self.rows}
 
 
 @dataclass(slots=True)
@@ -92,7 +93,7 @@ class TableRecord:
             token=obj["token"],
             error=obj["error"],
             error_phase=obj.get("error_phase", "sink" if obj["error"] else None),
-            files=[StagedFile(f["name"], f["lo"], f["hi"]) for f in obj["files"]],
+            files=[StagedFile(f["name"], f["lo"], f["hi"], f.get("rows", 0)) for f in obj["files"]],
             sink_intent=obj.get("sink_intent", 0),
             rows_applied=obj.get("rows_applied", 0),
             sunk_at_ms=obj.get("sunk_at_ms", 0),

@@ -139,6 +139,7 @@ def capture_tick(
             spark.live_session,
             local_max_bytes=settings.local_tick_bytes,
             batch_behind_s=settings.batch_behind_s,
+            tick_rows=settings.tick_rows,
         ),
         lease_ttl_s=settings.capture_ttl_s,
     )
