@@ -495,7 +495,7 @@ class LagSampler:
         self.ms, self.my, self.sizes, self.rate = ms, my, sizes, rate
         self.samples: list[float] = []
         self.times: list[float] = []  # when each sample was taken (wall clock)
-        self.t0 = 0.0
+        self.t0 = self.seconds = 0.0
         self.stop = threading.Event()
         self.threads = [threading.Thread(target=self._sample, daemon=True)]
 
@@ -529,12 +529,13 @@ class LagSampler:
             self.stop.set()
             for t in self.threads:
                 t.join()
+            self.seconds = time.time() - self.t0
 
     def summary(self) -> dict[str, float]:
         v = sorted(self.samples) or [float("nan")]
         at = self.times[self.samples.index(v[-1])] - self.t0 if self.samples else float("nan")
         return {"p50": v[len(v) // 2], "p90": v[int(len(v) * 0.9)], "max": v[-1],
-                "max_at": at, "seconds": time.time() - self.t0}  # fmt: skip
+                "max_at": at, "seconds": self.seconds}  # fmt: skip
 
 
 def stack_drain(

@@ -333,11 +333,12 @@ class SparkTableExecutor:
             if sliced:
                 continue  # waits for the next tick
             upto, rows = _slice(files, left)
-            if upto >= resolved or not files:
+            whole = upto >= resolved or not files
+            if whole and _cost(rows) <= left:
                 out.append((table_id, rec, resolved, resolved))
-                left -= rows
+                left -= _cost(rows)
                 continue
-            out.append((table_id, rec, resolved, upto))
+            out.append((table_id, rec, resolved, resolved if whole else upto))
             sliced = True
         return out
 
@@ -455,9 +456,9 @@ class SparkTableExecutor:
                 out.append(spec)
             elif sliced:
                 continue  # waits for the next tick
-            elif spec["rows"] <= left:
+            elif _cost(spec["rows"]) <= left:
                 out.append(spec)
-                left -= spec["rows"]
+                left -= _cost(spec["rows"])
             else:
                 cut = self._sink_spec(spec["table_id"], rec, max_rows=left)
                 if cut is not None and cut["end"] > cut["start"]:
@@ -686,6 +687,19 @@ def _rows(path: str) -> int:
         return pq.read_metadata(path).num_rows
     except (OSError, pa.ArrowException):
         return 0
+
+
+# A table moving a large batch in a tick (a snapshot's, a backlog's) costs a Spark task, a
+# Delta commit and its files, perhaps the table's creation, whatever its rows: ~0.3-1 s here,
+# as much as ~100k rows of mounting and MERGE. The tick budget counts such a batch as at
+# least TABLE_COST_ROWS (a hundred snapshot tables released together move ~5 per tick, not 10).
+BIG_BATCH_ROWS = 10_000
+TABLE_COST_ROWS = 100_000
+
+
+def _cost(rows: int) -> int:
+    """What a table's batch of ``rows`` changes counts for in the tick budget."""
+    return rows if rows < BIG_BATCH_ROWS else max(rows, TABLE_COST_ROWS)
 
 
 def _slice(files: list[Any], budget: int) -> tuple[int, int]:

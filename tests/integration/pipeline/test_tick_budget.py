@@ -105,3 +105,26 @@ def test_a_backlog_of_a_budget_or_more_commits_each_tick_instead_of_gathering(
         assert now > before
         assert delta_content(tmp_path / "delta", w.schemas[1]) == w.expected(1, now)
         before = now
+
+
+def test_tables_with_large_batches_count_at_least_a_tables_cost(
+    tmp_path: Path, spark: Any, writer: Any, monkeypatch: Any
+) -> None:
+    """Two tables of 30 changes each (two files), large batches at a table's cost of 60: one
+    moves whole and fills the budget, the other moves one file; counted by rows (30 + 30)
+    both would move whole."""
+    from cdc_dagster.pipeline import executor
+
+    monkeypatch.setattr(executor, "BIG_BATCH_ROWS", 30)
+    monkeypatch.setattr(executor, "TABLE_COST_ROWS", BUDGET)
+    w = Workload(writer, [1, 2])
+    clock = Clock((BASE_MS + 12_000) / 1000)
+    ex = make(tmp_path, spark, clock)
+    for t in (1, 2):
+        ex.prepare(t, Checkpoint(ts(1), ts(1)))
+    ex.pull_phase()
+    top = w.write(steps=2, per_step=15)
+    assert {t: len(w.changes[t]) for t in (1, 2)} == {1: 30, 2: 30}
+    ex.pull_phase()
+    reached = sorted(ex.status(t).checkpoint.resolved_ts for t in (1, 2))
+    assert reached == [top - (ts(3) - ts(2)), top]  # one file, and the whole table
