@@ -35,9 +35,9 @@ DEFAULT_BATCH_BEHIND_S = 10.0
 # Row changes a changefeed's capture tick moves per phase (pull, sink): a capture ticks its
 # changefeeds one after another, so a table with millions of rows resolved at once (a
 # snapshot) would hold every other table and changefeed of the capture for its whole MERGE;
-# it moves in slices of this many instead (~1-2 s of a Spark core each here; a table with a
-# large batch counts as at least 100k: pipeline.executor.TABLE_COST_ROWS). 0: no limit.
-DEFAULT_TICK_ROWS = 500_000
+# it moves in slices of this many instead (~2-4 s of a Spark core each here; a table with a
+# large batch counts as at least 200k: pipeline.executor.TABLE_COST_ROWS). 0: no limit.
+DEFAULT_TICK_ROWS = 1_000_000
 
 
 def process_owner_id() -> str:

@@ -691,10 +691,11 @@ def _rows(path: str) -> int:
 
 # A table moving a large batch in a tick (a snapshot's, a backlog's) costs a Spark task, a
 # Delta commit and its files, perhaps the table's creation, whatever its rows: ~0.3-1 s here,
-# as much as ~100k rows of mounting and MERGE. The tick budget counts such a batch as at
-# least TABLE_COST_ROWS (a hundred snapshot tables released together move ~5 per tick, not 10).
+# as much as a few hundred thousand rows of mounting and MERGE. The tick budget counts such a
+# batch as at least TABLE_COST_ROWS (a hundred snapshot tables of 100k rows released
+# together move ~5 per tick, not 10).
 BIG_BATCH_ROWS = 10_000
-TABLE_COST_ROWS = 100_000
+TABLE_COST_ROWS = 200_000
 
 
 def _cost(rows: int) -> int:
