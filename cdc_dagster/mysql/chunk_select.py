@@ -273,10 +273,8 @@ def _last_key(schema: TableSchema, rows: pa.Table) -> tuple[Any, ...] | None:
 
 
 # ----------------------------------------------------------------------------- the clients
-class ArrowClient:
-    """connectorx: one connection per SELECT (its own), statements run before it there."""
-
-    name = "connectorx"
+class _Client:
+    """What both clients keep: the table, its schema version, the kind of positions."""
 
     def __init__(
         self,
@@ -286,9 +284,21 @@ class ArrowClient:
         gtid_positions: bool = False,
     ) -> None:
         self.schema, self.version = schema, version
+        self.gtid_positions = gtid_positions  # GTIDs (BINLOG_GTID_POS), else coordinates
+        self._open(upstream)
+
+    def _open(self, upstream: UpstreamConfig) -> None:
+        pass
+
+
+class ArrowClient(_Client):
+    """connectorx: one connection per SELECT (its own), statements run before it there."""
+
+    name = "connectorx"
+
+    def _open(self, upstream: UpstreamConfig) -> None:
         self.url = connectorx_url(upstream)
-        self.snapshot_sql = _snapshot_sql(gtid_positions)
-        self.gtid_positions = gtid_positions
+        self.snapshot_sql = _snapshot_sql(self.gtid_positions)
 
     def select(self, bounds: Bounds, limit: int | None, snapshot: bool) -> Selected:
         sql = arrow_select(self.schema, bounds, limit, position=snapshot)
@@ -333,20 +343,12 @@ def connectorx_url(upstream: UpstreamConfig) -> str:
     return f"mysql://{cred}@{host}:{kw['port']}?prefer_socket=false"
 
 
-class RowClient:
+class RowClient(_Client):
     """pymysql: one connection for all SELECTs of the client, a transaction per snapshot."""
 
     name = "pymysql"
 
-    def __init__(
-        self,
-        upstream: UpstreamConfig,
-        schema: TableSchema,
-        version: int,
-        gtid_positions: bool = False,
-    ) -> None:
-        self.schema, self.version = schema, version
-        self.gtid_positions = gtid_positions
+    def _open(self, upstream: UpstreamConfig) -> None:
         self.conn = connect(upstream)
         with self.conn.cursor() as cur:
             cur.execute("SET SESSION time_zone = '+00:00'")
