@@ -30,11 +30,11 @@ READY = "cdc-dagster run worker ready"
 
 
 # The CPU priority (niceness) of a worker's imports ahead of a run: a worker replacing one
-# that just took a run imports for ~5 s of CPU, beside the runs already going (the captures'
-# ticks, and a snapshot's reads, themselves at niceness 10: two refills at 10 took 0.3-0.4
-# of the 2 cores here from a 10M-row snapshot's reads); they come first. Its run gets the
-# priority back.
-PRELOAD_NICE = 19
+# that just took a run imports for ~5 s of CPU, beside the runs already going (a snapshot's
+# reads, the captures' ticks); they come first. Its run gets the priority back. (Two refills
+# took 0.3-0.4 of the 2 cores here during a 10M-row snapshot's reads, at 10 as the reads;
+# at 19 the reads were no faster within the bench's +-15%, so 10 stays.)
+PRELOAD_NICE = 10
 
 
 def lower_priority() -> int | None:
