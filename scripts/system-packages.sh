@@ -15,6 +15,7 @@ python3 -c 'import ensurepip, venv' >/dev/null 2>&1 || need+=(python3-venv)
 if [ "$profile" = test ]; then
   command -v openssl >/dev/null 2>&1 || need+=(openssl)
   command -v mariadbd >/dev/null 2>&1 || [ -x /usr/sbin/mariadbd ] || need+=(mariadb-server)
+  command -v mariadb-binlog >/dev/null 2>&1 || need+=(mariadb-client)  # the benches' counts
   ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1 || need+=(postgresql)
   command -v chromium >/dev/null 2>&1 || need+=(chromium fonts-dejavu-core)  # fonts: not a Depends
   command -v sysbench >/dev/null 2>&1 || need+=(sysbench)
