@@ -61,9 +61,9 @@ class AdoptionContext(PullerContext, Protocol):
     binlog_at: tuple[str, int] | None
     stream_server_id: int | None  # the server the stream reads (None: not connected)
 
-    def gtid_at(self, server_id: int, log_file: str, offset: int) -> dict[int, int] | None:
-        """The upstream's GTID sequence per domain at ``log_file:offset`` (None: it is not
-        server ``server_id``, or it has no such binlog)."""
+    def gtid_at(self, server_id: int, log_file: str, offset: int) -> dict[int, str] | None:
+        """The upstream's GTID per domain at ``log_file:offset`` (None: it is not server
+        ``server_id``, or it has no such binlog)."""
 
 
 def binlog_order(log_file: str, offset: int) -> tuple[int, int]:
@@ -196,7 +196,8 @@ class Adopter:
             where = binlog_order(log_file, offset)
             if at is None or binlog_order(*at) < where:
                 return _WAIT
-            found = ctx.gtid_at(server_id, log_file, offset)  # a quiet binlog, or forgotten
+            gtids = ctx.gtid_at(server_id, log_file, offset)  # a quiet binlog, or forgotten
+            found = None if gtids is None else {d: _seq(g) for d, g in gtids.items()}
         self.resolved[path] = found
         return found
 

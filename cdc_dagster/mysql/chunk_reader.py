@@ -222,7 +222,9 @@ def read_groups(groups: list[str], batches: Iterator[pa.RecordBatch]) -> Iterato
 # captures' ticks (the binlog stream of the other tables) come first, the reads take what
 # they leave. The workers belong to the snapshot runs' own session (``SNAPSHOT_SESSION``).
 # ``CDC_DAGSTER_SNAPSHOT_NICE`` (in the Spark server's environment) sets it, 0-19.
-SNAPSHOT_NICE = min(19, max(0, int(os.environ.get("CDC_DAGSTER_SNAPSHOT_NICE", "10") or 10)))
+# (not an integer: 10).
+_NICE = os.environ.get("CDC_DAGSTER_SNAPSHOT_NICE", "").strip()
+SNAPSHOT_NICE = min(19, max(0, int(_NICE))) if _NICE.lstrip("-").isdigit() else 10
 
 
 def yield_cpu() -> None:

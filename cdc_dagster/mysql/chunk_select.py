@@ -38,6 +38,7 @@ from cdc_dagster.mysql.catalog import quote_ident as _q
 from cdc_dagster.mysql.errors import PullerError
 from cdc_dagster.mysql.position import (
     COORDS_SQL,
+    GTIDS_SQL,
     Coords,
     mariadb_snapshot_coords,
     mariadb_snapshot_state,
@@ -56,11 +57,7 @@ Bounds = tuple[tuple[Any, ...] | None, tuple[Any, ...] | None]  # keys after lo,
 # bounds are such values: chunk ends, JSON-encoded in the chunk records)
 _ARROW_KEY_TYPES = {"int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
                     "string", "binary"}  # fmt: skip
-_POSITION_SQL = (
-    "SET @cdc_snapshot_pos = (SELECT BINLOG_GTID_POS(f.VARIABLE_VALUE, p.VARIABLE_VALUE) "
-    "FROM information_schema.SESSION_STATUS f JOIN information_schema.SESSION_STATUS p "
-    "ON f.VARIABLE_NAME = 'BINLOG_SNAPSHOT_FILE' AND p.VARIABLE_NAME = 'BINLOG_SNAPSHOT_POSITION')"
-)
+_POSITION_SQL = f"SET @cdc_snapshot_pos = ({GTIDS_SQL})"
 _COORDS_SQL = f"SET @cdc_snapshot_pos = ({COORDS_SQL})"
 
 

@@ -39,12 +39,17 @@ def parse_coords(text: str) -> Coords:
     return int(sid), log_file, int(offset)
 
 
-# A consistent snapshot's binlog coordinates as one text (no BINLOG_GTID_POS: no binlog read)
-COORDS_SQL = (
-    "SELECT CONCAT(@@server_id, ':', f.VARIABLE_VALUE, ':', p.VARIABLE_VALUE) "
+# The session's consistent snapshot: its binlog file (f) and offset (p)
+_SNAPSHOT_STATUS = (
     "FROM information_schema.SESSION_STATUS f JOIN information_schema.SESSION_STATUS p "
     "ON f.VARIABLE_NAME = 'BINLOG_SNAPSHOT_FILE' AND p.VARIABLE_NAME = 'BINLOG_SNAPSHOT_POSITION'"
 )
+# ... as binlog coordinates in one text (no BINLOG_GTID_POS: no binlog read)
+COORDS_SQL = (
+    f"SELECT CONCAT(@@server_id, ':', f.VARIABLE_VALUE, ':', p.VARIABLE_VALUE) {_SNAPSHOT_STATUS}"
+)
+# ... as GTIDs (BINLOG_GTID_POS reads the binlog file up to the offset)
+GTIDS_SQL = f"SELECT BINLOG_GTID_POS(f.VARIABLE_VALUE, p.VARIABLE_VALUE) {_SNAPSHOT_STATUS}"
 
 
 def mariadb_snapshot_coords(cur: Any) -> Coords:
@@ -107,6 +112,7 @@ def mysql_state_at(status: dict[str, Any], gtid_mode: str) -> PullerState:
 
 __all__ = [
     "COORDS_SQL",
+    "GTIDS_SQL",
     "Coords",
     "binary_log_status",
     "mariadb_snapshot_coords",

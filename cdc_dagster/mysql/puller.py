@@ -261,8 +261,8 @@ class Puller:
         """The binlog file and offset the stream is past (None: not known yet)."""
         return (self.log_file, self.log_offset) if self.log_file and self.log_offset else None
 
-    def gtid_at(self, server_id: int, log_file: str, offset: int) -> dict[int, int] | None:
-        """The upstream's GTID sequence per domain at ``log_file:offset`` (``BINLOG_GTID_POS``,
+    def gtid_at(self, server_id: int, log_file: str, offset: int) -> dict[int, str] | None:
+        """The upstream's GTID per domain at ``log_file:offset`` (``BINLOG_GTID_POS``,
         which reads the file up to there); None: the upstream is not server ``server_id``
         or has no such binlog."""
         conn = connect(self.upstream)
@@ -272,9 +272,7 @@ class Puller:
                 sid, text = cur.fetchone()
         finally:
             conn.close()
-        if sid != server_id or not text:
-            return None
-        return {d: int(g.rsplit("-", 1)[1]) for d, g in parse_gtid_pos(text).items()}
+        return parse_gtid_pos(text) if sid == server_id and text else None
 
     def _take_requests(self) -> None:
         """Re-snapshot requests (``PullerConfig.requests``), looked at every
@@ -402,7 +400,9 @@ class Puller:
                 elif typ == MARIADB_GTID:
                     self.trx = []
                     if self.adopter.history:  # it begins where the transaction before ended
-                        self._begins(log_pos - 19 - len(body) - trailer)
+                        begin = log_pos - 19 - len(body) - trailer
+                        if (self.log_file, begin) not in self.adopter.ends:  # a stream's start
+                            self._begins(begin)
                     self.trx_domain, self.trx_gtid, self.trx_standalone = mariadb_gtid(
                         server_id, body
                     )

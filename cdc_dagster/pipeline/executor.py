@@ -281,15 +281,17 @@ class SparkTableExecutor:
                 if resolved <= rec.staged_upto:
                     self._caught_up(rec)
                     continue
+                # listed once: the budget counts their rows, the spec cuts them into segments
                 files = self.changelog.data_files(table_id, rec.staged_upto, resolved)
             except (ChangeLogError, SchemaError, OSError, ValueError) as exc:
                 self._fail(table_id, rec, self._history_error(table_id, exc), "pull")
                 continue
             pending.append((table_id, rec, resolved, files))
         specs = []
+        listed = {table_id: files for table_id, _, _, files in pending}
         for table_id, rec, resolved, upto in self._pull_budget(pending):
             try:
-                spec = self._pull_spec(table_id, rec, upto)
+                spec = self._pull_spec(table_id, rec, upto, listed[table_id])
             except (ChangeLogError, SchemaError, OSError, ValueError) as exc:
                 self._fail(table_id, rec, self._history_error(table_id, exc), "pull")
                 continue
@@ -347,7 +349,11 @@ class SparkTableExecutor:
         if rec.state == T.PREPARING:
             rec.state = T.PREPARED
 
-    def _pull_spec(self, table_id: int, rec: TableRecord, upto: int) -> dict[str, Any]:
+    def _pull_spec(
+        self, table_id: int, rec: TableRecord, upto: int, listed: list[Any]
+    ) -> dict[str, Any]:
+        """The table's pull of ``(staged_upto, upto]`` from ``listed`` (its data files in
+        ``(staged_upto, resolved]``, ``upto <= resolved``), one segment per DDL of it."""
         after = rec.staged_upto
         ddls = [
             r.commit_ts
@@ -358,7 +364,7 @@ class SparkTableExecutor:
         for hi in [*sorted(set(ddls)), upto]:
             if hi <= lo:
                 continue
-            files = self.changelog.data_files(table_id, lo, hi)
+            files = [f for f in listed if f.last_ts > lo and f.first_ts <= hi]  # as data_files
             schema = self.changelog.schema_at(table_id, lo)
             if schema is None and files:
                 raise ValueError(

@@ -57,9 +57,9 @@ class _Ctx:
     binlog_at: tuple[str, int] | None = None
     stream_server_id: int | None = 1
     asked: list[tuple[int, str, int]] = field(default_factory=list)
-    upstream_gtids: dict[tuple[str, int], dict[int, int]] = field(default_factory=dict)
+    upstream_gtids: dict[tuple[str, int], dict[int, str]] = field(default_factory=dict)
 
-    def gtid_at(self, server_id: int, log_file: str, offset: int) -> dict[int, int] | None:
+    def gtid_at(self, server_id: int, log_file: str, offset: int) -> dict[int, str] | None:
         self.asked.append((server_id, log_file, offset))
         return self.upstream_gtids.get((log_file, offset))
 
@@ -143,7 +143,7 @@ def test_coordinates_are_placed_at_the_gtids_of_the_transaction_that_ends_there(
     ctx.state.position[0] = "0-1-12"  # seq 12 ends at 2600: the stream is there now
     adopter.ended("binlog.000004", 2600, ctx.state.position)  # another file: not the chunk's
     ctx.binlog_at = ("binlog.000004", 2600)
-    ctx.upstream_gtids[("binlog.000003", 2600)] = {0: 12}
+    ctx.upstream_gtids[("binlog.000003", 2600)] = {0: "0-1-12"}
     adopter.adopt(ctx)  # not remembered, behind the stream: the upstream is asked
     assert ctx.asked == [(1, "binlog.000003", 2600)]
     assert [p[2] for p in ctx.writer.placed][1:] == ["0001-000000.parquet"]
@@ -159,7 +159,7 @@ def test_coordinates_of_another_server_or_from_before_the_stream_are_read_again(
     ctx, adopter = _start(tmp_path, ranges=2, stream_at=9)
     adopter.ended("binlog.000003", 1000, ctx.state.position)
     ctx.binlog_at = ("binlog.000003", 1000)
-    ctx.upstream_gtids[("binlog.000003", 400)] = {0: 7}  # the run remembers from seq 8
+    ctx.upstream_gtids[("binlog.000003", 400)] = {0: "0-1-7"}  # the run remembers from seq 8
     gen_dir = generation_dir(tmp_path, TID, GEN)
     _read_at(tmp_path, 0, None, server=2, offset=900)
     _read_at(tmp_path, 1, [100], server=1, offset=400)
