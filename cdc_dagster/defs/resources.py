@@ -102,6 +102,9 @@ class CdcResource(dg.ConfigurableResource):
             self._metastore = None
 
 
+_SESSION_LOCK = threading.RLock()
+
+
 class SparkResource(LazyPySparkResource):
     """dagster-pyspark's lazy session on Spark Connect (``remote`` or
     ``CDC_DAGSTER_SPARK_REMOTE``: ``sc://host:port``), else a ``local[2]`` in-process session."""
@@ -131,17 +134,18 @@ class SparkResource(LazyPySparkResource):
     def live_session(self) -> Any:
         """The session, built anew when the old one no longer answers (Spark Connect was
         restarted under a run that follows its mailbox: the old session is gone for good)."""
-        session = self.spark_session
-        if session_alive(session):
-            return session
-        _log.warning("the Spark session no longer answers; opening a new one")
-        try:
-            session.stop()
-        except Exception as exc:
-            _log.info("stopping the dead Spark session: %s", exc)
-        self._spark_session = None
-        self._init_session(fresh=True)
-        return self._spark_session
+        with _SESSION_LOCK:  # a capture run's changefeed lanes ask from their threads
+            session = self.spark_session
+            if session_alive(session):
+                return session
+            _log.warning("the Spark session no longer answers; opening a new one")
+            try:
+                session.stop()
+            except Exception as exc:
+                _log.info("stopping the dead Spark session: %s", exc)
+            self._spark_session = None
+            self._init_session(fresh=True)
+            return self._spark_session
 
 
 def table_resources() -> dict[str, Any]:

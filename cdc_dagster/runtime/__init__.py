@@ -16,6 +16,7 @@ from cdc_dagster.runtime.capture import (
     capture_commit,
     capture_prepare,
 )
+from cdc_dagster.runtime.lanes import ChangefeedLanes, LaneTick
 from cdc_dagster.runtime.owner import (
     ChangefeedTick,
     OwnerLoop,
@@ -37,11 +38,13 @@ from cdc_dagster.runtime.spec import ExecutorFactory, ExecutorSpec, RuntimeExecu
 __all__ = [
     "CaptureContext",
     "CaptureTick",
+    "ChangefeedLanes",
     "ChangefeedTick",
     "CommitOutcome",
     "ExecutorFactory",
     "ExecutorSpec",
     "FrontierWatch",
+    "LaneTick",
     "OwnerLoop",
     "OwnerStep",
     "OwnerTick",

@@ -19,6 +19,7 @@ import contextlib
 import json
 import logging
 import shutil
+import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -311,8 +312,18 @@ class _Tick:
         )
 
 
+# A following run ticks its changefeeds in lanes (threads, cdc_dagster/runtime/lanes.py):
+# two lanes finding the registration expired register it once, not twice.
+_REGISTERING = threading.Lock()
+
+
 def attach_or_register(ctx: CaptureContext) -> tuple[CaptureSession, bool]:
     """The capture's registration with its lease renewed; a new one if it expired."""
+    with _REGISTERING:
+        return _attach_or_register(ctx)
+
+
+def _attach_or_register(ctx: CaptureContext) -> tuple[CaptureSession, bool]:
     reg = ctx.metastore.captures
     try:
         session = reg.attach(ctx.capture_id)

@@ -16,6 +16,10 @@ per run) and ticks again, both halves, with the same Spark session:
   flushed it. Such ticks come at most every ``SELF_TICK_S``, every ``IDLE_TICK_S`` while
   they find nothing to sink (an idle upstream's heartbeats still move the checkpoints).
 
+Each changefeed ticks in a lane of its own (``ChangefeedLanes``): one tick at a time per
+changefeed, the changefeeds side by side, so a long tick of one (a snapshot's tables
+released, a Spark job of many seconds) never holds another changefeed's stream.
+
 A run launch costs seconds (a process, the code location, a Spark session); a tick with a
 warm session costs about one. Each tick is as durable as a run's (the halves persist the
 Agent and the executor), so a run that dies mid-loop is a capture that missed ticks, as
@@ -25,6 +29,7 @@ run) or the capture's registration is gone.
 
 import json
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import dagster as dg
@@ -44,10 +49,13 @@ from cdc_dagster.metastore.errors import (
 from cdc_dagster.metastore.mailbox import merge
 from cdc_dagster.runtime import (
     CaptureTick,
+    ChangefeedLanes,
     FrontierWatch,
+    LaneTick,
     TableProgress,
     spark_executor_factory,
 )
+from cdc_dagster.runtime.lanes import DATA, OWNER
 
 POLL_S = 0.25  # how often an idle follow op looks at the mailbox and the change logs
 SELF_TICK_S = 0.5  # the least time between two ticks a capture starts on its own
@@ -195,7 +203,8 @@ class FollowConfig(dg.Config):
 
 
 class _Follow:
-    """The follow loop's state: what to tick next, and when it last ticked on its own."""
+    """The follow loop's state: what to tick next, and when each changefeed last ticked on
+    its own."""
 
     def __init__(
         self, context: dg.OpExecutionContext, cdc: CdcResource, received: Received
@@ -205,8 +214,8 @@ class _Follow:
         self.serving = set(received.messages)  # changefeeds the owner sent this capture
         self.watch = FrontierWatch(self.ms)
         self.watch.moved(self.serving)  # what the first tick has seen already
-        self.last_self_tick = 0.0
-        self.idle = False  # the last tick of its own sank nothing
+        self.last_self_tick: dict[str, float] = {}
+        self.idle: dict[str, bool] = {}  # the changefeed's last tick of its own sank nothing
         # The registration this run ticks under: a run frozen (SIGSTOP, a stalled VM) past
         # the lease that wakes once the capture is registered again must not tick beside
         # the new registration's run; it stops (its own ticks re-registering move it on).
@@ -216,29 +225,32 @@ class _Follow:
             self.registration = ""
         self.tagged = tag_registration(context, self.registration)
 
-    def next_work(self) -> tuple[dict[str, Any], str]:
-        """The owner's messages if any, else changefeeds with new resolved data (when a
-        tick of its own is due); and why."""
+    def next_work(self, busy: set[str]) -> tuple[dict[str, Any], str]:
+        """The owner's messages if any, else the changefeeds not ``busy`` with new resolved
+        data (when a tick of their own is due); and why."""
         work = self.ms.mailbox.take(self.cid, self.rev)
         if work:
             self.serving |= set(work)
-            return work, "owner"
-        pause = IDLE_TICK_S if self.idle else SELF_TICK_S
-        if time.monotonic() - self.last_self_tick < pause:
-            return {}, ""
-        moved = self.watch.moved(self.serving)
-        if not moved:
-            return {}, ""
-        self.last_self_tick = time.monotonic()
-        return {cf: [] for cf in moved}, "data"
+            return work, OWNER
+        now = time.monotonic()
+        due = [
+            cf
+            for cf in self.serving - busy
+            if now - self.last_self_tick.get(cf, 0.0)
+            >= (IDLE_TICK_S if self.idle.get(cf) else SELF_TICK_S)
+        ]
+        moved = self.watch.moved(due)
+        for cf in moved:
+            self.last_self_tick[cf] = now
+        return {cf: [] for cf in moved}, DATA
 
     def ticked(
-        self, why: str, capture: CaptureTick, progress: list[TableProgress], before: int
+        self, why: str, cf: str, capture: CaptureTick, progress: list[TableProgress], before: int
     ) -> None:
-        if why == "data":
+        if why == DATA:
             # Idle: it sank nothing and holds nothing unsunk (a table gathering a backlog,
             # its checkpoint below what it staged, is busy, not idle).
-            self.idle = sum(p.rows_applied for p in progress) == before and all(
+            self.idle[cf] = sum(p.rows_applied for p in progress) == before and all(
                 p.checkpoint_ts >= p.resolved_ts for p in progress if p.state == "replicating"
             )
         for outcome in capture.prepared.values():  # the registration its tick attached to
@@ -250,6 +262,32 @@ class _Follow:
         """Whether this run was marked canceling (by the owner, or a person in the UI)."""
         run = self.context.instance.get_run_by_id(self.context.run_id)
         return run is not None and run.status == dg.DagsterRunStatus.CANCELING
+
+
+@dataclass(frozen=True, slots=True)
+class _Ticked:
+    """One changefeed's follow tick, both halves."""
+
+    capture: CaptureTick
+    prepare_lines: list[str]
+    commit_lines: list[str]
+    progress: list[TableProgress]
+    prepare_s: float
+    commit_s: float
+
+
+def _follow_tick(
+    cdc: CdcResource, spark: SparkResource, capture_id: str, cf: str, messages: list[Any]
+) -> _Ticked:
+    """One tick of one changefeed, in its lane's thread."""
+    t0 = time.perf_counter()
+    capture = capture_tick(cdc, spark, capture_id, {cf: messages})
+    prepare_lines = capture.prepare()
+    t1 = time.perf_counter()
+    commit_lines, progress = capture.commit()
+    return _Ticked(
+        capture, prepare_lines, commit_lines, progress, t1 - t0, time.perf_counter() - t1
+    )
 
 
 def _still_ours(f: _Follow, state: dict[str, float]) -> str:
@@ -300,26 +338,25 @@ def build_follow_op(catalog: Catalog) -> dg.OpDefinition:
         f = _Follow(context, cdc, received)
         started = time.monotonic()
         state = {"renewed": started, "owner_checked": 0.0}
-        ticks, why_stopped = {"owner": 0, "data": 0}, "time is up"
+        ticks, why_stopped = {OWNER: 0, DATA: 0}, "time is up"
         throttle = MaterializationThrottle()
         rows: dict[tuple[str, int], int] = {}
-        while time.monotonic() < started + config.seconds:
-            why_stopped = _still_ours(f, state) or "time is up"
-            if why_stopped != "time is up":
-                break
-            work, why = f.next_work()
-            if not work:
-                time.sleep(POLL_S)
-                continue
-            ticks[why] += 1
-            tick_started = time.perf_counter()
-            capture = capture_tick(cdc, spark, f.cid, work)
-            lines = capture.prepare()
-            prepared = time.perf_counter()
-            committed, progress = capture.commit()
+        # Each changefeed ticks in a lane of its own: a long tick of one (a snapshot's
+        # tables released, a Spark job) never holds another's (cdc_dagster/runtime/lanes.py).
+        lanes: ChangefeedLanes[_Ticked] = ChangefeedLanes(
+            lambda cf, msgs: _follow_tick(cdc, spark, f.cid, cf, msgs)
+        )
+
+        def report(done: LaneTick[_Ticked]) -> None:
+            if done.error is not None:
+                raise done.error  # the capture's own (its etcd, its lease): the run fails
+            ticked = done.result
+            assert ticked is not None
+            ticks[done.why] += 1
+            progress = ticked.progress
             before = sum(rows.get((p.changefeed_id, p.table_id), 0) for p in progress)
             rows.update({(p.changefeed_id, p.table_id): p.rows_applied for p in progress})
-            f.ticked(why, capture, progress, before)
+            f.ticked(done.why, done.changefeed_id, ticked.capture, progress, before)
             events = materializations(catalog, progress, time.time_ns() // 1_000_000)
             logged = throttle.select(events, time.monotonic())
             for event in logged:
@@ -328,22 +365,48 @@ def build_follow_op(catalog: Catalog) -> dg.OpDefinition:
                 "tick %d (%s): %s; %d of %d asset event(s); %.2f s (prepare %.2f s, commit "
                 "%.2f s)\n%s",
                 sum(ticks.values()),
-                "owner's messages" if why == "owner" else "new resolved data",
-                ", ".join(f"{len(m)} message(s) of {cf}" for cf, m in work.items()),
+                "owner's messages" if done.why == OWNER else "new resolved data",
+                f"{len(done.messages)} message(s) of {done.changefeed_id}",
                 len(logged),
                 len(events),
-                time.perf_counter() - tick_started,
-                prepared - tick_started,
-                time.perf_counter() - prepared,
-                "\n".join([*(f"prepare {x}" for x in lines), *(f"commit {x}" for x in committed)]),
+                done.seconds,
+                ticked.prepare_s,
+                ticked.commit_s,
+                "\n".join(
+                    [
+                        *(f"prepare {x}" for x in ticked.prepare_lines),
+                        *(f"commit {x}" for x in ticked.commit_lines),
+                    ]
+                ),
             )
             state["renewed"] = time.monotonic()
+
+        try:
+            while time.monotonic() < started + config.seconds:
+                why_stopped = _still_ours(f, state) or "time is up"
+                if why_stopped != "time is up":
+                    break
+                for done in lanes.finished():
+                    report(done)
+                work, why = f.next_work(lanes.busy())
+                lanes.add(work, why)
+                if not lanes.start():
+                    if lanes.busy():
+                        for done in lanes.finished(timeout_s=POLL_S):
+                            report(done)
+                    else:
+                        time.sleep(POLL_S)
+        finally:
+            # Every lane ends with the op; the owner's messages taken from the mailbox are
+            # ticked unless this run is no longer the owner's or the capture's.
+            for done in lanes.close(finish_owner_messages=why_stopped == "time is up"):
+                report(done)
         context.log.info(
             "%d more tick(s) in %.0f s (%d on the owner's messages, %d on new data); stopped: %s",
             sum(ticks.values()),
             time.monotonic() - started,
-            ticks["owner"],
-            ticks["data"],
+            ticks[OWNER],
+            ticks[DATA],
             why_stopped,
         )
 
