@@ -487,13 +487,18 @@ def snapshots_pending(root: Path) -> bool:
 
 class LagSampler:
     """Samples a changefeed's readable lag (now - readable ts) every half second, in a thread,
-    while sysbench writes at a fixed rate (the stream whose lag is watched)."""
+    while sysbench writes at a fixed rate (the stream whose lag is watched); and how much of
+    it is the puller's (now - its change log's resolved ts)."""
 
-    def __init__(self, ms: Any, my: PrivateMariaDB, sizes: Sizes, rate: int) -> None:
+    def __init__(
+        self, ms: Any, my: PrivateMariaDB, sizes: Sizes, rate: int, changelog: Path
+    ) -> None:
         import threading
 
         self.ms, self.my, self.sizes, self.rate = ms, my, sizes, rate
+        self.changelog = ChangeLog(changelog)
         self.samples: list[float] = []
+        self.pulled: list[float] = []  # the puller's part of each sample
         self.times: list[float] = []  # when each sample was taken (wall clock)
         self.t0 = self.seconds = 0.0
         self.stop = threading.Event()
@@ -503,10 +508,12 @@ class LagSampler:
         from scheduler_core.ts import physical_ms
 
         while not self.stop.wait(0.5):
+            resolved = self.changelog.ddl_resolved_ts()
             ts = readable_ts(self.ms, DRAIN_CF, self.sizes.tables)
             if ts:
                 now = time.time()
                 self.samples.append(now - physical_ms(ts) / 1000)
+                self.pulled.append(now - physical_ms(resolved) / 1000)
                 self.times.append(now)
 
     def run(self, seconds: int, until: Any = None) -> None:
@@ -534,8 +541,12 @@ class LagSampler:
     def summary(self) -> dict[str, float]:
         v = sorted(self.samples) or [float("nan")]
         at = self.times[self.samples.index(v[-1])] - self.t0 if self.samples else float("nan")
+        p = sorted(self.pulled) or [float("nan")]
+        # the puller's part when the lag was at its maximum
+        at_max = self.pulled[self.samples.index(v[-1])] if self.samples else float("nan")
         return {"p50": v[len(v) // 2], "p90": v[int(len(v) * 0.9)], "max": v[-1],
-                "max_at": at, "seconds": self.seconds}  # fmt: skip
+                "max_at": at, "seconds": self.seconds, "pulled_p50": p[len(p) // 2],
+                "pulled_max": p[-1], "pulled_at_max": at_max}  # fmt: skip
 
 
 def stack_drain(
@@ -697,12 +708,12 @@ def stack_snapshot(
     _snapshot_tables(my, prefix, tables, rows)
     _settle(my, ms, sizes.tables, work / "changelog-drain", tables * rows, cores)
     say(f"[{cores} core(s)] stream lag without a snapshot ({rate} txn/s for {lag_s} s)")
-    quiet = LagSampler(ms, my, sizes, rate)
+    quiet = LagSampler(ms, my, sizes, rate, work / "changelog-drain")
     quiet.run(lag_s)
     cf = f"snap-{cores}-{tables}x{rows}"
     root = work / f"changelog-{cf}"
     uri = my.uri(query=f"server-id={4300 + cores * 100 + zlib.crc32(prefix.encode()) % 97}")
-    busy = LagSampler(ms, my, sizes, rate)
+    busy = LagSampler(ms, my, sizes, rate, work / "changelog-drain")
     import threading
 
     times: dict[str, float] = {}
@@ -770,7 +781,9 @@ def stack_snapshot(
     say(f"[{cores} core(s)] stream lag p50/p90/max without a snapshot {q['p50']:.1f}/"
         f"{q['p90']:.1f}/{q['max']:.1f} s, from its create until readable ({b['seconds']:.0f} s) "
         f"{b['p50']:.1f}/{b['p90']:.1f}/{b['max']:.1f} s (the max {b['max_at']:.0f} s in; "
-        f"placed at {times['placed']:.0f} s)")  # fmt: skip
+        f"placed at {times['placed']:.0f} s); the puller's part p50/max {q['pulled_p50']:.1f}/"
+        f"{q['pulled_max']:.1f} s without, {b['pulled_p50']:.1f}/{b['pulled_max']:.1f} s "
+        f"during ({b['pulled_at_max']:.1f} s of the max)")  # fmt: skip
     return {"cores": cores, "tables": tables, "rows": n,
             "snapshot_rows_per_s": n / times["placed"], "readable_rows_per_s": n / times["readable"],
             "bare_read_rows_per_s": n / bare_s, "bare_read_stream_rows_per_s": n / bare_stream_s,

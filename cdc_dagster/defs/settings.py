@@ -28,6 +28,10 @@ DEFAULT_CAPTURE_LOOP_S = 300.0
 # run's process, not as a Spark job (~1 s each over Spark Connect): at OLTP rates most
 # ticks carry a second or two of changes, a few hundred KB (bench/oltp_bench.py).
 DEFAULT_LOCAL_TICK_BYTES = 16 << 20
+# ... and that moves fewer row changes than this: snapshot rows compress to ~12 bytes, so a
+# slice of a million of them is "small" by bytes, yet as one in-process task it took a core
+# of the capture's process for seconds, beside its other changefeeds' lanes. 0: any number.
+DEFAULT_LOCAL_TICK_ROWS = 250_000
 # While a table's changes are a backlog older than this, it commits at most this often: a
 # Delta MERGE costs about the same for 1k rows as for 100k (it rewrites the files the keys
 # touch), so a drain commits few large batches (bench/throughput_bench.py). 0: every tick.
@@ -73,6 +77,7 @@ class Settings:
     owner_ttl_s: int = 30
     add_table_batch: int = DEFAULT_ADD_TABLE_BATCH  # tables the owner starts adding per tick
     local_tick_bytes: int = DEFAULT_LOCAL_TICK_BYTES  # smaller tick phases skip Spark
+    local_tick_rows: int = DEFAULT_LOCAL_TICK_ROWS  # ... when they move fewer rows too
     batch_behind_s: float = DEFAULT_BATCH_BEHIND_S  # a backlog commits at most this often
     tick_rows: int = DEFAULT_TICK_ROWS  # row changes per changefeed and tick phase
     # How long one owner sensor evaluation goes on ticking the owner on changes in etcd
@@ -104,6 +109,7 @@ class Settings:
             owner_ttl_s=int(get("OWNER_TTL_S", "30")),
             add_table_batch=int(get("ADD_TABLE_BATCH", str(DEFAULT_ADD_TABLE_BATCH))),
             local_tick_bytes=int(get("LOCAL_TICK_BYTES", str(DEFAULT_LOCAL_TICK_BYTES))),
+            local_tick_rows=int(get("LOCAL_TICK_ROWS", str(DEFAULT_LOCAL_TICK_ROWS))),
             batch_behind_s=float(get("BATCH_BEHIND_S", str(DEFAULT_BATCH_BEHIND_S))),
             tick_rows=int(get("TICK_ROWS", str(DEFAULT_TICK_ROWS))),
             owner_wait_s=float(get("OWNER_WAIT_S", "0")),

@@ -100,9 +100,11 @@ class SparkTableExecutor:
         clock: Callable[[], float] = time.time,
         registration: str = "",
         tick_rows: int = 0,
+        local_max_rows: int = 0,
     ) -> None:
         self.capture_id = capture_id
         self.tick_rows = tick_rows  # row changes per phase and tick (0: no limit)
+        self.local_max_rows = local_max_rows  # ... and moving fewer rows (0: any)
         self.sync_point_interval_ms = sync_point_interval_ms
         self.local_max_bytes = local_max_bytes  # a phase reading less runs without a job
         self.batch_behind_ms = int(batch_behind_s * 1000)  # 0: every tick commits
@@ -136,6 +138,7 @@ class SparkTableExecutor:
         clock: Callable[[], float] = time.time,
         registration: str = "",
         tick_rows: int = 0,
+        local_max_rows: int = 0,
     ) -> SparkTableExecutor:
         """The executor as the last :meth:`save` left it (empty if none), reconciled with the sink."""
         ex = cls(
@@ -151,6 +154,7 @@ class SparkTableExecutor:
             clock,
             registration,
             tick_rows,
+            local_max_rows,
         )
         loaded = ex.staging.load()
         if loaded is None:
@@ -289,16 +293,17 @@ class SparkTableExecutor:
             pending.append((table_id, rec, resolved, files))
         specs = []
         listed = {table_id: files for table_id, _, _, files in pending}
-        for table_id, rec, resolved, upto in self._pull_budget(pending):
+        for table_id, rec, resolved, upto, rows in self._pull_budget(pending):
             try:
                 spec = self._pull_spec(table_id, rec, upto, listed[table_id])
             except (ChangeLogError, SchemaError, OSError, ValueError) as exc:
                 self._fail(table_id, rec, self._history_error(table_id, exc), "pull")
                 continue
             spec["resolved"] = resolved
+            spec["rows"] = rows  # about (whole files): where the phase runs, not the budget
             specs.append(spec)
         staged: dict[int, int] = {}
-        for res in job.run(self.spark, "pull", specs, local_max_bytes=self.local_max_bytes):
+        for res in job.run(self.spark, "pull", specs, self.local_max_bytes, self.local_max_rows):
             table_id = res["table_id"]
             rec = self._tables[table_id]
             if res["status"] != "ok":
@@ -318,29 +323,32 @@ class SparkTableExecutor:
 
     def _pull_budget(
         self, pending: list[tuple[int, TableRecord, int, list[Any]]]
-    ) -> list[tuple[int, TableRecord, int, int]]:
-        """(table, record, resolved, upto) of the tables this tick pulls, within
+    ) -> list[tuple[int, TableRecord, int, int, int]]:
+        """(table, record, resolved, upto, rows) of the tables this tick pulls, within
         ``tick_rows`` (the module docstring): whole (upto = resolved) while they fit, fewest
         pending bytes first; the first that does not fit up to the ts where its files'
         rows reach what is left (at least one file); the others wait. A stopping table's
         last pull is never cut or put off."""
         if not self.tick_rows:
-            return [(t, rec, res, res) for t, rec, res, _ in pending]
+            return [
+                (t, rec, res, res, sum(_rows(f.path) for f in files))
+                for t, rec, res, files in pending
+            ]
         out, left, sliced = [], self.tick_rows, False
         order = sorted(pending, key=lambda p: (sum(_size(f.path) for f in p[3]), p[0]))
         for table_id, rec, resolved, files in order:
             if rec.state == T.STOPPING:
-                out.append((table_id, rec, resolved, resolved))
+                out.append((table_id, rec, resolved, resolved, sum(_rows(f.path) for f in files)))
                 continue
             if sliced:
                 continue  # waits for the next tick
             upto, rows = _slice(files, left)
             whole = upto >= resolved or not files
             if whole and _cost(rows) <= left:
-                out.append((table_id, rec, resolved, resolved))
+                out.append((table_id, rec, resolved, resolved, rows))
                 left -= _cost(rows)
                 continue
-            out.append((table_id, rec, resolved, resolved if whole else upto))
+            out.append((table_id, rec, resolved, resolved if whole else upto, rows))
             sliced = True
         return out
 
@@ -414,7 +422,7 @@ class SparkTableExecutor:
         if specs:
             self.save()  # the intents: a crash from here on is reconciled with the sink on load
         written: dict[int, int] = {}
-        for res in job.run(self.spark, "sink", specs, local_max_bytes=self.local_max_bytes):
+        for res in job.run(self.spark, "sink", specs, self.local_max_bytes, self.local_max_rows):
             table_id, rec = res["table_id"], self._tables[res["table_id"]]
             if res["status"] == "fenced":
                 log.warning(

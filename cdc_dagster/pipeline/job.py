@@ -6,8 +6,8 @@ specs of the tables that task handles (tables balanced over tasks by size), run 
 so it runs the same on a local session and over Spark Connect. Each table's result comes
 back to the driver as one small row.
 
-A small tick (``local_max_bytes``: the change-log or staged bytes its specs read) runs its
-specs in the driver instead, the same functions without a job: a Spark job costs about a
+A small tick (``local_max_bytes``: the change-log or staged bytes its specs read, and
+``local_max_rows``: the rows they move) runs its specs in the driver instead, the same functions without a job: a Spark job costs about a
 second over Spark Connect (planning, a task per slot, Python workers), most of a tick
 that carries a second of an OLTP upstream's changes.
 """
@@ -40,11 +40,27 @@ def balance(specs: Sequence[dict[str, Any]], n: int) -> list[list[dict[str, Any]
     return [s for s in slots if s]
 
 
+def local(specs: Sequence[dict[str, Any]], max_bytes: int, max_rows: int) -> bool:
+    """Whether a phase of ``specs`` runs in this process: it reads at most ``max_bytes``
+    and moves at most ``max_rows`` rows (0: any). Snapshot rows compress to ~12 bytes, so a
+    million of them pass a bytes limit that an OLTP tick's few thousand wide rows do not:
+    as one task in the capture's process they took a core for seconds beside its other
+    changefeeds' ticks; as a Spark job they run beside them."""
+    if sum(max(0, s.get("weight", 0)) for s in specs) > max_bytes:
+        return False
+    return not max_rows or sum(max(0, s.get("rows", 0)) for s in specs) <= max_rows
+
+
 def run(
-    spark: Any, kind: str, specs: Sequence[dict[str, Any]], *, local_max_bytes: int = 0
+    spark: Any,
+    kind: str,
+    specs: Sequence[dict[str, Any]],
+    local_max_bytes: int = 0,
+    local_max_rows: int = 0,
 ) -> list[dict[str, Any]]:
     """Run ``kind`` ("pull" or "sink") for every spec in one Spark job, or in this process
-    when they read at most ``local_max_bytes`` together; one result per spec.
+    when they read at most ``local_max_bytes`` together and move at most ``local_max_rows``
+    rows (0: any number); one result per spec.
 
     ``spark`` is a session, or a function returning one, called only when a job runs: a
     capture whose ticks run in its process then never touches Spark, so a Spark Connect
@@ -53,7 +69,7 @@ def run(
 
     if not specs:
         return []
-    if sum(max(0, s.get("weight", 0)) for s in specs) <= local_max_bytes:
+    if local(specs, local_max_bytes, local_max_rows):
         fn = spark_tasks.pull_table if kind == "pull" else spark_tasks.sink_table
         return [fn(s) for s in specs]
     if callable(spark):

@@ -266,7 +266,8 @@ def test_in_process_ticks_never_ask_for_the_spark_session_and_jobs_do(
     spark: Any, metastore: Metastore, tmp_path: Path
 ) -> None:
     """Small ticks run in the capture run's process: with Spark Connect down (the session
-    function fails) replication goes on; a tick that needs a job asks for the session."""
+    function fails) replication goes on; a tick that needs a job asks for the session, and
+    so does one small in bytes that moves more rows than the in-process limit."""
     up = RowUpstream(tmp_path / "changelog", tables=2)
     lake = tmp_path / "lake"
     asked: list[str] = []
@@ -277,7 +278,7 @@ def test_in_process_ticks_never_ask_for_the_spark_session_and_jobs_do(
 
     driver = Driver(
         tmp_path / "state", up.root, f"delta://{lake}", 1,
-        spark_executor_factory(spark_is_down, local_max_bytes=1 << 30),
+        spark_executor_factory(spark_is_down, local_max_bytes=1 << 30, local_max_rows=10**6),
         metastore=metastore, start_ts=up.start_ts, lease_ttl_s=60,
     )  # fmt: skip
     for _ in range(3):
@@ -292,6 +293,16 @@ def test_in_process_ticks_never_ask_for_the_spark_session_and_jobs_do(
         return spark
 
     driver.executor_factory = spark_executor_factory(session, local_max_bytes=0)
+    up.write_step()
+    driver.run_until(lambda t: driver.caught_up(t, up.resolved), max_ticks=30)
+    assert "job" in asked and "in process" not in asked
+    for tid in up.table_ids:
+        assert delta_content(lake, tid) == up.content[tid], tid
+
+    asked.clear()
+    driver.executor_factory = spark_executor_factory(
+        session, local_max_bytes=1 << 30, local_max_rows=1
+    )
     up.write_step()
     driver.run_until(lambda t: driver.caught_up(t, up.resolved), max_ticks=30)
     assert "job" in asked and "in process" not in asked

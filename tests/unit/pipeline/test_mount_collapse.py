@@ -77,3 +77,14 @@ def test_balance_spreads_the_biggest_tables_over_slots() -> None:
     slots = balance(specs, 2)
     loads = sorted(sum(s["weight"] for s in slot) for slot in slots)
     assert loads == [11, 11]
+
+
+def test_a_phase_runs_in_process_only_when_small_in_bytes_and_in_rows() -> None:
+    from cdc_dagster.pipeline.job import local
+
+    specs = [{"weight": 4 << 20, "rows": 300_000}, {"weight": 4 << 20, "rows": 1}]
+    assert local(specs, 16 << 20, 0)  # no row limit: bytes decide
+    assert not local(specs, 16 << 20, 250_000)  # a million-row slice of small rows
+    assert local(specs, 16 << 20, 300_001)
+    assert not local(specs, 7 << 20, 10**9)  # too many bytes, whatever the rows
+    assert local([{"weight": 1}], 16 << 20, 5)  # a spec without rows counts none
