@@ -28,10 +28,13 @@ DEFAULT_CAPTURE_LOOP_S = 300.0
 # run's process, not as a Spark job (~1 s each over Spark Connect): at OLTP rates most
 # ticks carry a second or two of changes, a few hundred KB (bench/oltp_bench.py).
 DEFAULT_LOCAL_TICK_BYTES = 16 << 20
-# ... and that moves fewer row changes than this: snapshot rows compress to ~12 bytes, so a
-# slice of a million of them is "small" by bytes, yet as one in-process task it took a core
-# of the capture's process for seconds, beside its other changefeeds' lanes. 0: any number.
-DEFAULT_LOCAL_TICK_ROWS = 250_000
+# ... and that moves at most this many row changes (0: any number). Snapshot rows compress to
+# ~12 bytes, so a slice of a million of them is "small" by bytes and runs as one task in
+# the capture's process. Off by default: on 2 cores a limit of 250,000 sent a snapshot's
+# released tables to Spark while its reads held both task slots, and a 100 x 100k snapshot
+# was placed 14 s later and readable 43 s later (bench/throughput_bench.py, one run each).
+# With cores to spare for Spark, a limit runs large phases as parallel tasks.
+DEFAULT_LOCAL_TICK_ROWS = 0
 # While a table's changes are a backlog older than this, it commits at most this often: a
 # Delta MERGE costs about the same for 1k rows as for 100k (it rewrites the files the keys
 # touch), so a drain commits few large batches (bench/throughput_bench.py). 0: every tick.
