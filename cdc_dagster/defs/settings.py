@@ -35,6 +35,11 @@ DEFAULT_LOCAL_TICK_BYTES = 16 << 20
 # was placed 14 s later and readable 43 s later (bench/throughput_bench.py, one run each).
 # With cores to spare for Spark, a limit runs large phases as parallel tasks.
 DEFAULT_LOCAL_TICK_ROWS = 0
+# An in-process tick phase moving at least this many row changes (a snapshot's table
+# released, its slices; a stream's second is a few thousand) runs in a worker process at
+# niceness 10, like the snapshot's reads: the stream's ticks beside it come first
+# (cdc_dagster/pipeline/background.py). 0: every phase at the capture's own priority.
+DEFAULT_BULK_TICK_ROWS = 50_000
 # While a table's changes are a backlog older than this, it commits at most this often: a
 # Delta MERGE costs about the same for 1k rows as for 100k (it rewrites the files the keys
 # touch), so a drain commits few large batches (bench/throughput_bench.py). 0: every tick.
@@ -81,6 +86,7 @@ class Settings:
     add_table_batch: int = DEFAULT_ADD_TABLE_BATCH  # tables the owner starts adding per tick
     local_tick_bytes: int = DEFAULT_LOCAL_TICK_BYTES  # smaller tick phases skip Spark
     local_tick_rows: int = DEFAULT_LOCAL_TICK_ROWS  # ... when they move fewer rows too
+    bulk_tick_rows: int = DEFAULT_BULK_TICK_ROWS  # in-process phases this large run niced
     batch_behind_s: float = DEFAULT_BATCH_BEHIND_S  # a backlog commits at most this often
     tick_rows: int = DEFAULT_TICK_ROWS  # row changes per changefeed and tick phase
     # How long one owner sensor evaluation goes on ticking the owner on changes in etcd
@@ -113,6 +119,7 @@ class Settings:
             add_table_batch=int(get("ADD_TABLE_BATCH", str(DEFAULT_ADD_TABLE_BATCH))),
             local_tick_bytes=int(get("LOCAL_TICK_BYTES", str(DEFAULT_LOCAL_TICK_BYTES))),
             local_tick_rows=int(get("LOCAL_TICK_ROWS", str(DEFAULT_LOCAL_TICK_ROWS))),
+            bulk_tick_rows=int(get("BULK_TICK_ROWS", str(DEFAULT_BULK_TICK_ROWS))),
             batch_behind_s=float(get("BATCH_BEHIND_S", str(DEFAULT_BATCH_BEHIND_S))),
             tick_rows=int(get("TICK_ROWS", str(DEFAULT_TICK_ROWS))),
             owner_wait_s=float(get("OWNER_WAIT_S", "0")),

@@ -101,10 +101,12 @@ class SparkTableExecutor:
         registration: str = "",
         tick_rows: int = 0,
         local_max_rows: int = 0,
+        bulk_rows: int = 0,
     ) -> None:
         self.capture_id = capture_id
         self.tick_rows = tick_rows  # row changes per phase and tick (0: no limit)
         self.local_max_rows = local_max_rows  # ... and moving fewer rows (0: any)
+        self.bulk_rows = bulk_rows  # an in-process phase moving this many runs niced (0: never)
         self.sync_point_interval_ms = sync_point_interval_ms
         self.local_max_bytes = local_max_bytes  # a phase reading less runs without a job
         self.batch_behind_ms = int(batch_behind_s * 1000)  # 0: every tick commits
@@ -139,6 +141,7 @@ class SparkTableExecutor:
         registration: str = "",
         tick_rows: int = 0,
         local_max_rows: int = 0,
+        bulk_rows: int = 0,
     ) -> SparkTableExecutor:
         """The executor as the last :meth:`save` left it (empty if none), reconciled with the sink."""
         ex = cls(
@@ -155,6 +158,7 @@ class SparkTableExecutor:
             registration,
             tick_rows,
             local_max_rows,
+            bulk_rows,
         )
         loaded = ex.staging.load()
         if loaded is None:
@@ -274,6 +278,11 @@ class SparkTableExecutor:
         self.pull_phase()
         self.sink_phase()
 
+    @property
+    def _where_phases_run(self) -> tuple[int, int, int]:
+        """``job.run``'s limits: in process below them, niced in the background above."""
+        return self.local_max_bytes, self.local_max_rows, self.bulk_rows
+
     def pull_phase(self) -> dict[int, int]:
         """Phase 1 for every pulling table, in one Spark job; returns rows staged per table."""
         pending = []  # (table_id, rec, resolved, its change-log files in (staged, resolved])
@@ -303,7 +312,7 @@ class SparkTableExecutor:
             spec["rows"] = rows  # about (whole files): where the phase runs, not the budget
             specs.append(spec)
         staged: dict[int, int] = {}
-        for res in job.run(self.spark, "pull", specs, self.local_max_bytes, self.local_max_rows):
+        for res in job.run(self.spark, "pull", specs, *self._where_phases_run):
             table_id = res["table_id"]
             rec = self._tables[table_id]
             if res["status"] != "ok":
@@ -422,7 +431,7 @@ class SparkTableExecutor:
         if specs:
             self.save()  # the intents: a crash from here on is reconciled with the sink on load
         written: dict[int, int] = {}
-        for res in job.run(self.spark, "sink", specs, self.local_max_bytes, self.local_max_rows):
+        for res in job.run(self.spark, "sink", specs, *self._where_phases_run):
             table_id, rec = res["table_id"], self._tables[res["table_id"]]
             if res["status"] == "fenced":
                 log.warning(

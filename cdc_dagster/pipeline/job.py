@@ -19,7 +19,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from cdc_dagster.pipeline import spark_tasks
+from cdc_dagster.pipeline import background, spark_tasks
 
 _RESULT_DDL = "table_id long, status string, message string, detail string, rows long"
 
@@ -57,10 +57,12 @@ def run(
     specs: Sequence[dict[str, Any]],
     local_max_bytes: int = 0,
     local_max_rows: int = 0,
+    bulk_rows: int = 0,
 ) -> list[dict[str, Any]]:
     """Run ``kind`` ("pull" or "sink") for every spec in one Spark job, or in this process
     when they read at most ``local_max_bytes`` together and move at most ``local_max_rows``
-    rows (0: any number); one result per spec.
+    rows (0: any number) -- in the background worker at low priority when they move at
+    least ``bulk_rows`` (0: never; ``pipeline.background``); one result per spec.
 
     ``spark`` is a session, or a function returning one, called only when a job runs: a
     capture whose ticks run in its process then never touches Spark, so a Spark Connect
@@ -71,6 +73,8 @@ def run(
         return []
     if local(specs, local_max_bytes, local_max_rows):
         fn = spark_tasks.pull_table if kind == "pull" else spark_tasks.sink_table
+        if bulk_rows and sum(max(0, s.get("rows", 0)) for s in specs) >= bulk_rows:
+            return background.run_in_background(fn, list(specs))
         return [fn(s) for s in specs]
     if callable(spark):
         spark = spark()

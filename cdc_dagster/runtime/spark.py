@@ -17,11 +17,13 @@ def spark_executor_factory(
     batch_behind_s: float = 0.0,
     tick_rows: int = 0,
     local_max_rows: int = 0,
+    bulk_rows: int = 0,
 ) -> ExecutorFactory:
     """A factory of SparkTableExecutors on ``spark`` (a local session or Spark Connect, or a
     function returning one when a job runs); a tick phase reading at most
     ``local_max_bytes`` and moving at most ``local_max_rows`` rows (0: any) runs in this
-    process, without a job; a table draining a backlog
+    process, without a job (niced, in a worker process, when it moves ``bulk_rows`` or more;
+    0: never); a table draining a backlog
     older than ``batch_behind_s`` commits at most that often; a changefeed's tick phase
     moves at most ``tick_rows`` row changes (0: no limit)."""
 
@@ -39,6 +41,7 @@ def spark_executor_factory(
             registration=spec.registration,
             tick_rows=tick_rows,
             local_max_rows=local_max_rows,
+            bulk_rows=bulk_rows,
         )
 
     return make

@@ -149,6 +149,7 @@ def capture_tick(
             batch_behind_s=settings.batch_behind_s,
             tick_rows=settings.tick_rows,
             local_max_rows=settings.local_tick_rows,
+            bulk_rows=settings.bulk_tick_rows,
         ),
         lease_ttl_s=settings.capture_ttl_s,
     )

@@ -263,11 +263,12 @@ def test_a_corrupt_change_log_file_warns_naming_table_and_file_and_heals_when_re
 
 
 def test_in_process_ticks_never_ask_for_the_spark_session_and_jobs_do(
-    spark: Any, metastore: Metastore, tmp_path: Path
+    spark: Any, metastore: Metastore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Small ticks run in the capture run's process: with Spark Connect down (the session
     function fails) replication goes on; a tick that needs a job asks for the session, and
-    so does one small in bytes that moves more rows than the in-process limit."""
+    so does one small in bytes that moves more rows than the in-process limit; a bulk one
+    runs in the background worker."""
     up = RowUpstream(tmp_path / "changelog", tables=2)
     lake = tmp_path / "lake"
     asked: list[str] = []
@@ -298,6 +299,28 @@ def test_in_process_ticks_never_ask_for_the_spark_session_and_jobs_do(
     assert "job" in asked and "in process" not in asked
     for tid in up.table_ids:
         assert delta_content(lake, tid) == up.content[tid], tid
+
+    # Bulk phases (here: every phase) run in the background worker, niced; still no Spark.
+    from cdc_dagster.pipeline import background
+
+    bulk: list[int] = []
+    real = background.run_in_background
+
+    def spy(fn: Any, items: Any) -> Any:
+        bulk.append(len(items))
+        return real(fn, items)
+
+    monkeypatch.setattr(background, "run_in_background", spy)
+    asked.clear()
+    driver.executor_factory = spark_executor_factory(
+        spark_is_down, local_max_bytes=1 << 30, bulk_rows=1
+    )
+    up.write_step()
+    driver.run_until(lambda t: driver.caught_up(t, up.resolved), max_ticks=30)
+    assert asked == [] and bulk, bulk
+    for tid in up.table_ids:
+        assert delta_content(lake, tid) == up.content[tid], tid
+    background.shutdown()
 
     asked.clear()
     driver.executor_factory = spark_executor_factory(
