@@ -894,10 +894,20 @@ def _try_flock(f: io.BufferedRandom) -> str:
         return f.read().decode(errors="replace").strip() or "holder unknown"
 
 
+# Under the change log's root but not the writer's: the snapshot runs' plans and chunks
+# (cdc_dagster/mysql/snapshots.py), written by other processes while the puller runs. A
+# writer opening removed a snapshot run's temp file between its write and its rename, and
+# that run failed (a generation's removal takes a killed reader's temp files with it).
+_NOT_THE_WRITERS = {"snapshot"}
+
+
 def _remove_temp_files(root: Path) -> int:
-    """Delete temp files (``.<name>.tmp-<uuid32>``) under ``root``; how many went."""
+    """Delete temp files (``.<name>.tmp-<uuid32>``) under ``root``, outside the snapshot
+    runs' directory; how many went."""
     removed = 0
-    for directory, _, names in os.walk(root):
+    for directory, subdirs, names in os.walk(root):
+        if Path(directory) == root:
+            subdirs[:] = [d for d in subdirs if d not in _NOT_THE_WRITERS]
         for name in names:
             if _TEMP_NAME.fullmatch(name):
                 Path(directory, name).unlink(missing_ok=True)

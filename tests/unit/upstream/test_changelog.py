@@ -368,10 +368,16 @@ def test_opening_a_writer_removes_a_killed_writers_temp_files_only(
         p.write_bytes(b"partial")
     other = data.parent / ".not-ours.tmp-xyz"  # not a writer's temp name: left alone
     other.write_bytes(b"x")
+    # A snapshot run (another process, not under the writer's lock) writing its plan or a
+    # chunk as the puller's writer opens: its temp file is its own, left alone.
+    reading = w.root / "snapshot" / "37" / "470751581114044416" / f".plan.json.tmp-{'c' * 32}"
+    reading.parent.mkdir(parents=True)
+    reading.write_bytes(b"being written")
     w.close()
     again = ChangeLogWriter(w.root)
     assert again.temp_files_removed == 2
     assert not any(p.exists() for p in temps) and other.exists() and data.exists()
+    assert reading.exists()
 
 
 def test_discard_above_drops_unresolved_rows_and_trims_a_straddling_file(
