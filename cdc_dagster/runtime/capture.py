@@ -21,6 +21,7 @@ import logging
 import shutil
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -508,26 +509,47 @@ class CaptureTick:
                 self.failed[cf] = waiting
 
     def prepare(self) -> list[str]:
-        """Phase 1 per changefeed; the run-log lines."""
+        """Phase 1 per changefeed, the changefeeds side by side; the run-log lines."""
         lines: list[str] = []
-        for cf, ctx in self._running():
-            outcome = self._isolated(cf, lambda ctx=ctx, cf=cf: capture_prepare(ctx, self.work[cf]))
+        outcomes = self._side_by_side(
+            {
+                cf: lambda ctx=ctx, cf=cf: capture_prepare(ctx, self.work[cf])
+                for cf, ctx in self._running()
+            }
+        )
+        for cf, outcome in outcomes.items():
             if outcome is not None:
                 self.prepared[cf] = outcome
                 lines += [f"{cf}: {line}" for line in outcome.lines()]
         return lines + self._failed_lines()
 
     def commit(self) -> tuple[list[str], list[TableProgress]]:
-        """Phase 2 per changefeed; the run-log lines and each held table's progress."""
+        """Phase 2 per changefeed, the changefeeds side by side; the run-log lines and each
+        held table's progress."""
         lines: list[str] = []
         progress: list[TableProgress] = []
-        for cf, ctx in self._running():
-            outcome = self._isolated(cf, lambda ctx=ctx: capture_commit(ctx))
+        outcomes = self._side_by_side(
+            {cf: lambda ctx=ctx: capture_commit(ctx) for cf, ctx in self._running()}
+        )
+        for cf, outcome in outcomes.items():
             if outcome is not None:
                 self.committed[cf] = outcome
                 lines += [f"{cf}: {line}" for line in outcome.lines()]
                 progress += outcome.tables
         return lines + self._failed_lines(), progress
+
+    def _side_by_side(
+        self, halves: Mapping[str, Callable[[], _Outcome]]
+    ) -> dict[str, _Outcome | None]:
+        """Each changefeed's half (``_isolated``) in a thread of its own, in changefeed order:
+        one changefeed's long half (a snapshot's released table) does not hold another's for
+        its whole length (a follow loop's ticks go further: runtime/lanes.py). The first
+        metastore error (the capture's own) is raised once every half ended."""
+        if len(halves) <= 1:
+            return {cf: self._isolated(cf, half) for cf, half in halves.items()}
+        with ThreadPoolExecutor(len(halves), thread_name_prefix="changefeed-half") as pool:
+            futures = {cf: pool.submit(self._isolated, cf, half) for cf, half in halves.items()}
+        return {cf: f.result() for cf, f in futures.items()}
 
     def _running(self) -> list[tuple[str, CaptureContext]]:
         return [(cf, ctx) for cf, ctx in self.contexts.items() if cf not in self.failed]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from upstream_helpers import Upstream
@@ -189,3 +190,38 @@ def test_a_ddl_that_is_never_applied_warns_naming_it_instead_of_staying_normal(
         time.sleep(0.3)
     error = metastore.changefeeds.get("cf").status.last_error
     assert "TRUNCATE TABLE db.t1" in error, error
+
+
+def test_a_captures_changefeeds_run_their_halves_side_by_side(
+    tmp_path: Path, make_driver: Callable[..., Driver], upstream: Upstream
+) -> None:
+    """A capture tick's halves run its changefeeds concurrently: each changefeed's first
+    pull waits at a rendezvous for the other's, which it reaches only if the two run side
+    by side (one after another, the first would wait out the timeout and fail)."""
+    import threading
+
+    from cdc_dagster.testing.fake_runtime import fake_executor_factory
+
+    rendezvous = threading.Barrier(2, timeout=20)
+    met: set[str] = set()
+
+    def factory(spec: Any) -> Any:
+        executor = fake_executor_factory(spec)
+        pull = executor.pull_phase
+
+        def pull_phase() -> None:
+            if spec.changefeed_id not in met and executor.statuses():
+                met.add(spec.changefeed_id)
+                rendezvous.wait()
+            pull()
+
+        executor.pull_phase = pull_phase
+        return executor
+
+    target = upstream.ts(3000)
+    upstream.advance(target)
+    driver = make_driver(captures=1, executor_factory=factory)
+    driver.add_changefeed("other", f"file://{tmp_path / 'ds-other'}", start_ts=upstream.start_ts)
+    for cf in ("cf", "other"):
+        ticks_to_catch_up(driver, cf, target)
+    assert met == {"cf", "other"} and not rendezvous.broken
