@@ -102,8 +102,13 @@ class SparkTableExecutor:
         tick_rows: int = 0,
         local_max_rows: int = 0,
         bulk_rows: int = 0,
+        defer_rows: int = 0,
     ) -> None:
         self.capture_id = capture_id
+        # A table whose phase would move this many row changes waits for a later tick (0:
+        # none waits): a capture run's first tick, whose ops tick every changefeed together,
+        # leaves bulk work to the follow loop's lanes (cdc_dagster/defs/capture/job.py).
+        self.defer_rows = defer_rows
         self.tick_rows = tick_rows  # row changes per phase and tick (0: no limit)
         self.local_max_rows = local_max_rows  # ... and moving fewer rows (0: any)
         self.bulk_rows = bulk_rows  # an in-process phase moving this many runs niced (0: never)
@@ -142,6 +147,7 @@ class SparkTableExecutor:
         tick_rows: int = 0,
         local_max_rows: int = 0,
         bulk_rows: int = 0,
+        defer_rows: int = 0,
     ) -> SparkTableExecutor:
         """The executor as the last :meth:`save` left it (empty if none), reconciled with the sink."""
         ex = cls(
@@ -159,6 +165,7 @@ class SparkTableExecutor:
             tick_rows,
             local_max_rows,
             bulk_rows,
+            defer_rows,
         )
         loaded = ex.staging.load()
         if loaded is None:
@@ -337,7 +344,14 @@ class SparkTableExecutor:
         ``tick_rows`` (the module docstring): whole (upto = resolved) while they fit, fewest
         pending bytes first; the first that does not fit up to the ts where its files'
         rows reach what is left (at least one file); the others wait. A stopping table's
-        last pull is never cut or put off."""
+        last pull is never cut or put off. With ``defer_rows``, a table with that many
+        pending rows waits whole."""
+        if self.defer_rows:
+            pending = [
+                p
+                for p in pending
+                if p[1].state == T.STOPPING or sum(_rows(f.path) for f in p[3]) < self.defer_rows
+            ]
         if not self.tick_rows:
             return [
                 (t, rec, res, res, sum(_rows(f.path) for f in files))
@@ -469,7 +483,13 @@ class SparkTableExecutor:
         """The batches this tick writes, within ``tick_rows`` (as ``_pull_budget``): whole,
         fewest staged rows first, while they fit; the first that does not fit cut at a
         staged file's end (at least one file); the others wait. A stopping table's last
-        batch is never cut or put off."""
+        batch is never cut or put off; with ``defer_rows``, one of that many rows waits."""
+        if self.defer_rows:
+            specs = [
+                s
+                for s in specs
+                if self._tables[s["table_id"]].state == T.STOPPING or s["rows"] < self.defer_rows
+            ]
         if not self.tick_rows:
             return specs
         out, left, sliced = [], self.tick_rows, False

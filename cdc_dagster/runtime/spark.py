@@ -18,6 +18,7 @@ def spark_executor_factory(
     tick_rows: int = 0,
     local_max_rows: int = 0,
     bulk_rows: int = 0,
+    defer_rows: int = 0,
 ) -> ExecutorFactory:
     """A factory of SparkTableExecutors on ``spark`` (a local session or Spark Connect, or a
     function returning one when a job runs); a tick phase reading at most
@@ -25,7 +26,8 @@ def spark_executor_factory(
     process, without a job (niced, in a worker process, when it moves ``bulk_rows`` or more;
     0: never); a table draining a backlog
     older than ``batch_behind_s`` commits at most that often; a changefeed's tick phase
-    moves at most ``tick_rows`` row changes (0: no limit)."""
+    moves at most ``tick_rows`` row changes (0: no limit), and a table whose phase would
+    move ``defer_rows`` or more waits for a later tick (0: none waits)."""
 
     def make(spec: ExecutorSpec) -> RuntimeExecutor:
         return SparkTableExecutor.load(  # type: ignore[return-value]
@@ -42,6 +44,7 @@ def spark_executor_factory(
             tick_rows=tick_rows,
             local_max_rows=local_max_rows,
             bulk_rows=bulk_rows,
+            defer_rows=defer_rows,
         )
 
     return make

@@ -133,10 +133,21 @@ def tag_registration(
 
 
 def capture_tick(
-    cdc: CdcResource, spark: SparkResource, capture_id: str, work: dict[str, Any]
+    cdc: CdcResource,
+    spark: SparkResource,
+    capture_id: str,
+    work: dict[str, Any],
+    *,
+    first: bool = False,
 ) -> CaptureTick:
-    """One tick of ``capture_id`` on this run's metastore connection and Spark session."""
+    """One tick of ``capture_id`` on this run's metastore connection and Spark session.
+
+    ``first``: the run's first tick (its prepare and commit ops), which ticks every
+    changefeed together: when a follow loop comes after it, a table with a bulk phase (a
+    snapshot's released table) waits for the loop's lanes, so it does not hold the other
+    changefeeds' first tick (at each run's start, every CAPTURE_LOOP_S)."""
     settings = cdc.settings()
+    defer = settings.bulk_tick_rows if first and settings.capture_loop_s > 0 else 0
     return CaptureTick(
         cdc.metastore(),
         capture_id,
@@ -150,6 +161,7 @@ def capture_tick(
             tick_rows=settings.tick_rows,
             local_max_rows=settings.local_tick_rows,
             bulk_rows=settings.bulk_tick_rows,
+            defer_rows=defer,
         ),
         lease_ttl_s=settings.capture_ttl_s,
     )
@@ -164,7 +176,7 @@ def prepare(
 ) -> CaptureTick:
     """Phase 1: pull, sort and mount into the capture's staging, up to resolved ts."""
     started = time.perf_counter()
-    capture = capture_tick(cdc, spark, received.capture_id, received.messages)
+    capture = capture_tick(cdc, spark, received.capture_id, received.messages, first=True)
     for line in capture.prepare():
         context.log.info("prepare %s", line)
     context.log.info("prepare took %.2f s", time.perf_counter() - started)

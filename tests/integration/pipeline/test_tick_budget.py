@@ -128,3 +128,36 @@ def test_tables_with_large_batches_count_at_least_a_tables_cost(
     ex.pull_phase()
     reached = sorted(ex.status(t).checkpoint.resolved_ts for t in (1, 2))
     assert reached == [top - (ts(3) - ts(2)), top]  # one file, and the whole table
+
+
+def test_a_table_with_a_bulk_phase_waits_whole_when_deferring(
+    tmp_path: Path, spark: Any, writer: Any
+) -> None:
+    """A run's first tick defers bulk phases (``defer_rows``): the 200-change table neither
+    pulls nor sinks there while the small tables move whole; the next tick moves it."""
+    w = Workload(writer, [1, 2, 3])
+    clock = Clock((BASE_MS + 12_000) / 1000)
+    ex = make(tmp_path, spark, clock)
+    for t in (1, 2, 3):
+        ex.prepare(t, Checkpoint(ts(1), ts(1)))
+    ex.pull_phase()
+    for t in (1, 2, 3):
+        ex.commit(t, Checkpoint(ts(1), ts(1)))
+    ex.save()
+    top = _big_then_small(w)
+
+    def tick(defer: int) -> dict[int, int]:
+        ex = make(tmp_path, spark, clock)
+        ex.defer_rows = defer
+        ex.tick_rows = 0  # no slicing: only the deferral holds the large table back
+        ex.pull_phase()
+        ex.sink_phase()
+        return {t: ex.status(t).checkpoint.checkpoint_ts for t in (1, 2, 3)}
+
+    first = tick(defer=100)
+    assert first[2] == first[3] == top and first[1] == ts(1), first
+    assert delta_content(tmp_path / "delta", w.schemas[1]) == w.expected(1, ts(1))
+    after = tick(defer=0)
+    assert after == {1: top, 2: top, 3: top}
+    for t in (1, 2, 3):
+        assert delta_content(tmp_path / "delta", w.schemas[t]) == w.expected(t, top)
