@@ -112,6 +112,7 @@ class SparkTableExecutor:
         self.tick_rows = tick_rows  # row changes per phase and tick (0: no limit)
         self.local_max_rows = local_max_rows  # ... and moving fewer rows (0: any)
         self.bulk_rows = bulk_rows  # an in-process phase moving this many runs niced (0: never)
+        self._file_rows: dict[str, int] = {}  # change-log files' rows, read once a pull phase
         self.sync_point_interval_ms = sync_point_interval_ms
         self.local_max_bytes = local_max_bytes  # a phase reading less runs without a job
         self.batch_behind_ms = int(batch_behind_s * 1000)  # 0: every tick commits
@@ -293,6 +294,7 @@ class SparkTableExecutor:
     def pull_phase(self) -> dict[int, int]:
         """Phase 1 for every pulling table, in one Spark job; returns rows staged per table."""
         pending = []  # (table_id, rec, resolved, its change-log files in (staged, resolved])
+        self._file_rows = {}  # footers are read anew each pull phase
         for table_id, rec in sorted(self._tables.items()):
             if not (rec.state in _PULLING or (rec.state == T.STOPPING and rec.token)):
                 continue
@@ -350,22 +352,19 @@ class SparkTableExecutor:
             pending = [
                 p
                 for p in pending
-                if p[1].state == T.STOPPING or sum(_rows(f.path) for f in p[3]) < self.defer_rows
+                if p[1].state == T.STOPPING or self._rows_of(p[3]) < self.defer_rows
             ]
         if not self.tick_rows:
-            return [
-                (t, rec, res, res, sum(_rows(f.path) for f in files))
-                for t, rec, res, files in pending
-            ]
+            return [(t, rec, res, res, self._rows_of(files)) for t, rec, res, files in pending]
         out, left, sliced = [], self.tick_rows, False
         order = sorted(pending, key=lambda p: (sum(_size(f.path) for f in p[3]), p[0]))
         for table_id, rec, resolved, files in order:
             if rec.state == T.STOPPING:
-                out.append((table_id, rec, resolved, resolved, sum(_rows(f.path) for f in files)))
+                out.append((table_id, rec, resolved, resolved, self._rows_of(files)))
                 continue
             if sliced:
                 continue  # waits for the next tick
-            upto, rows = _slice(files, left)
+            upto, rows = _slice(files, left, self._file_rows)
             whole = upto >= resolved or not files
             if whole and _cost(rows) <= left:
                 out.append((table_id, rec, resolved, resolved, rows))
@@ -374,6 +373,10 @@ class SparkTableExecutor:
             out.append((table_id, rec, resolved, resolved if whole else upto, rows))
             sliced = True
         return out
+
+    def _rows_of(self, files: list[Any]) -> int:
+        """Rows of change-log ``files`` (their Parquet footers, each read once a phase)."""
+        return sum(_rows(f.path, self._file_rows) for f in files)
 
     @staticmethod
     def _caught_up(rec: TableRecord) -> None:
@@ -723,13 +726,15 @@ class SparkTableExecutor:
         return self._tables
 
 
-def _rows(path: str) -> int:
-    """Rows of a change-log file (its Parquet footer); 0 if it cannot be read (the pull
-    reads it and says why)."""
-    try:
-        return pq.read_metadata(path).num_rows
-    except (OSError, pa.ArrowException):
-        return 0
+def _rows(path: str, seen: dict[str, int]) -> int:
+    """Rows of a change-log file (its Parquet footer, remembered in ``seen``); 0 if it
+    cannot be read (the pull reads it and says why)."""
+    if path not in seen:
+        try:
+            seen[path] = pq.read_metadata(path).num_rows
+        except (OSError, pa.ArrowException):
+            seen[path] = 0
+    return seen[path]
 
 
 # A table moving a large batch in a tick (a snapshot's, a backlog's) costs a Spark task, a
@@ -746,7 +751,7 @@ def _cost(rows: int) -> int:
     return rows if rows < BIG_BATCH_ROWS else max(rows, TABLE_COST_ROWS)
 
 
-def _slice(files: list[Any], budget: int) -> tuple[int, int]:
+def _slice(files: list[Any], budget: int, seen: dict[str, int]) -> tuple[int, int]:
     """(ts, rows): the files in ts order up to the one where their rows pass ``budget`` (at
     least one file), and how many rows that is; ts is the last file's ``last_ts`` (rows of
     files that straddle it above are pulled next tick: the pull filters by ts), MAX_TS
@@ -754,7 +759,7 @@ def _slice(files: list[Any], budget: int) -> tuple[int, int]:
     rows = 0
     ordered = sorted(files, key=lambda f: (f.last_ts, f.first_ts))
     for i, f in enumerate(ordered):
-        n = _rows(f.path)
+        n = _rows(f.path, seen)
         if i and rows + n > budget:
             return ordered[i - 1].last_ts, rows
         rows += n

@@ -7,8 +7,8 @@ so it runs the same on a local session and over Spark Connect. Each table's resu
 back to the driver as one small row.
 
 A small tick (``local_max_bytes``: the change-log or staged bytes its specs read, and
-``local_max_rows``: the rows they move) runs its specs in the driver instead, the same functions without a job: a Spark job costs about a
-second over Spark Connect (planning, a task per slot, Python workers), most of a tick
+``local_max_rows``: the rows they move) runs its specs in the driver instead, the same
+functions without a job: a Spark job costs about a second over Spark Connect (planning, a task per slot, Python workers), most of a tick
 that carries a second of an OLTP upstream's changes.
 """
 
@@ -48,7 +48,11 @@ def local(specs: Sequence[dict[str, Any]], max_bytes: int, max_rows: int) -> boo
     changefeeds' ticks; as a Spark job they run beside them."""
     if sum(max(0, s.get("weight", 0)) for s in specs) > max_bytes:
         return False
-    return not max_rows or sum(max(0, s.get("rows", 0)) for s in specs) <= max_rows
+    return not max_rows or _rows(specs) <= max_rows
+
+
+def _rows(specs: Sequence[dict[str, Any]]) -> int:
+    return sum(max(0, s.get("rows", 0)) for s in specs)
 
 
 def run(
@@ -73,7 +77,7 @@ def run(
         return []
     if local(specs, local_max_bytes, local_max_rows):
         fn = spark_tasks.pull_table if kind == "pull" else spark_tasks.sink_table
-        if bulk_rows and sum(max(0, s.get("rows", 0)) for s in specs) >= bulk_rows:
+        if bulk_rows and _rows(specs) >= bulk_rows:
             return background.run_in_background(fn, list(specs))
         return [fn(s) for s in specs]
     if callable(spark):
