@@ -10,7 +10,7 @@ from typing import Any
 
 from changelog_v1 import changelog_reader
 from scenario import BASE_MS, Workload, delta_content, ts
-from test_backlog_batching import Clock
+from test_backlog_batching import Clock, started
 
 from cdc_dagster.pipeline.executor import SparkTableExecutor
 from scheduler_core.messages import Barrier
@@ -29,17 +29,6 @@ def make(tmp_path: Path, spark: Any, clock: Clock) -> SparkTableExecutor:
     return ex
 
 
-def _replicating(tmp_path: Path, spark: Any, clock: Clock, tables: tuple[int, ...]) -> None:
-    """``tables`` prepared and replicating from ts(1), saved."""
-    ex = make(tmp_path, spark, clock)
-    for t in tables:
-        ex.prepare(t, Checkpoint(ts(1), ts(1)))
-    ex.pull_phase()
-    for t in tables:
-        ex.commit(t, Checkpoint(ts(1), ts(1)))
-    ex.save()
-
-
 def _big_then_small(w: Workload) -> int:
     """Table 1 gets 200 changes in 10 files; then every table 5 in one: the top ts."""
     everyone = w.schemas
@@ -54,7 +43,7 @@ def test_a_large_backlog_moves_in_slices_while_the_small_tables_move_whole(
 ) -> None:
     w = Workload(writer, [1, 2, 3])
     clock = Clock((BASE_MS + 12_000) / 1000)  # the newest change is a second old: no backlog
-    _replicating(tmp_path, spark, clock, (1, 2, 3))
+    started(tmp_path, spark, clock, [1, 2, 3])
     top = _big_then_small(w)
     ticks, seen = 0, []
     while True:
@@ -142,7 +131,7 @@ def test_a_table_with_a_bulk_phase_waits_whole_when_deferring(
     pulls nor sinks there while the small tables move whole; the next tick moves it."""
     w = Workload(writer, [1, 2, 3])
     clock = Clock((BASE_MS + 12_000) / 1000)
-    _replicating(tmp_path, spark, clock, (1, 2, 3))
+    started(tmp_path, spark, clock, [1, 2, 3])
     top = _big_then_small(w)
 
     def tick(defer: int) -> dict[int, int]:
