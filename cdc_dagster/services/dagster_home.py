@@ -1,8 +1,9 @@
 """``DAGSTER_HOME`` under the state dir: the ``dagster.yaml`` the control plane needs.
 
-- queued run coordinator, at most one in-progress run per capture: a tag concurrency
-  limit of 1 per unique ``dagster/partition`` value (capture runs are partitioned by
-  capture id);
+- queued run coordinator, at most two in-progress runs per capture: a tag concurrency
+  limit of 2 per unique ``dagster/partition`` value (capture runs are partitioned by
+  capture id): the one ticking and the next, started shortly before it ends, which waits
+  in its first op for it (``defs/capture/handoff.py``: one ticks at a time, no gap);
 - SQLite storage under the state dir by default, PostgreSQL when a URL is given (its
   password may be a ``${ENV}`` reference: Dagster reads it from the environment);
 - at most one dbt build run at a time (tag ``cdc/dbt_build``);
@@ -31,12 +32,14 @@ _COMMON = """\
 # The queued run coordinator is Dagster's default; `concurrency.runs` configures it.
 concurrency:
   runs:
-    # One run per capture at a time: capture runs carry dagster/partition = capture id.
+    # Two runs per capture at a time (capture runs carry dagster/partition = capture id):
+    # the one ticking and the next, which waits in its first op until the first has ended
+    # (cdc_dagster/defs/capture/handoff.py); a third waits here.
     tag_concurrency_limits:
       - key: dagster/partition
         value:
           applyLimitPerUniqueValue: true
-        limit: 1
+        limit: 2
       # One dbt build at a time: builds share the DuckDB file / the pinned views
       # (cdc_dagster.dbt); a second one queues instead of waiting on the build lock.
       - key: cdc/dbt_build

@@ -35,6 +35,12 @@ from typing import Any
 import dagster as dg
 
 from cdc_dagster.defs.capture.fencing import Received, StaleRunError, check_owner_rev
+from cdc_dagster.defs.capture.handoff import (
+    FOLLOW_UNTIL_TAG,
+    HANDOFF_MAX_S,
+    successor_started,
+    wait_for_earlier_runs,
+)
 from cdc_dagster.defs.catalog import Catalog
 from cdc_dagster.defs.owner.plan import CAPTURE_JOB
 from cdc_dagster.defs.owner.stale_runs import REGISTRATION_TAG
@@ -87,6 +93,9 @@ def receive(context: dg.OpExecutionContext, config: ReceiveConfig, cdc: CdcResou
     partition = context.partition_key if context.has_partition_key else config.capture_id
     if partition != config.capture_id:
         raise dg.Failure(f"run for partition {partition} carries capture {config.capture_id}")
+    # One run of a capture ticks at a time: the next one waits here for the earlier one,
+    # which ticks until this one has started (defs/capture/handoff.py).
+    wait_for_earlier_runs(context.instance, config.capture_id, context.run_id, context.log.info)
     ms = cdc.metastore()
     try:
         owner = ms.election.current_owner()
@@ -334,6 +343,26 @@ def _still_ours(f: _Follow, state: dict[str, float]) -> str:
     return ""
 
 
+TIME_UP = "time is up"
+
+
+def _handed_over(f: _Follow, state: dict[str, float], until: float) -> str:
+    """Why the loop stops at its end ("" while it goes on): past ``until`` it ticks on until
+    the capture's next run has started (it waits for this one in ``receive``), at most
+    HANDOFF_MAX_S more, so the capture is never long without a tick (defs/capture/handoff.py)."""
+    now = time.monotonic()
+    if now < until:
+        return ""
+    if now >= until + HANDOFF_MAX_S:
+        return f"{TIME_UP} (no next run started within {HANDOFF_MAX_S:.0f} s)"
+    if now - state["successor_checked"] < POLL_S:
+        return ""
+    state["successor_checked"] = now
+    ctx = f.context
+    successor = successor_started(ctx.instance, f.cid, ctx.run_id)
+    return f"{TIME_UP}; handed over to run {successor}" if successor else ""
+
+
 def build_follow_op(catalog: Catalog) -> dg.OpDefinition:
     """The follow op: more ticks, from the mailbox or on new data, until ``seconds`` passed."""
 
@@ -351,8 +380,12 @@ def build_follow_op(catalog: Catalog) -> dg.OpDefinition:
             return
         f = _Follow(context, cdc, received)
         started = time.monotonic()
-        state = {"renewed": started, "owner_checked": 0.0}
-        ticks, why_stopped = {OWNER: 0, DATA: 0}, "time is up"
+        # When this loop ends: the owner requests the capture's next run shortly before
+        context.instance.add_run_tags(
+            context.run_id, {FOLLOW_UNTIL_TAG: f"{time.time() + config.seconds:.3f}"}
+        )
+        state = {"renewed": started, "owner_checked": 0.0, "successor_checked": 0.0}
+        ticks, why_stopped = {OWNER: 0, DATA: 0}, TIME_UP
         throttle = MaterializationThrottle()
         rows: dict[tuple[str, int], int] = {}
         # Each changefeed ticks in a lane of its own: a long tick of one (a snapshot's
@@ -396,9 +429,11 @@ def build_follow_op(catalog: Catalog) -> dg.OpDefinition:
             state["renewed"] = time.monotonic()
 
         try:
-            while time.monotonic() < started + config.seconds:
-                why_stopped = _still_ours(f, state) or "time is up"
-                if why_stopped != "time is up":
+            while True:
+                why_stopped = _still_ours(f, state) or _handed_over(
+                    f, state, started + config.seconds
+                )
+                if why_stopped:
                     break
                 for done in lanes.finished():
                     report(done)
@@ -413,7 +448,7 @@ def build_follow_op(catalog: Catalog) -> dg.OpDefinition:
         finally:
             # Every lane ends with the op; the owner's messages taken from the mailbox are
             # ticked unless this run is no longer the owner's or the capture's.
-            for done in lanes.close(finish_owner_messages=why_stopped == "time is up"):
+            for done in lanes.close(finish_owner_messages=why_stopped.startswith(TIME_UP)):
                 report(done)
         context.log.info(
             "%d more tick(s) in %.0f s (%d on the owner's messages, %d on new data); stopped: %s",

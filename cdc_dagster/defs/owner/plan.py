@@ -129,6 +129,7 @@ def plan(
     outbox: Outbox | None = None,
     follow_s: float = 0.0,
     retry_epoch: int | None = None,
+    handoff: Collection[str] = (),
 ) -> dg.SensorResult:
     """The sensor's answer for one owner step.
 
@@ -137,7 +138,10 @@ def plan(
     its mailbox takes them itself): then its messages wait in ``outbox`` for that run or
     the next; partitions follow the alive captures; a DDL run only when the tables'
     checkpoint metadata has reached its commit ts (the gate op re-checks inside the run),
-    asked again in each ``retry_epoch`` (see ``ddl_run_request``).
+    asked again in each ``retry_epoch`` (see ``ddl_run_request``). A capture in ``handoff``
+    (its run follows its mailbox and is about to end: ``defs/capture/handoff.py``) gets its
+    next run now, with no messages: they wait in ``outbox`` (the mailbox) for whichever run
+    ticks first.
     """
     owner = step.tick
     if not owner.is_owner:
@@ -155,11 +159,14 @@ def plan(
     box = outbox if outbox is not None else Outbox()
     box.new_owner(owner.owner_rev)
     box.forget(alive)
-    runs = []
+    runs = [
+        capture_run_request(c, owner.owner_rev, tick, {}, follow_s)
+        for c in sorted(set(handoff) & alive)
+    ]
     for c, m in sorted(step.work.items()):
         if c not in alive:
             continue
-        if c in queued:
+        if c in queued or c in handoff:
             box.hold(c, m)
             continue
         runs.append(capture_run_request(c, owner.owner_rev, tick, box.take(c, m), follow_s))

@@ -9,12 +9,12 @@ from typing import Any
 import dagster as dg
 from dagster._core.definitions.unresolved_asset_job_definition import UnresolvedAssetJobDefinition
 
+from cdc_dagster.defs.capture.handoff import CaptureRuns, capture_runs
 from cdc_dagster.defs.catalog import Catalog
 from cdc_dagster.defs.changefeeds.health import HealthReporter
 from cdc_dagster.defs.mysql.requests import with_puller_runs
 from cdc_dagster.defs.owner.mailbox import MailboxOutbox
 from cdc_dagster.defs.owner.plan import (
-    CAPTURE_JOB,
     DDL_RETRY_S,
     awaiting_answers,
     idle_reason,
@@ -46,26 +46,6 @@ MIN_INTERVAL_S = 1
 # Asset observations per tick: each is one event-log write in the daemon (~12 ms on SQLite).
 OBSERVATIONS_PER_TICK = 50
 LAG_REFRESH_S = 600.0
-NOT_STARTED = [dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.NOT_STARTED]
-IN_PROGRESS = [dg.DagsterRunStatus.STARTING, dg.DagsterRunStatus.STARTED]
-
-
-def queued_captures(instance: dg.DagsterInstance, in_progress: bool = False) -> set[str]:
-    """Captures with a capture run that has not started yet, or (``in_progress``) not
-    finished yet (one query)."""
-    statuses = NOT_STARTED + (IN_PROGRESS if in_progress else [])
-    records = instance.get_run_records(
-        dg.RunsFilter(job_name=CAPTURE_JOB, statuses=statuses), limit=1000
-    )
-    return {p for r in records if (p := r.dagster_run.tags.get("dagster/partition"))}
-
-
-def following_captures(instance: dg.DagsterInstance) -> set[str]:
-    """Captures whose capture run has started (and so takes its mailbox within a poll)."""
-    records = instance.get_run_records(
-        dg.RunsFilter(job_name=CAPTURE_JOB, statuses=[dg.DagsterRunStatus.STARTED]), limit=1000
-    )
-    return {p for r in records if (p := r.dagster_run.tags.get("dagster/partition"))}
 
 
 def _cancel_stale_runs(
@@ -194,6 +174,7 @@ class _Evaluation:
         self.known = context.instance.get_dynamic_partitions(CAPTURES.name)
         self.queued: set[str] = set()
         self.following: set[str] = set()
+        self.handoff: set[str] = set()
 
     def step(self, tick: int, first: bool = False) -> tuple[OwnerStep, dg.SensorResult]:
         """One owner step as ``tick``, and what the sensor would return for it."""
@@ -202,14 +183,14 @@ class _Evaluation:
         if first or step.tick.registered:
             _cancel_stale_runs(context, ms, step)
         is_owner = step.tick.is_owner
-        follow = self.follow_s > 0
-        # Again each step: a run that ended meanwhile no longer takes its mailbox.
-        self.queued = queued_captures(context.instance, in_progress=follow) if is_owner else set()
-        self.following = following_captures(context.instance) if is_owner and follow else set()
+        # Again each step: a run that ended meanwhile no longer takes its mailbox; one about
+        # to end gets its successor (defs/capture/handoff.py).
+        runs = capture_runs(context.instance, self.follow_s) if is_owner else CaptureRuns()
+        self.queued, self.following, self.handoff = runs.queued, runs.following, runs.handoff
         result = plan(
             step, tick, self.known, self.catalog, _checkpoints(context, self.catalog, step),
             queued=self.queued, outbox=self.outbox, follow_s=self.follow_s,
-            retry_epoch=int(time.time() // DDL_RETRY_S),
+            retry_epoch=int(time.time() // DDL_RETRY_S), handoff=self.handoff,
         )  # fmt: skip
         if not is_owner:
             return step, result

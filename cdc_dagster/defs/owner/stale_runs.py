@@ -1,7 +1,8 @@
 """Capture runs of an expired registration: retired, so their capture gets a run again.
 
-One run per capture at a time (dagster.yaml's tag concurrency limit), and a run that
-follows its mailbox holds that slot for minutes. A run whose capture's lease expired
+One run of a capture ticks at a time (the next waits for it in its first op, and a third in
+the run queue: cdc_dagster/defs/capture/handoff.py), and a run that follows its mailbox is
+in progress for minutes. A run whose capture's lease expired
 (frozen, hung in a call, cut off from etcd) belongs to a dead epoch: the sink fences its
 writes, but while it stays in progress no run of the re-registered capture can start, and
 the capture's tables replicate nothing until its ``dagster/max_runtime`` (30 min). So when

@@ -8,6 +8,7 @@ mailboxes, and the runs' follow ops take them and tick, until every table replic
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from collections.abc import Callable
@@ -26,6 +27,7 @@ from test_capture_job import _first_create, _workload, spark  # noqa: F401 - a f
 
 from cdc_dagster import admin
 from cdc_dagster.defs import build_definitions
+from cdc_dagster.defs.capture import handoff
 from cdc_dagster.defs.catalog import catalog_from_changelog
 from cdc_dagster.defs.owner.stale_runs import REGISTRATION_TAG
 from cdc_dagster.defs.resources import CdcResource
@@ -95,9 +97,19 @@ def test_one_run_per_capture_follows_the_owner_until_every_table_replicates(
             for run in result.run_requests:
                 assert run.job_name == "capture_tick"
                 assert run.run_config["ops"]["follow"]["config"]["seconds"] == FOLLOW_S
-                # Never a second run while the capture's run follows its mailbox.
+                # Never a second run while the capture's run follows its mailbox, but
+                # its successor as it is about to end (defs/capture/handoff.py).
                 previous = running.get(run.partition_key)
-                assert previous is None or not previous.is_alive(), run.partition_key
+                if previous is not None and previous.is_alive():
+                    (ending,) = [
+                        r for r in instance.get_runs(
+                            dg.RunsFilter(tags={"dagster/partition": run.partition_key})
+                        ) if r.status == dg.DagsterRunStatus.STARTED
+                    ]  # fmt: skip
+                    until = handoff.follow_until(ending)
+                    assert until is not None, run.partition_key
+                    assert until - time.time() < handoff.handoff_s(FOLLOW_S), until
+                    assert run.run_config["ops"]["receive"]["config"]["messages_json"] == "{}"
 
                 def execute(run: dg.RunRequest = run) -> None:
                     results.append(
@@ -395,3 +407,69 @@ def test_a_table_fenced_between_owner_ticks_is_taken_up_again(
         assert one.sunk(victim) > fenced_at, "the fenced table was never taken up again"
         assert one.sink.committed("cf", victim).token > token  # acquired anew
         daemon.join()  # each run follows for CAPTURE_LOOP_S
+
+
+@pytest.mark.slow
+def test_the_next_run_takes_over_as_the_ending_one_stops_never_beside_it(
+    tmp_path: Path,
+    metastore: Metastore,
+    etcd_endpoints: list[str],
+    cluster_id: str,
+    monkeypatch: pytest.MonkeyPatch,
+    spark: object,  # noqa: F811 - the imported fixture
+) -> None:
+    """The rollover (defs/capture/handoff.py): the sensor requests the capture's next run
+    while the ending one still follows; launched at once here (as the run queue does with
+    two runs allowed per capture), it waits in receive; the ending run ticks past its time
+    until the next one has started, then stops; the next one's first tick comes right after
+    its last. No tick of one run overlaps a tick of the other, the downstream keeps up."""
+    loop_s = 12.0
+    monkeypatch.setattr(handoff, "HANDOFF_S", 6.0)
+    one = _one_capture(tmp_path, metastore, etcd_endpoints, cluster_id, monkeypatch, loop_s)
+    start = _first_create(one.changelog)
+    with dg.instance_for_test() as instance:
+        daemon = _Daemon(one.defs, instance)
+        deadline = time.monotonic() + 150
+        while len(daemon.threads) < 3 and time.monotonic() < deadline:
+            daemon.tick()
+            one.step()
+            time.sleep(0.5)
+        assert len(daemon.threads) >= 3, "no third run: the handoffs did not happen"
+        top = one.step()
+        deadline = time.monotonic() + 60
+        while min(one.sunk(t) for t in one.schemas) < top and time.monotonic() < deadline:
+            daemon.tick()
+            time.sleep(0.5)
+        assert min(one.sunk(t) for t in one.schemas) >= top > start
+        daemon.join(timeout=120)
+        assert all(out.success for out in daemon.results), [
+            e.message for out in daemon.results for e in out.all_events if e.is_failure
+        ]
+        runs = sorted(
+            instance.get_run_records(dg.RunsFilter(job_name="capture_tick")),
+            key=lambda r: r.storage_id,
+        )
+        spans, logs = [], {}
+        for r in runs:
+            events = instance.all_logs(r.dagster_run.run_id)
+            logs[r.dagster_run.run_id] = [e.user_message or "" for e in events]
+            # each tick's span: a step's start to its end, and each follow tick's log line
+            # (logged as it ends, with its seconds)
+            ticks = []
+            for e in events:
+                msg = e.user_message or ""
+                follow_tick = msg.startswith("tick ") and " s (prepare " in msg
+                if msg.startswith("commit took") or follow_tick:
+                    ticks.append(e.timestamp)
+            spans.append((r.dagster_run.run_id, ticks))
+        # Never beside each other: the next run's first tick ended after the earlier run's
+        # last one, and soon after it (no launch in between); it had waited in receive for
+        # the earlier run, which handed over to it by name.
+        for (before, b_ticks), (after, a_ticks) in itertools.pairwise(spans):
+            if not a_ticks or not b_ticks:
+                continue
+            assert a_ticks[0] > b_ticks[-1], (before, after, a_ticks[0] - b_ticks[-1])
+            assert a_ticks[0] - b_ticks[-1] < 8.0, a_ticks[0] - b_ticks[-1]
+            assert any("waiting for its earlier run" in m for m in logs[after]), logs[after]
+            summary = [m for m in logs[before] if "more tick(s)" in m]
+            assert summary and f"handed over to run {after}" in summary[0], summary

@@ -9,8 +9,8 @@ import dagster as dg
 import pytest
 from dagster._core.test_utils import create_run_for_test
 
+from cdc_dagster.defs.capture.handoff import capture_runs
 from cdc_dagster.defs.owner.plan import CAPTURE_JOB
-from cdc_dagster.defs.owner.sensor import queued_captures
 from cdc_dagster.defs.owner.stale_runs import (
     REGISTRATION_TAG,
     UNATTACHED_S,
@@ -74,7 +74,7 @@ def test_a_frozen_run_of_a_re_registered_capture_frees_its_slot(
     lines = force_cancel_hung_runs(instance, grace_s=0)
     assert len(lines) == 1 and frozen in lines[0]
     assert _status(instance, frozen) == dg.DagsterRunStatus.CANCELED
-    assert queued_captures(instance, in_progress=True) == {"capture-2"}
+    assert capture_runs(instance, 300).queued == {"capture-2"}
 
 
 def test_no_capture_registered_again_terminates_nothing(
@@ -103,3 +103,37 @@ def test_a_run_is_stale_when_it_attached_to_another_registration_or_never_attach
     assert not is_stale(run(None), now - 5, "new", now)  # attaches to "new" in its first op
     assert not is_stale(run(None), None, "new", now)
     assert is_stale(run(None), now - UNATTACHED_S - 1, "new", now)  # hung before attaching
+
+
+def test_the_owner_requests_a_next_run_only_for_a_run_about_to_end(
+    instance: dg.DagsterInstance,
+) -> None:
+    """capture_runs (defs/capture/handoff.py): a started run whose follow loop ends within
+    the handoff time is due its successor; one not ending, one not following yet, one not
+    started, or an ending one whose successor exists already hold the messages."""
+    from cdc_dagster.defs.capture.handoff import FOLLOW_UNTIL_TAG, handoff_s
+
+    now = 1_000_000.0
+    window = handoff_s(300)
+
+    def run(capture: str, status: dg.DagsterRunStatus, until: float | None = None) -> None:
+        tags = {"dagster/partition": capture}
+        if until is not None:
+            tags[FOLLOW_UNTIL_TAG] = f"{until:.3f}"
+        create_run_for_test(instance, job_name=CAPTURE_JOB, status=status, tags=tags)
+
+    run("ending", dg.DagsterRunStatus.STARTED, now + window - 1)
+    run("overdue", dg.DagsterRunStatus.STARTED, now - 30)  # its successor failed: another
+    run("following", dg.DagsterRunStatus.STARTED, now + window + 1)
+    run("first_tick", dg.DagsterRunStatus.STARTED)  # not in its follow loop yet
+    run("queued", dg.DagsterRunStatus.NOT_STARTED)
+    run("handed", dg.DagsterRunStatus.STARTED, now + 1)
+    run("handed", dg.DagsterRunStatus.NOT_STARTED)  # its successor, requested already
+    run("done", dg.DagsterRunStatus.SUCCESS, now + 1)
+    runs = capture_runs(instance, 300, now=now)
+    assert runs.handoff == {"ending", "overdue"}
+    assert runs.queued == {"following", "first_tick", "queued", "handed"}
+    assert runs.following == {"ending", "overdue", "following", "first_tick", "handed"}
+    # One tick per run (no follow loop): only a run not started holds messages.
+    once = capture_runs(instance, 0, now=now)
+    assert once.queued == {"queued", "handed"} and not once.handoff and not once.following

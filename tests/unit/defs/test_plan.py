@@ -134,6 +134,29 @@ def test_a_capture_with_a_queued_run_gets_no_new_run_and_its_next_run_carries_ev
     assert box.held("c1") == 0
 
 
+def test_a_capture_whose_run_is_about_to_end_gets_its_next_run_with_no_messages() -> None:
+    """Handoff (defs/capture/handoff.py): the next run is requested now, carrying nothing;
+    the owner's messages wait in the mailbox for whichever run ticks first (the ending one
+    while it follows, else the next one's receive takes them)."""
+    from cdc_dagster.defs.owner.plan import Outbox
+
+    box = Outbox()
+    hb = {"type": "heartbeat", "seq": 1}
+    step = owner_view(("c1", "c2", "c3"), work={"c1": {"cf": [hb]}, "c2": {"cf": [hb]}})
+    result = plan(
+        step, 5, ["c1", "c2", "c3"], CATALOG, lambda cf, t: None,
+        queued={"c2"}, outbox=box, follow_s=300, handoff={"c1", "c3", "gone"},
+    )  # fmt: skip
+    runs = {r.partition_key: r for r in result.run_requests}
+    # c3 has no work this step but is due its next run all the same; a capture that left
+    # gets none; c2's run follows (not ending): nothing for it
+    assert set(runs) == {"c1", "c3"}
+    for run in runs.values():
+        assert run.run_config["ops"]["receive"]["config"]["messages_json"] == "{}"
+        assert run.run_config["ops"]["follow"]["config"]["seconds"] == 300
+    assert box.held("c1") == 1 and box.held("c2") == 1
+
+
 def test_held_messages_of_another_owner_rev_or_a_departed_capture_are_dropped() -> None:
     from cdc_dagster.defs.owner.plan import Outbox
 
