@@ -147,16 +147,16 @@ def capture_tick(
     capture_id: str,
     work: dict[str, Any],
     *,
-    first: bool = False,
+    defer_bulk: bool = False,
 ) -> CaptureTick:
     """One tick of ``capture_id`` on this run's metastore connection and Spark session.
 
-    ``first``: the run's first tick (its prepare and commit ops), which ticks every
-    changefeed together: when a follow loop comes after it, a table with a bulk phase (a
-    snapshot's released table) waits for the loop's lanes, so it does not hold the other
-    changefeeds' first tick (at each run's start, every CAPTURE_LOOP_S)."""
+    ``defer_bulk``: a table with a bulk phase (a snapshot's released table) waits for the
+    follow loop's lanes, when a follow loop comes after this tick: a run's first tick (its
+    prepare and commit ops, which tick every changefeed together, at each run's start), and
+    the ticks a run starts while it winds down for its successor (``follow``)."""
     settings = cdc.settings()
-    defer = settings.bulk_tick_rows if first and settings.capture_loop_s > 0 else 0
+    defer = settings.bulk_tick_rows if defer_bulk and settings.capture_loop_s > 0 else 0
     return CaptureTick(
         cdc.metastore(),
         capture_id,
@@ -185,7 +185,7 @@ def prepare(
 ) -> CaptureTick:
     """Phase 1: pull, sort and mount into the capture's staging, up to resolved ts."""
     started = time.perf_counter()
-    capture = capture_tick(cdc, spark, received.capture_id, received.messages, first=True)
+    capture = capture_tick(cdc, spark, received.capture_id, received.messages, defer_bulk=True)
     for line in capture.prepare():
         context.log.info("prepare %s", line)
     context.log.info("prepare took %.2f s", time.perf_counter() - started)
@@ -300,11 +300,16 @@ class _Ticked:
 
 
 def _follow_tick(
-    cdc: CdcResource, spark: SparkResource, capture_id: str, cf: str, messages: list[Any]
+    cdc: CdcResource,
+    spark: SparkResource,
+    capture_id: str,
+    cf: str,
+    messages: list[Any],
+    defer_bulk: bool,
 ) -> _Ticked:
     """One tick of one changefeed, in its lane's thread."""
     t0 = time.perf_counter()
-    capture = capture_tick(cdc, spark, capture_id, {cf: messages})
+    capture = capture_tick(cdc, spark, capture_id, {cf: messages}, defer_bulk=defer_bulk)
     prepare_lines = capture.prepare()
     t1 = time.perf_counter()
     commit_lines, progress = capture.commit()
@@ -384,17 +389,23 @@ def build_follow_op(catalog: Catalog) -> dg.OpDefinition:
         context.instance.add_run_tags(
             context.run_id, {FOLLOW_UNTIL_TAG: f"{time.time() + config.seconds:.3f}"}
         )
+        until = started + config.seconds
         state = {"renewed": started, "owner_checked": 0.0, "successor_checked": 0.0}
         ticks, why_stopped = {OWNER: 0, DATA: 0}, TIME_UP
         throttle = MaterializationThrottle()
         rows: dict[tuple[str, int], int] = {}
         # Each changefeed ticks in a lane of its own: a long tick of one (a snapshot's
         # tables released, a Spark job) never holds another's (cdc_dagster/runtime/lanes.py).
+        # Winding down for the successor: the changefeeds whose tick was in flight when the
+        # loop's time was up (None: not winding down).
+        winding: set[str] | None = None
         lanes: ChangefeedLanes[_Ticked] = ChangefeedLanes(
-            lambda cf, msgs: _follow_tick(cdc, spark, f.cid, cf, msgs)
+            lambda cf, msgs: _follow_tick(cdc, spark, f.cid, cf, msgs, winding is not None)
         )
 
         def report(done: LaneTick[_Ticked]) -> None:
+            if winding is not None:
+                winding.discard(done.changefeed_id)
             if done.error is not None:
                 raise done.error  # the capture's own (its etcd, its lease): the run fails
             ticked = done.result
@@ -430,10 +441,17 @@ def build_follow_op(catalog: Catalog) -> dg.OpDefinition:
 
         try:
             while True:
-                why_stopped = _still_ours(f, state) or _handed_over(
-                    f, state, started + config.seconds
-                )
-                if why_stopped:
+                lost = _still_ours(f, state)
+                if lost:
+                    why_stopped = lost
+                    break
+                if winding is None and (up := _handed_over(f, state, until)):
+                    why_stopped = up
+                    # Its time is up: the other changefeeds go on ticking (bulk phases
+                    # deferred to the successor) while a long tick in flight finishes, so
+                    # none waits for another's at the handover; then the loop ends.
+                    winding = set(lanes.busy())
+                if winding is not None and not winding:
                     break
                 for done in lanes.finished():
                     report(done)

@@ -473,3 +473,76 @@ def test_the_next_run_takes_over_as_the_ending_one_stops_never_beside_it(
             assert any("waiting for its earlier run" in m for m in logs[after]), logs[after]
             summary = [m for m in logs[before] if "more tick(s)" in m]
             assert summary and f"handed over to run {after}" in summary[0], summary
+
+
+@pytest.mark.slow
+def test_at_its_end_a_run_ticks_the_other_changefeeds_while_a_long_tick_finishes(
+    tmp_path: Path,
+    metastore: Metastore,
+    etcd_endpoints: list[str],
+    cluster_id: str,
+    monkeypatch: pytest.MonkeyPatch,
+    spark: object,  # noqa: F811 - the imported fixture
+) -> None:
+    """Winding down (defs/capture/job.py ``follow``): when the loop's time is up while one
+    changefeed's tick is long in flight (a snapshot's 1M-row slice: 10-18 s under load), the
+    run waits for it -- and meanwhile the other changefeeds go on ticking, instead of none
+    ticking until it ends (the lag spikes of the capture's rollover)."""
+    from cdc_dagster.defs.capture import job as capture_job
+
+    loop_s = 14.0
+    one = _one_capture(tmp_path, metastore, etcd_endpoints, cluster_id, monkeypatch, loop_s)
+    admin.create_changefeed(
+        metastore,
+        "cf2",
+        f"delta://{tmp_path / 'lake2'}",
+        start_ts=_first_create(one.changelog),
+        upstream_uri=f"changelog://{one.changelog}",
+    )
+    monkeypatch.setattr(capture_job, "HANDOFF_MAX_S", 0.0)  # no successor to wait for
+    monkeypatch.setattr(capture_job, "IDLE_TICK_S", 0.5)  # cf ticks on each step, busy or not
+    until: dict[str, float] = {}
+    real = capture_job._follow_tick
+
+    def slow_cf2(*args: Any) -> Any:
+        # a tick of cf2 starting in the last 4 s of the loop lasts until 4 s past its end
+        end = until.get("t")
+        if args[3] == "cf2" and end is not None and end - 4 < time.time() < end:
+            time.sleep(end + 4 - time.time())
+        return real(*args)
+
+    monkeypatch.setattr(capture_job, "_follow_tick", slow_cf2)
+    with dg.instance_for_test() as instance:
+        daemon = _Daemon(one.defs, instance)
+        daemon.tick()
+        deadline = time.monotonic() + 90
+        first_id = ""
+        while time.monotonic() < deadline:
+            one.step()
+            time.sleep(0.5)
+            runs = instance.get_runs(dg.RunsFilter(job_name="capture_tick"))
+            tagged = [r for r in runs if handoff.follow_until(r) is not None]
+            if tagged and "t" not in until:
+                first = min(tagged, key=lambda r: handoff.follow_until(r) or 0.0)
+                first_id, until["t"] = first.run_id, handoff.follow_until(first) or 0.0
+            if first_id and instance.get_run_by_id(first_id).is_finished:  # type: ignore[union-attr]
+                break
+            if "t" not in until:
+                daemon.tick()  # until the run follows: its tables dispatched, cf2 served
+        assert first_id, "the run never followed"
+        daemon.join(timeout=60)
+        end = until["t"]
+        ticks: dict[str, list[float]] = {"cf": [], "cf2": []}
+        summary = ""
+        for e in instance.all_logs(first_id):
+            msg = e.user_message or ""
+            if msg.startswith("tick ") and " s (prepare " in msg:
+                ticks[msg.split(" message(s) of ")[1].split(";")[0]].append(e.timestamp)
+            if "more tick(s)" in msg:
+                summary = msg
+        assert "stopped: time is up" in summary, summary
+        last_cf2 = max(ticks["cf2"])
+        assert last_cf2 > end + 3, (last_cf2 - end, "cf2's long tick was not in flight")
+        # cf ticked on (several times) while cf2's tick went on past the loop's end
+        during = [t for t in ticks["cf"] if end + 0.5 < t < last_cf2]
+        assert len(during) >= 3, ([round(t - end, 2) for t in ticks["cf"]], last_cf2 - end)
