@@ -34,6 +34,7 @@ from cdc_dagster.metastore.changefeeds import wall_ms
 from cdc_dagster.metastore.client import Put
 from cdc_dagster.metastore.errors import (
     CaptureNotRegisteredError,
+    ChangefeedNotFoundError,
     LeaseExpiredError,
     MetastoreError,
 )
@@ -501,6 +502,7 @@ class CaptureTick:
         }
 
         self.failed: dict[str, str] = {}  # changefeed -> why it was skipped or failed this tick
+        self.removed: set[str] = set()  # changefeeds found removed (nothing left to tick)
         self.prepared: dict[str, PrepareOutcome] = {}
         self.committed: dict[str, CommitOutcome] = {}
         for cf in self.contexts:
@@ -561,11 +563,18 @@ class CaptureTick:
         """Run one changefeed's half; its failure is that changefeed's problem, recorded for
         the owner to show, never the run's, the capture's or another changefeed's.
 
-        A metastore error is the capture's own (its lease, its etcd) and propagates.
+        A metastore error is the capture's own (its lease, its etcd) and propagates, but for
+        the changefeed's removal (``changefeed remove`` while the capture held its tables):
+        then there is nothing left to tick for it (``removed``).
         """
         ctx = self.contexts[cf]
         try:
             return half()
+        except ChangefeedNotFoundError:
+            log.info("changefeed %s was removed: nothing left to tick", cf)
+            self.removed.add(cf)
+            self.failed[cf] = "removed (changefeed remove): nothing left to tick"
+            return None
         except MetastoreError:
             raise
         except Exception as exc:

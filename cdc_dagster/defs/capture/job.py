@@ -276,6 +276,9 @@ class _Follow:
             self.idle[cf] = sum(p.rows_applied for p in progress) == before and all(
                 p.checkpoint_ts >= p.resolved_ts for p in progress if p.state == "replicating"
             )
+        if cf in capture.removed:  # `changefeed remove`: nothing left to tick for it
+            self.serving.discard(cf)
+            self.watch.forget(cf)
         for outcome in capture.prepared.values():  # the registration its tick attached to
             self.registration = outcome.registration
         # One run-storage write when the registration changes, not one per tick.

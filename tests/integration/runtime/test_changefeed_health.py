@@ -225,3 +225,35 @@ def test_a_captures_changefeeds_run_their_halves_side_by_side(
     for cf in ("cf", "other"):
         ticks_to_catch_up(driver, cf, target)
     assert met == {"cf", "other"} and not rendezvous.broken
+
+
+def test_a_changefeed_removed_under_a_capture_tick_is_skipped_not_the_captures_failure(
+    tmp_path: Path, make_driver: Callable[..., Driver], upstream: Upstream, metastore: Metastore
+) -> None:
+    """``changefeed remove`` while a capture run holds the changefeed's tables: the run's next
+    tick finds it gone. That is not the capture's failure (a failed capture run in the UI for
+    a routine admin step): the changefeed is skipped as removed, the others tick."""
+    from cdc_dagster.runtime import CaptureTick
+
+    target = upstream.ts(2000)
+    upstream.advance(target)
+    driver = make_driver(captures=1)
+    driver.add_changefeed("other", f"file://{tmp_path / 'ds-other'}", start_ts=upstream.start_ts)
+    for cf in ("cf", "other"):
+        ticks_to_catch_up(driver, cf, target)
+    (capture_id,) = driver.capture_ids
+    metastore.changefeeds.remove("other")
+    upstream.advance(upstream.ts(4000))
+    tick = CaptureTick(
+        metastore,
+        capture_id,
+        {"cf": [], "other": []},
+        staging_root=driver.staging_root,
+        executor_factory=driver.executor_factory,
+        lease_ttl_s=driver.lease_ttl_s,
+    )
+    lines = tick.prepare()
+    commit_lines, _ = tick.commit()
+    assert tick.removed == {"other"}
+    assert "cf" in tick.prepared and "cf" in tick.committed, lines + commit_lines
+    assert any(line.startswith("other: removed") for line in lines), lines
