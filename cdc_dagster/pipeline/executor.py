@@ -83,6 +83,9 @@ T = TableState
 _PULLING = (T.PREPARING, T.PREPARED, T.REPLICATING)
 
 
+PACE_MAX_MS = 5_000  # a paced table's batch waits at most this long (sink_duty)
+
+
 class SparkTableExecutor:
     """The data plane of one capture for one changefeed (see the module docstring)."""
 
@@ -103,8 +106,16 @@ class SparkTableExecutor:
         local_max_rows: int = 0,
         bulk_rows: int = 0,
         defer_rows: int = 0,
+        sink_duty: float = 0.0,
     ) -> None:
         self.capture_id = capture_id
+        # The share of a replicating table's time its sink writes may take (0 or 1: no
+        # pacing): after a write of d seconds, its next waits d * (1 - duty) / duty seconds
+        # (at most PACE_MAX_MS) unless a DDL or syncpoint waits for it or a budget's worth is
+        # staged. A Delta MERGE rewrites every file its keys touch: a wide table with a
+        # steady trickle of changes otherwise rewrites itself back to back, a core per
+        # capture for a few hundred rows/s.
+        self.sink_duty = sink_duty
         # A table whose phase would move this many row changes waits for a later tick (0:
         # none waits): a capture run's first tick, whose ops tick every changefeed together,
         # leaves bulk work to the follow loop's lanes (cdc_dagster/defs/capture/job.py).
@@ -149,6 +160,7 @@ class SparkTableExecutor:
         local_max_rows: int = 0,
         bulk_rows: int = 0,
         defer_rows: int = 0,
+        sink_duty: float = 0.0,
     ) -> SparkTableExecutor:
         """The executor as the last :meth:`save` left it (empty if none), reconciled with the sink."""
         ex = cls(
@@ -167,6 +179,7 @@ class SparkTableExecutor:
             local_max_rows,
             bulk_rows,
             defer_rows,
+            sink_duty,
         )
         loaded = ex.staging.load()
         if loaded is None:
@@ -438,7 +451,7 @@ class SparkTableExecutor:
             if spec["end"] <= spec["start"]:  # nothing but its DDL in (checkpoint, upto]
                 rec.checkpoint_ts = spec["upto"]
                 continue
-            if self._gathers(rec, spec):
+            if self._gathers(rec, spec) or self._paced(rec, spec):
                 continue
             specs.append(spec)
         specs = self._sink_budget(specs)
@@ -472,6 +485,7 @@ class SparkTableExecutor:
                 self._clear(rec, "sink")
                 rec.rows_applied += res["rows"]
                 rec.sunk_at_ms = self._now_ms()
+                rec.sink_ms = int((res.get("seconds") or 0.0) * 1000)
                 written[table_id] = res["rows"]
         for spec in specs:
             self._tables[spec["table_id"]].sink_intent = 0
@@ -533,6 +547,19 @@ class SparkTableExecutor:
             return False  # a budget's worth is staged: it commits each tick
         now = self._now_ms()
         return now - physical_ms(rec.staged_upto) > wait and now - rec.sunk_at_ms < wait
+
+    def _paced(self, rec: TableRecord, spec: dict[str, Any]) -> bool:
+        """Whether the table's batch waits so its sink writes take at most ``sink_duty`` of
+        its time (see ``__init__``): replicating, nothing waits for its batch, less than a
+        budget's worth staged, and its last write ended less than d * (1 - duty) / duty ago
+        (d: that write's seconds; at most PACE_MAX_MS)."""
+        duty = self.sink_duty
+        if not 0 < duty < 1 or rec.state != T.REPLICATING or spec["held"] or not rec.sink_ms:
+            return False
+        if self.tick_rows and spec["rows"] >= self.tick_rows:
+            return False
+        wait = min(rec.sink_ms * (1 - duty) / duty, PACE_MAX_MS)
+        return self._now_ms() - rec.sunk_at_ms < wait
 
     def _read_stream_ts(self) -> int:
         """How far past an open barrier the change log's DDL stream lets sinks go: its DDL

@@ -21,7 +21,9 @@ from typing import Any
 
 from cdc_dagster.pipeline import background, spark_tasks
 
-_RESULT_DDL = "table_id long, status string, message string, detail string, rows long"
+_RESULT_DDL = (
+    "table_id long, status string, message string, detail string, rows long, seconds double"
+)
 
 
 def parallelism(spark: Any) -> int:

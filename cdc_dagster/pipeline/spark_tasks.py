@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 import uuid
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -39,6 +40,7 @@ RESULT_SCHEMA = pa.schema(
         ("message", pa.string()),
         ("detail", pa.string()),  # JSON: staged files (pull) or committed ts (sink)
         ("rows", pa.int64()),
+        ("seconds", pa.float64()),  # the sink's write (sink results; pull: 0)
     ]
 )
 SPEC_SCHEMA = pa.schema([("table_id", pa.int64()), ("spec", pa.string())])
@@ -280,6 +282,7 @@ def sink_table(spec: dict[str, Any]) -> dict[str, Any]:
         )
     cuts = list(spec.get("syncpoints", ()))
     copy_at = set(spec.get("copy_at", cuts))
+    began = time.perf_counter()
     committed, rows, start = spec["start"], 0, spec["start"]
     try:
         sink = open_sink(spec["sink_uri"])
@@ -302,7 +305,7 @@ def sink_table(spec: dict[str, Any]) -> dict[str, Any]:
             f"{spec['end']}] with an unexpected {type(exc).__name__}: {shorten(exc)}; "
             "the batch is retried every tick, fix the downstream",
         )
-    return _result(table_id, "ok", "", json.dumps(committed), rows)
+    return _result(table_id, "ok", "", json.dumps(committed), rows, time.perf_counter() - began)
 
 
 def _empty_staged(schema: TableSchema) -> pa.Table:
@@ -316,13 +319,16 @@ def _empty_staged(schema: TableSchema) -> pa.Table:
 RESTAGE = "restage"
 
 
-def _result(table_id: int, status: str, message: str, detail: str = "", rows: int = 0) -> dict:
+def _result(
+    table_id: int, status: str, message: str, detail: str = "", rows: int = 0, seconds: float = 0.0
+) -> dict:
     return {
         "table_id": table_id,
         "status": status,
         "message": message,
         "detail": detail,
         "rows": rows,
+        "seconds": seconds,
     }
 
 

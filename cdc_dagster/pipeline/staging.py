@@ -65,6 +65,8 @@ class TableRecord:
     # Wall ms of its last sink commit (or of its commit to sinking): a backlog's batches
     # gather until they are this old (SparkTableExecutor, batch_behind_s).
     sunk_at_ms: int = 0
+    # Wall ms its last sink write took: the next waits in proportion (sink_duty).
+    sink_ms: int = 0
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -80,6 +82,7 @@ class TableRecord:
             "sink_intent": self.sink_intent,
             "rows_applied": self.rows_applied,
             "sunk_at_ms": self.sunk_at_ms,
+            "sink_ms": self.sink_ms,
         }
 
     @staticmethod
@@ -97,6 +100,7 @@ class TableRecord:
             sink_intent=obj.get("sink_intent", 0),
             rows_applied=obj.get("rows_applied", 0),
             sunk_at_ms=obj.get("sunk_at_ms", 0),
+            sink_ms=obj.get("sink_ms", 0),
         )
 
 

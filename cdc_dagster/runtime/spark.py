@@ -19,6 +19,7 @@ def spark_executor_factory(
     local_max_rows: int = 0,
     bulk_rows: int = 0,
     defer_rows: int = 0,
+    sink_duty: float = 0.0,
 ) -> ExecutorFactory:
     """A factory of SparkTableExecutors on ``spark`` (a local session or Spark Connect, or a
     function returning one when a job runs); a tick phase reading at most
@@ -27,7 +28,8 @@ def spark_executor_factory(
     0: never); a table draining a backlog
     older than ``batch_behind_s`` commits at most that often; a changefeed's tick phase
     moves at most ``tick_rows`` row changes (0: no limit), and a table whose phase would
-    move ``defer_rows`` or more waits for a later tick (0: none waits)."""
+    move ``defer_rows`` or more waits for a later tick (0: none waits); a table's sink
+    writes take at most ``sink_duty`` of its time (0: no pacing)."""
 
     def make(spec: ExecutorSpec) -> RuntimeExecutor:
         return SparkTableExecutor.load(  # type: ignore[return-value]
@@ -45,6 +47,7 @@ def spark_executor_factory(
             local_max_rows=local_max_rows,
             bulk_rows=bulk_rows,
             defer_rows=defer_rows,
+            sink_duty=sink_duty,
         )
 
     return make

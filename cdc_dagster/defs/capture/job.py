@@ -171,6 +171,7 @@ def capture_tick(
             local_max_rows=settings.local_tick_rows,
             bulk_rows=settings.bulk_tick_rows,
             defer_rows=defer,
+            sink_duty=settings.sink_duty,
         ),
         lease_ttl_s=settings.capture_ttl_s,
     )
