@@ -84,6 +84,7 @@ _PULLING = (T.PREPARING, T.PREPARED, T.REPLICATING)
 
 
 PACE_MAX_MS = 5_000  # a paced table's batch waits at most this long (sink_duty)
+PACE_ROWS = 10_000  # ... and only after a write of fewer rows (a trickle, not a backlog)
 
 
 class SparkTableExecutor:
@@ -485,7 +486,9 @@ class SparkTableExecutor:
                 self._clear(rec, "sink")
                 rec.rows_applied += res["rows"]
                 rec.sunk_at_ms = self._now_ms()
-                rec.sink_ms = int((res.get("seconds") or 0.0) * 1000)
+                # a large write's cost was its rows (a backlog's, a snapshot's): no pacing
+                small = res["rows"] < PACE_ROWS
+                rec.sink_ms = int((res.get("seconds") or 0.0) * 1000) if small else 0
                 written[table_id] = res["rows"]
         for spec in specs:
             self._tables[spec["table_id"]].sink_intent = 0
@@ -551,8 +554,9 @@ class SparkTableExecutor:
     def _paced(self, rec: TableRecord, spec: dict[str, Any]) -> bool:
         """Whether the table's batch waits so its sink writes take at most ``sink_duty`` of
         its time (see ``__init__``): replicating, nothing waits for its batch, less than a
-        budget's worth staged, and its last write ended less than d * (1 - duty) / duty ago
-        (d: that write's seconds; at most PACE_MAX_MS)."""
+        budget's worth staged, and its last write, of fewer than PACE_ROWS rows (a backlog's
+        tail commits at once), ended less than d * (1 - duty) / duty ago (d: that write's
+        seconds; at most PACE_MAX_MS)."""
         duty = self.sink_duty
         if not 0 < duty < 1 or rec.state != T.REPLICATING or spec["held"] or not rec.sink_ms:
             return False

@@ -180,7 +180,7 @@ def what_to_look_at(ui: str, changefeed_id: str, lake: Path) -> list[str]:
     return [
         f"open {ui}",
         f"  {ui}/automation          the owner sensor (cdc_owner) ticking every ~5 s",
-        f"  {ui}/runs                capture runs, one at a time per capture (receive > prepare > commit > report > follow: 5 min of ticks)",
+        f"  {ui}/runs                capture runs, one ticking per capture (receive > prepare > commit > report > follow: 5 min of ticks; the next one starts 20 s before and waits in receive)",
         f"  {ui}/assets              replicated tables: checkpoint/resolved ts, lag_seconds plot, lineage",
         f"  {ui}/jobs                admin jobs: move_table, drain_capture, pause/resume_changefeed, ...",
         f"Delta tables under {lake}; `cdc-dagster changefeed query -c {changefeed_id}` shows progress",

@@ -72,3 +72,31 @@ def test_a_table_waits_after_each_write_in_proportion_to_its_cost(
     ex.advance()
     assert ex.status(1).checkpoint.checkpoint_ts == second
     assert delta_content(tmp_path / "delta", w.schemas[1]) == w.expected(1, second)
+
+
+def test_after_a_large_write_the_next_batch_is_not_paced(
+    tmp_path: Path, spark: Any, writer: Any, monkeypatch: Any
+) -> None:
+    """A write of PACE_ROWS rows or more (a backlog's, a snapshot's batch) cost its rows, not
+    a rewrite: the next batch (a drain's tail) commits at once."""
+    from cdc_dagster.pipeline import executor
+
+    monkeypatch.setattr(executor, "PACE_ROWS", 1)  # every write here counts as large
+    w = Workload(writer, [1])
+    clock = Clock(fresh(w))
+    ex = make(tmp_path, spark, clock)
+    ex.prepare(1, Checkpoint(ts(1), ts(1)))
+    ex.pull_phase()
+    ex.commit(1, Checkpoint(ts(1), ts(1)))
+    ex.save()
+    w.write(steps=1)
+    clock.now = fresh(w)
+    ex = make(tmp_path, spark, clock)
+    ex.advance()
+    rec = ex.tables()[1]
+    assert rec.sink_ms == 0
+    second = w.write(steps=1)
+    clock.now = (rec.sunk_at_ms + 1) / 1000  # right after the write
+    ex = make(tmp_path, spark, clock)
+    ex.advance()
+    assert ex.status(1).checkpoint.checkpoint_ts == second
