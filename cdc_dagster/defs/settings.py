@@ -50,8 +50,9 @@ DEFAULT_BATCH_BEHIND_S = 10.0
 # it moves in slices of this many instead (~2-4 s of a Spark core each here; a table with a
 # large batch counts as at least 200k: pipeline.executor.TABLE_COST_ROWS). 0: no limit.
 DEFAULT_TICK_ROWS = 1_000_000
-# The share of a replicating table's time its sink writes may take: after a write of d s
-# its next waits d s at 0.5 (at most 5 s), unless a DDL or syncpoint waits for it. A Delta
+# The share of a changefeed's time on a capture its sink writes may take: after a sink
+# phase whose writes took d s, its tables wait d s at 0.5 (at most 5 s), unless a DDL or
+# syncpoint waits for one (pipeline/executor.py, PACE_ROWS). A Delta
 # MERGE rewrites every file its keys touch (~1.2 s for a 250k-row sysbench table here), so
 # a steady trickle kept each capture rewriting its tables back to back: a core per capture
 # for 50 transactions/s (bench/throughput_bench.py). 0 or 1: no pacing.
@@ -95,7 +96,7 @@ class Settings:
     bulk_tick_rows: int = DEFAULT_BULK_TICK_ROWS  # in-process phases this large run niced
     batch_behind_s: float = DEFAULT_BATCH_BEHIND_S  # a backlog commits at most this often
     tick_rows: int = DEFAULT_TICK_ROWS  # row changes per changefeed and tick phase
-    sink_duty: float = DEFAULT_SINK_DUTY  # the share of a table's time its sink writes take
+    sink_duty: float = DEFAULT_SINK_DUTY  # the share of a changefeed's time its writes take
     # How long one owner sensor evaluation goes on ticking the owner on changes in etcd
     # (cdc_dagster/defs/owner/wait.py). 0 here, so tests that evaluate the sensor directly
     # are not slowed; ``server start`` / ``demo`` set OWNER_WAIT_S (services/stack.py).

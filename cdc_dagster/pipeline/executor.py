@@ -110,10 +110,10 @@ class SparkTableExecutor:
         sink_duty: float = 0.0,
     ) -> None:
         self.capture_id = capture_id
-        # The share of a replicating table's time its sink writes may take (0 or 1: no
-        # pacing): after a write of d seconds, its next waits d * (1 - duty) / duty seconds
-        # (at most PACE_MAX_MS) unless a DDL or syncpoint waits for it or a budget's worth is
-        # staged. A Delta MERGE rewrites every file its keys touch: a wide table with a
+        # The share of the changefeed's time its sink writes may take on this capture (0 or
+        # 1: no pacing): after a sink phase whose writes took d seconds, the tables it wrote
+        # wait d * (1 - duty) / duty seconds (at most PACE_MAX_MS) unless a DDL or syncpoint
+        # waits for one or a budget's worth is staged. A Delta MERGE rewrites every file its keys touch: a wide table with a
         # steady trickle of changes otherwise rewrites itself back to back, a core per
         # capture for a few hundred rows/s.
         self.sink_duty = sink_duty
@@ -462,7 +462,15 @@ class SparkTableExecutor:
         if specs:
             self.save()  # the intents: a crash from here on is reconciled with the sink on load
         written: dict[int, int] = {}
-        for res in job.run(self.spark, "sink", specs, *self._where_phases_run):
+        results = list(job.run(self.spark, "sink", specs, *self._where_phases_run))
+        # Pacing (sink_duty) counts the phase's writes together: a changefeed's tables sink
+        # in one phase, one after another, so each waiting its own write's time alone let
+        # the others' writes fill the wait (still back to back). After a large write (a
+        # backlog's, a snapshot's: its cost was its rows) nothing waits.
+        done = [r for r in results if r["status"] == "ok"]
+        small = all(r["rows"] < PACE_ROWS for r in done)
+        phase_ms = int(sum(r.get("seconds") or 0.0 for r in done) * 1000) if small else 0
+        for res in results:
             table_id, rec = res["table_id"], self._tables[res["table_id"]]
             if res["status"] == "fenced":
                 log.warning(
@@ -486,9 +494,7 @@ class SparkTableExecutor:
                 self._clear(rec, "sink")
                 rec.rows_applied += res["rows"]
                 rec.sunk_at_ms = self._now_ms()
-                # a large write's cost was its rows (a backlog's, a snapshot's): no pacing
-                small = res["rows"] < PACE_ROWS
-                rec.sink_ms = int((res.get("seconds") or 0.0) * 1000) if small else 0
+                rec.sink_ms = phase_ms
                 written[table_id] = res["rows"]
         for spec in specs:
             self._tables[spec["table_id"]].sink_intent = 0
@@ -552,11 +558,12 @@ class SparkTableExecutor:
         return now - physical_ms(rec.staged_upto) > wait and now - rec.sunk_at_ms < wait
 
     def _paced(self, rec: TableRecord, spec: dict[str, Any]) -> bool:
-        """Whether the table's batch waits so its sink writes take at most ``sink_duty`` of
-        its time (see ``__init__``): replicating, nothing waits for its batch, less than a
-        budget's worth staged, and its last write, of fewer than PACE_ROWS rows (a backlog's
-        tail commits at once), ended less than d * (1 - duty) / duty ago (d: that write's
-        seconds; at most PACE_MAX_MS)."""
+        """Whether the table's batch waits so the changefeed's sink writes take at most
+        ``sink_duty`` of its time (see ``__init__``): replicating, nothing waits for its
+        batch, less than a budget's worth staged, and the sink phase that last wrote it, of
+        writes of fewer than PACE_ROWS rows each (a backlog's tail commits at once), ended
+        less than d * (1 - duty) / duty ago (d: that phase's write seconds; at most
+        PACE_MAX_MS)."""
         duty = self.sink_duty
         if not 0 < duty < 1 or rec.state != T.REPLICATING or spec["held"] or not rec.sink_ms:
             return False

@@ -65,7 +65,8 @@ class TableRecord:
     # Wall ms of its last sink commit (or of its commit to sinking): a backlog's batches
     # gather until they are this old (SparkTableExecutor, batch_behind_s).
     sunk_at_ms: int = 0
-    # Wall ms its last sink write took: the next waits in proportion (sink_duty).
+    # Wall ms the writes of the sink phase that last wrote it took (its changefeed's tables
+    # on this capture): its next waits in proportion (sink_duty).
     sink_ms: int = 0
 
     def to_json(self) -> dict[str, Any]:

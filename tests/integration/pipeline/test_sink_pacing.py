@@ -1,6 +1,6 @@
-"""A replicating table's sink writes take at most ``sink_duty`` of its time: after a write of
-d seconds its next batch waits d * (1 - duty) / duty (at most ``PACE_MAX_MS``), unless a
-DDL or syncpoint waits for it. On real Spark, change-log files and Delta, the wall clock set
+"""A changefeed's sink writes take at most ``sink_duty`` of its time on a capture: after a sink
+phase whose writes took d seconds, the tables it wrote wait d * (1 - duty) / duty (at most
+``PACE_MAX_MS``), unless a DDL or syncpoint waits for one. On real Spark, change-log files and Delta, the wall clock set
 by the test (the write's own seconds are measured)."""
 
 from __future__ import annotations
@@ -52,6 +52,8 @@ def test_a_table_waits_after_each_write_in_proportion_to_its_cost(
     assert {r.checkpoint_ts for r in ex.tables().values()} == {first}
     rec = ex.tables()[1]
     assert 0 < rec.sink_ms < PACE_MAX_MS, rec.sink_ms
+    # the phase's writes count together: both tables wait for both writes' time
+    assert ex.tables()[2].sink_ms == rec.sink_ms
     wait_ms = rec.sink_ms * (1 - DUTY) / DUTY
     # Within the wait: the new batch stays staged, nothing is written.
     second = w.write(steps=1)
