@@ -51,12 +51,14 @@ DEFAULT_BATCH_BEHIND_S = 10.0
 # large batch counts as at least 200k: pipeline.executor.TABLE_COST_ROWS). 0: no limit.
 DEFAULT_TICK_ROWS = 1_000_000
 # The share of a changefeed's time on a capture its sink writes may take: after a sink
-# phase whose writes took d s, its tables wait d s at 0.5 (at most 5 s), unless a DDL or
-# syncpoint waits for one (pipeline/executor.py, PACE_ROWS). A Delta
-# MERGE rewrites every file its keys touch (~1.2 s for a 250k-row sysbench table here), so
-# a steady trickle kept each capture rewriting its tables back to back: a core per capture
-# for 50 transactions/s (bench/throughput_bench.py). 0 or 1: no pacing.
-DEFAULT_SINK_DUTY = 0.5
+# phase whose writes took d s, its tables wait d (1 - duty) / duty s (at most 5 s), unless a
+# DDL or syncpoint waits for one (pipeline/executor.py, PACE_ROWS). A Delta MERGE rewrites
+# every file its keys touch (0.6-1.7 s for a 250k-row sysbench table here, 50 rows or 500),
+# so a steady trickle keeps each capture rewriting its tables back to back (~0.5 core of
+# delta-rs threads per capture at 50 transactions/s). 0.5 halves that, but costs ~1 s of
+# lag when quiet and more under CPU contention (d grows with it): measured worse for the
+# stream's lag beside a snapshot (docs/latency.md), so off by default. 0 or 1: no pacing.
+DEFAULT_SINK_DUTY = 0.0
 
 
 def process_owner_id() -> str:
