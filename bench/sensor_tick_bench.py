@@ -25,7 +25,7 @@ Definitions
   one etcd snapshot read, the Coordinator tick, the guarded write (``OwnerLoop.tick``). It
   is the baseline the ratios divide by: measured inside the same evaluations.
 * Dagster side (``dagster_side_*``): sensor tick - owner tick: the plan into RunRequests
-  (``plan``), the queued-runs query (``queued_captures``), the puller-run lookup
+  (``plan``), the capture-runs query (``capture_runs``), the puller-run lookup
   (``with_puller_runs``), the progress observations (``progress_observations``), and the
   rest ("other": dynamic-partition read, logging, ``evaluate_tick``'s checks,
   serialization). The parts are timed by wrapping the sensor module's own functions (the
@@ -288,7 +288,7 @@ class Probe:
         for attr, part in (
             ("owner_step", "owner"),
             ("plan", "plan"),
-            ("queued_captures", "queued_query"),
+            ("capture_runs", "queued_query"),
             ("with_puller_runs", "puller_runs"),
             ("progress_observations", "observations"),
         ):

@@ -30,6 +30,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import dagster as dg
 from dagster._core.storage.dagster_run import IN_PROGRESS_RUN_STATUSES
@@ -110,22 +111,29 @@ def capture_runs(
     return out
 
 
-def _earlier_in_progress(
-    instance: dg.DagsterInstance, capture_id: str, run_id: str
-) -> list[dg.DagsterRun]:
-    """The capture's runs in progress that were created before ``run_id``."""
+def _others(
+    instance: dg.DagsterInstance, capture_id: str, run_id: str, statuses: list[Any]
+) -> tuple[list[dg.DagsterRun], list[dg.DagsterRun]]:
+    """The capture's other runs in ``statuses``: those created before ``run_id``, and after."""
     mine = instance.get_run_record_by_id(run_id)
     records = instance.get_run_records(
         dg.RunsFilter(
-            job_name=CAPTURE_JOB,
-            statuses=list(IN_PROGRESS_RUN_STATUSES),
-            tags={"dagster/partition": capture_id},
+            job_name=CAPTURE_JOB, statuses=statuses, tags={"dagster/partition": capture_id}
         ),
         limit=20,
     )
     if mine is None:
-        return []
-    return [r.dagster_run for r in records if r.storage_id < mine.storage_id]
+        return [], []
+    before = [r.dagster_run for r in records if r.storage_id < mine.storage_id]
+    after = [r.dagster_run for r in records if r.storage_id > mine.storage_id]
+    return before, after
+
+
+def _earlier_in_progress(
+    instance: dg.DagsterInstance, capture_id: str, run_id: str
+) -> list[dg.DagsterRun]:
+    """The capture's runs in progress that were created before ``run_id``."""
+    return _others(instance, capture_id, run_id, list(IN_PROGRESS_RUN_STATUSES))[0]
 
 
 def wait_for_earlier_runs(
@@ -170,19 +178,8 @@ def wait_for_earlier_runs(
 def successor_started(instance: dg.DagsterInstance, capture_id: str, run_id: str) -> str:
     """The id of a capture run of ``capture_id`` created after ``run_id`` that has started
     (waiting for this one to end), or ""."""
-    mine = instance.get_run_record_by_id(run_id)
-    records = instance.get_run_records(
-        dg.RunsFilter(
-            job_name=CAPTURE_JOB,
-            statuses=[dg.DagsterRunStatus.STARTED],
-            tags={"dagster/partition": capture_id},
-        ),
-        limit=20,
-    )
-    if mine is None:
-        return ""
-    later = [r.dagster_run.run_id for r in records if r.storage_id > mine.storage_id]
-    return later[0] if later else ""
+    later = _others(instance, capture_id, run_id, [dg.DagsterRunStatus.STARTED])[1]
+    return later[0].run_id if later else ""
 
 
 __all__ = [
