@@ -82,7 +82,7 @@ def capture_runs(
     """Sort the captures by their unfinished capture runs (one run-storage query).
 
     Without a follow loop (``follow_s`` 0: a run per tick) only a run not started yet holds
-    messages. With one, a run in progress does too (it takes them from its mailbox), unless
+    messages (no started run is asked for: none is ``following``). With one, a run in progress does too (it takes them from its mailbox), unless
     it is the capture's only unfinished run and its follow loop ends within
     :func:`handoff_s`: then the capture is due its next run (``handoff``)."""
     now = time.time() if now is None else now
@@ -106,34 +106,31 @@ def capture_runs(
             and until - now < handoff_s(follow_s)
         )
         (out.handoff if ending else out.queued).add(capture)
-    if not follow:
-        out.following.clear()
     return out
 
 
+def storage_id(instance: dg.DagsterInstance, run_id: str) -> int | None:
+    """The run's place in the run storage's order (None: not found); it never changes."""
+    record = instance.get_run_record_by_id(run_id)
+    return None if record is None else record.storage_id
+
+
 def _others(
-    instance: dg.DagsterInstance, capture_id: str, run_id: str, statuses: list[Any]
+    instance: dg.DagsterInstance, capture_id: str, mine: int | None, statuses: list[Any]
 ) -> tuple[list[dg.DagsterRun], list[dg.DagsterRun]]:
-    """The capture's other runs in ``statuses``: those created before ``run_id``, and after."""
-    mine = instance.get_run_record_by_id(run_id)
+    """The capture's other runs in ``statuses``: created before the run at storage id
+    ``mine``, and after (none when it is not known)."""
+    if mine is None:
+        return [], []
     records = instance.get_run_records(
         dg.RunsFilter(
             job_name=CAPTURE_JOB, statuses=statuses, tags={"dagster/partition": capture_id}
         ),
         limit=20,
     )
-    if mine is None:
-        return [], []
-    before = [r.dagster_run for r in records if r.storage_id < mine.storage_id]
-    after = [r.dagster_run for r in records if r.storage_id > mine.storage_id]
+    before = [r.dagster_run for r in records if r.storage_id < mine]
+    after = [r.dagster_run for r in records if r.storage_id > mine]
     return before, after
-
-
-def _earlier_in_progress(
-    instance: dg.DagsterInstance, capture_id: str, run_id: str
-) -> list[dg.DagsterRun]:
-    """The capture's runs in progress that were created before ``run_id``."""
-    return _others(instance, capture_id, run_id, list(IN_PROGRESS_RUN_STATUSES))[0]
 
 
 def wait_for_earlier_runs(
@@ -147,8 +144,9 @@ def wait_for_earlier_runs(
     ``dg.Failure`` after ``max_s`` or when this run is marked canceling meanwhile."""
     started = time.monotonic()
     said = ""
+    mine = storage_id(instance, run_id)  # read once: each poll is one query
     while True:
-        earlier = _earlier_in_progress(instance, capture_id, run_id)
+        earlier = _others(instance, capture_id, mine, list(IN_PROGRESS_RUN_STATUSES))[0]
         if not earlier:
             waited = time.monotonic() - started
             if said:
@@ -175,10 +173,10 @@ def wait_for_earlier_runs(
         time.sleep(WAIT_POLL_S)
 
 
-def successor_started(instance: dg.DagsterInstance, capture_id: str, run_id: str) -> str:
-    """The id of a capture run of ``capture_id`` created after ``run_id`` that has started
-    (waiting for this one to end), or ""."""
-    later = _others(instance, capture_id, run_id, [dg.DagsterRunStatus.STARTED])[1]
+def successor_started(instance: dg.DagsterInstance, capture_id: str, mine: int | None) -> str:
+    """The id of a capture run of ``capture_id`` created after the run at storage id ``mine``
+    that has started (waiting for that one to end), or ""."""
+    later = _others(instance, capture_id, mine, [dg.DagsterRunStatus.STARTED])[1]
     return later[0].run_id if later else ""
 
 
@@ -190,6 +188,7 @@ __all__ = [
     "capture_runs",
     "follow_until",
     "handoff_s",
+    "storage_id",
     "successor_started",
     "wait_for_earlier_runs",
 ]

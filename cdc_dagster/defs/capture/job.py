@@ -38,6 +38,7 @@ from cdc_dagster.defs.capture.fencing import Received, StaleRunError, check_owne
 from cdc_dagster.defs.capture.handoff import (
     FOLLOW_UNTIL_TAG,
     HANDOFF_MAX_S,
+    storage_id,
     successor_started,
     wait_for_earlier_runs,
 )
@@ -248,6 +249,7 @@ class _Follow:
         except (CaptureNotRegisteredError, LeaseExpiredError):
             self.registration = ""
         self.tagged = tag_registration(context, self.registration)
+        self.storage_id = storage_id(context.instance, context.run_id)  # its place in runs
 
     def next_work(self, busy: set[str]) -> tuple[dict[str, Any], str]:
         """The owner's messages if any, else the changefeeds not ``busy`` with new resolved
@@ -367,8 +369,7 @@ def _handed_over(f: _Follow, state: dict[str, float], until: float) -> str:
     if now - state["successor_checked"] < POLL_S:
         return ""
     state["successor_checked"] = now
-    ctx = f.context
-    successor = successor_started(ctx.instance, f.cid, ctx.run_id)
+    successor = successor_started(f.context.instance, f.cid, f.storage_id)
     return f"{TIME_UP}; handed over to run {successor}" if successor else ""
 
 
