@@ -2,7 +2,8 @@
 like, where a Delta root is, and the sink a URI opens (so a Spark task or a fresh process
 can rebuild its sink from the URI alone).
 
-Schemes: ``delta:///abs/path`` (Delta Lake tables under a local root) and
+Schemes: ``delta:///abs/path`` (Delta Lake tables under a local root; ``?compression=``
+zstd (the default), snappy, lz4 or uncompressed for the Parquet files it writes) and
 ``postgresql://user:${PW}@host:port/db`` (``postgres://`` too). Test doubles register their
 own scheme with :func:`register_sink_scheme` (``cdc_dagster.testing.fake_runtime``'s
 ``file:///abs/path``); production code never does.
@@ -54,6 +55,35 @@ def _check_path(uri: str, parts: urllib.parse.SplitResult) -> None:
         )
 
 
+DELTA_COMPRESSIONS = ("zstd", "snappy", "lz4", "uncompressed")
+
+
+def delta_compression(uri: str) -> str | None:
+    """The ``compression`` a Delta URI asks for (``?compression=snappy``), None if it names
+    none; ``InvalidSinkUriError`` for any other query or an unknown codec."""
+    query = urllib.parse.parse_qs(urllib.parse.urlsplit(uri).query, keep_blank_values=True)
+    unknown = sorted(set(query) - {"compression"})
+    if unknown:
+        raise InvalidSinkUriError(
+            f"sink URI {redact_uri(uri)!r}: unknown option(s) {unknown}; a Delta URI takes only "
+            f"compression={'|'.join(DELTA_COMPRESSIONS)}, e.g. delta:///data/lake?compression=snappy"
+        )
+    values = query.get("compression")
+    if values is None:
+        return None
+    if len(values) != 1 or values[0].lower() not in DELTA_COMPRESSIONS:
+        raise InvalidSinkUriError(
+            f"sink URI {redact_uri(uri)!r}: compression={','.join(values)!r} is not one of "
+            f"{', '.join(DELTA_COMPRESSIONS)}"
+        )
+    return values[0].lower()
+
+
+def _check_delta(uri: str, parts: urllib.parse.SplitResult) -> None:
+    _check_path(uri, parts)
+    delta_compression(uri)
+
+
 def _check_postgres(uri: str, parts: urllib.parse.SplitResult) -> None:
     shown = redact_uri(uri)
     try:
@@ -95,7 +125,9 @@ def _probe_delta(uri: str) -> None:
 def _open_delta(uri: str) -> Sink:
     from cdc_dagster.sinks.delta import DeltaSink  # deltalake: only where a sink is opened
 
-    return DeltaSink(delta_root(uri))
+    compression = delta_compression(uri)
+    root = delta_root(uri)
+    return DeltaSink(root) if compression is None else DeltaSink(root, compression=compression)
 
 
 def _open_postgres(uri: str) -> Sink:
@@ -123,7 +155,7 @@ def register_sink_scheme(scheme: SinkScheme) -> None:
 
 
 register_sink_scheme(
-    SinkScheme(("delta",), "delta:///data/lake", _check_path, _open_delta, _probe_delta)
+    SinkScheme(("delta",), "delta:///data/lake", _check_delta, _open_delta, _probe_delta)
 )
 register_sink_scheme(
     SinkScheme(

@@ -68,10 +68,10 @@ def test_acquire_landing_between_a_writers_check_and_its_commit_fences_the_write
     real_merge = delta_mod._merge
     new_tokens = []
 
-    def merge_after_a_concurrent_acquire(dt, table, source, txns):
+    def merge_after_a_concurrent_acquire(dt, table, source, txns, writer_properties):
         if not new_tokens:  # the writer has passed its token check on dt's version
             new_tokens.append(other.acquire(CF, t))
-        real_merge(dt, table, source, txns)
+        real_merge(dt, table, source, txns, writer_properties)
 
     monkeypatch.setattr(delta_mod, "_merge", merge_after_a_concurrent_acquire)
     with pytest.raises(FencedError, match=f"token {old} refused, the table's token is 2"):

@@ -213,3 +213,44 @@ def test_sink_pickles_and_comes_from_its_uri(sink):
     assert pickle.loads(pickle.dumps(sink)) == sink
     assert open_sink(sink.uri) == sink
     assert open_sink("delta:///tmp/x%20y") == DeltaSink("/tmp/x y")
+
+
+def _codecs(sink: DeltaSink, table) -> set[str]:
+    import pyarrow.parquet as pq
+
+    from cdc_dagster.sinks.delta import local_path
+
+    files = DeltaTable(sink.path(table)).file_uris()
+    assert files
+    return {
+        pq.ParquetFile(local_path(f)).metadata.row_group(0).column(i).compression
+        for f in files
+        for i in range(len(table.columns))
+    }
+
+
+@pytest.mark.parametrize(
+    ("uri_query", "codec"),
+    [
+        ("", "ZSTD"),
+        ("?compression=snappy", "SNAPPY"),
+        ("?compression=uncompressed", "UNCOMPRESSED"),
+    ],
+)
+def test_files_are_written_with_the_uris_compression(tmp_path, uri_query, codec):
+    sink = open_sink(f"delta://{tmp_path}/lake{uri_query}")
+    assert open_sink(sink.uri) == sink
+    assert pickle.loads(pickle.dumps(sink)) == sink
+    t = accounts()
+    token = sink.acquire(CF, t)
+    rows = [{"id": i, "balance": Decimal(i), "note": f"n{i}"} for i in range(100)]
+    sink.write(CF, t, batch(t, rows), 0, 10, token)
+    assert _codecs(sink, t) == {codec}
+    sink.write(CF, t, batch(t, [{"id": 1, "op": "d"}, {"id": 500, "note": "x"}]), 10, 20, token)
+    assert _codecs(sink, t) == {codec}  # the MERGE's rewrite too
+    assert len(rows_of(sink, t)) == 100
+
+
+def test_an_unknown_compression_is_refused(tmp_path):
+    with pytest.raises(SinkError, match="not one of zstd"):
+        DeltaSink(str(tmp_path), compression="brotli")

@@ -21,6 +21,8 @@ from cdc_dagster.sinks.uri import (
     "uri",
     [
         "delta:///data/lake",
+        "delta:///data/lake?compression=snappy",
+        "delta:///data/lake?compression=UNCOMPRESSED",
         "file:///tmp/out",
         "postgres://u:p@db:5432/wh",
         "postgresql://db/wh",
@@ -38,6 +40,9 @@ def test_supported_sink_uris_pass(uri: str) -> None:
         ("", InvalidSinkUriError, "empty"),
         ("delta://", InvalidSinkUriError, "no directory"),
         ("delta://relative/lake", InvalidSinkUriError, "no directory"),
+        ("delta:///data/lake?compression=brotli", InvalidSinkUriError, "not one of zstd"),
+        ("delta:///data/lake?compression=", InvalidSinkUriError, "not one of zstd"),
+        ("delta:///data/lake?codec=zstd", InvalidSinkUriError, r"unknown option\(s\) \['codec'\]"),
         ("blackhole://", UnknownSinkSchemeError, "scheme 'blackhole'"),
         ("postgres:///wh", InvalidSinkUriError, "no host"),
         ("postgres://db:5432", InvalidSinkUriError, "no database"),
