@@ -185,7 +185,9 @@ class DeltaSink:
 
     @property
     def uri(self) -> str:
-        query = "" if self.compression == DEFAULT_COMPRESSION else f"?compression={self.compression}"
+        query = (
+            "" if self.compression == DEFAULT_COMPRESSION else f"?compression={self.compression}"
+        )
         return f"delta://{self.root}{query}"
 
     def path(self, table: TableSchema) -> str:
