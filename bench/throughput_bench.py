@@ -91,6 +91,7 @@ from cdc_dagster.upstream.oracle import fingerprint
 from scheduler_core.ts import MAX_TS
 
 DB = "sbtest"
+SINK_QUERY = [""]  # the Delta sink URI's query (--delta-compression)
 STREAM_SETTLE_S = 5.0  # a stream started: the captures sink it this long before a measurement
 
 
@@ -204,7 +205,7 @@ def drain_in_process(
     spark = spark_session(f"local[{cores}]", conf={"spark.sql.shuffle.partitions": str(cores)})
     _snapshot_now(uri, root, spark, cores, (f"{DB}.sbtest*",))
     say(f"[{cores} core(s)] snapshot in the change log; replicating it")
-    driver = Driver(work / "state", root, f"delta://{lake}", 1, spark_executor_factory(spark),
+    driver = Driver(work / "state", root, f"delta://{lake}{SINK_QUERY[0]}", 1, spark_executor_factory(spark),
                     endpoints=etcd.endpoints, cluster_id=f"drain{cores}", start_ts=snap.start_ts,
                     table_filter=(f"{DB}.sbtest*",), lease_ttl_s=600)  # fmt: skip
     try:
@@ -721,7 +722,7 @@ def stack_snapshot(
     def snap() -> None:
         t0 = time.perf_counter()
         times["t0_wall"] = time.time()
-        admin.create_changefeed(ms, cf, f"delta://{work / 'lake-snap'}", table_filter=(
+        admin.create_changefeed(ms, cf, f"delta://{work / 'lake-snap'}{SINK_QUERY[0]}", table_filter=(
             f"{DB}.{prefix}*",), upstream_uri=uri, changelog_root=str(root))  # fmt: skip
         times["created"] = time.perf_counter() - t0
         wait_for(lambda: not snapshots_pending(root), 1800, "the snapshot", poll_s=0.1)
@@ -814,7 +815,7 @@ def run_stack(
     def before(st: stack.Stack) -> None:  # as a user would: captures, then the changefeed
         say(workload.ensure_captures(st.etcd_endpoints, st.state_dir, CAPTURES))
         with connect(st.etcd_endpoints.split(","), st.state_dir) as ms:
-            admin.create_changefeed(ms, DRAIN_CF, f"delta://{lake}", table_filter=(
+            admin.create_changefeed(ms, DRAIN_CF, f"delta://{lake}{SINK_QUERY[0]}", table_filter=(
                 f"{DB}.sbtest*",), upstream_uri=my.uri(query="server-id=4243"),
                 changelog_root=str(root))  # fmt: skip
 
@@ -859,9 +860,13 @@ def main() -> int:
     ap.add_argument("--lag-rate", type=int, default=50, help="txn/s while the lag is watched")
     ap.add_argument("--lag-s", type=int, default=30, help="seconds the lag is watched")
     ap.add_argument("--snapshot-shapes", default="", help="TABLESxROWS,... (default by size)")
+    ap.add_argument("--delta-compression", default="",
+                    help="the Delta sink's ?compression= (default: the sink's, zstd)")  # fmt: skip
     ap.add_argument("--keep", action="store_true",
                     help="keep the work directory (the stack's Dagster logs) and print it")  # fmt: skip
     args = ap.parse_args()
+    if args.delta_compression:
+        SINK_QUERY[0] = f"?compression={args.delta_compression}"
 
     def interrupted(signum: int, _frame: Any) -> None:
         raise KeyboardInterrupt(f"signal {signum}")  # the stack and MariaDB are stopped
