@@ -254,3 +254,21 @@ def test_files_are_written_with_the_uris_compression(tmp_path, uri_query, codec)
 def test_an_unknown_compression_is_refused(tmp_path):
     with pytest.raises(SinkError, match="not one of zstd"):
         DeltaSink(str(tmp_path), compression="brotli")
+
+
+def test_a_table_written_in_snappy_takes_the_new_codec_as_its_files_are_rewritten(tmp_path):
+    """A lake written before zstd (delta-rs's snappy) stays readable, and a MERGE rewrites
+    the files it touches in the URI's codec: rows exactly as merged."""
+    old = open_sink(f"delta://{tmp_path}/lake?compression=snappy")
+    new = open_sink(f"delta://{tmp_path}/lake")
+    assert new.compression == "zstd" and new.root == old.root
+    t = accounts()
+    token = old.acquire(CF, t)
+    old.write(CF, t, batch(t, [{"id": i, "balance": Decimal(i)} for i in range(50)]), 0, 10, token)
+    assert _codecs(old, t) == {"SNAPPY"}
+    new.write(
+        CF, t, batch(t, [{"id": 3, "op": "d"}, {"id": 7, "balance": Decimal(70)}]), 10, 20, token
+    )
+    assert _codecs(new, t) == {"ZSTD"}
+    want = {i: (Decimal(i), None) for i in range(50) if i != 3} | {7: (Decimal(70), None)}
+    assert rows_of(new, t) == want
