@@ -123,11 +123,9 @@ def _probe_delta(uri: str) -> None:
 
 
 def _open_delta(uri: str) -> Sink:
-    from cdc_dagster.sinks.delta import DeltaSink  # deltalake: only where a sink is opened
+    from cdc_dagster.sinks.delta import DEFAULT_COMPRESSION, DeltaSink  # deltalake: lazily
 
-    compression = delta_compression(uri)
-    root = delta_root(uri)
-    return DeltaSink(root) if compression is None else DeltaSink(root, compression=compression)
+    return DeltaSink(delta_root(uri), compression=delta_compression(uri) or DEFAULT_COMPRESSION)
 
 
 def _open_postgres(uri: str) -> Sink:

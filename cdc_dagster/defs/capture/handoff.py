@@ -82,9 +82,10 @@ def capture_runs(
     """Sort the captures by their unfinished capture runs (one run-storage query).
 
     Without a follow loop (``follow_s`` 0: a run per tick) only a run not started yet holds
-    messages (no started run is asked for: none is ``following``). With one, a run in progress does too (it takes them from its mailbox), unless
-    it is the capture's only unfinished run and its follow loop ends within
-    :func:`handoff_s`: then the capture is due its next run (``handoff``)."""
+    messages (no started run is asked for: none is ``following``). With one, a run in
+    progress does too (it takes them from its mailbox), unless it is the capture's only
+    unfinished run and its follow loop ends within :func:`handoff_s`: then the capture is
+    due its next run (``handoff``)."""
     now = time.time() if now is None else now
     follow = follow_s > 0
     statuses = [*NOT_STARTED, *(SENSOR_IN_PROGRESS if follow else ())]

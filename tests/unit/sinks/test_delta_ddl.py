@@ -338,3 +338,23 @@ def test_create_schema_touches_nothing(sink):
     rec = DdlRecord(20, DDLKind.CREATE_SCHEMA, "create_schema", "CREATE DATABASE x", schema="x")
     sink.apply_ddl(CF, rec, {})
     assert not os.path.exists(os.path.join(sink.root, "x"))
+
+
+def test_a_ddl_that_rewrites_the_table_writes_the_sinks_codec(tmp_path):
+    """ADD COLUMN with a default rewrites every file: in the sink's codec, not delta-rs's."""
+    import pyarrow.parquet as pq
+
+    from cdc_dagster.sinks.delta import DeltaSink, local_path
+
+    sink = DeltaSink(str(tmp_path / "lake"), compression="uncompressed")
+    t = accounts()
+    token = sink.acquire(CF, t)
+    sink.write(CF, t, batch(t, [{"id": 1, "balance": Decimal("1")}]), 0, 10, token)
+    after = with_columns(t, *t.columns, ColumnSchema(4, "flag", "int32", False, "5"))
+    apply(sink, "add_column", 20, {7: t}, {7: after})
+    files = DeltaTable(sink.path(after)).file_uris()
+    meta = [pq.ParquetFile(local_path(f)).metadata for f in files]
+    assert {m.row_group(0).column(i).compression for m in meta for i in range(4)} == {
+        "UNCOMPRESSED"
+    }
+    assert read_table_at(sink.root, after).column("flag").to_pylist() == [5]
