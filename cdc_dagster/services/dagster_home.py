@@ -16,7 +16,9 @@
 - runs launched by :class:`cdc_dagster.services.run_launcher.WarmRunLauncher`: into run
   workers that imported the code location before the run was asked for (a run's first op
   ~1 s after its launch instead of ~6 s on an idle machine, 10-35 s on a busy one), killed
-  if a termination request does not stop them within 30 s.
+  if a termination request does not stop them within 30 s; the workers replacing those a
+  snapshot's launch took are started once its ``mysql_snapshot`` run ends (at most 120 s
+  later): their imports took the CPU of its first reads.
 """
 
 from __future__ import annotations
@@ -76,6 +78,10 @@ run_launcher:
       - networkx
       - cdc_dagster.mysql.chunk_reader
       - pandas
+    # the replacements of workers taken wait for a snapshot's reads (at most quiet_max_s)
+    quiet_jobs:
+      - mysql_snapshot
+    quiet_max_s: 120
 telemetry:
   enabled: false
 """

@@ -10,12 +10,22 @@ on the replication path (a resume, a snapshot, a capture's next run after a faul
 ``demo`` write) starts run workers itself, from the process that launches runs (the
 daemon), ahead of need: each is :mod:`cdc_dagster.services.run_worker` with the run's code
 module already imported, waiting for a run. A launch hands the run to a warm worker and
-starts another one; with none ready (the first run of a code location, a burst larger than
-the pool, a Python other than the launcher's) it starts ``dagster api execute_run`` as the
-Docker and Kubernetes launchers do. A worker executes one run and exits, as Dagster's own
+starts another one (later while a run of a ``quiet_jobs`` job is going: below); with none
+ready (the first run of a code location, a burst larger than the pool, a Python other than
+the launcher's) it starts ``dagster api execute_run`` as the Docker and Kubernetes
+launchers do. A worker executes one run and exits, as Dagster's own
 run workers: runs never share a process. Only imports are done ahead; the run builds the
 definitions itself (the table catalog, the dbt manifest). A warm worker whose package
 sources changed since it started (an edited or reinstalled project) is retired unused.
+
+A replacement imports for ~5 CPU-seconds. Started at once, it took that from a snapshot's
+chunk reads launched with it (a ``mysql_snapshot`` run and its changefeed's puller take the
+two warm workers at once): on 2 cores, during the first 20 s of a 10M-row snapshot, the two
+refills ran at ~0.35 core and the upstream and the readers got a third less, which the
+stream's captures did not give up. So the pool is refilled only once no run of
+``quiet_jobs`` is starting or started, or ``quiet_max_s`` after the launch (a long snapshot
+does not keep the pool empty for good); a launch meanwhile with no warm worker left starts
+cold.
 
 Around the process it owns, the launcher also:
 
@@ -56,6 +66,8 @@ from dagster._serdes import ConfigurableClass, ConfigurableClassData
 WORKER_TAG = "cdc/run_worker"  # "<pid>:<start time>" of the process executing the run
 DEFAULT_WARM_WORKERS = 2
 DEFAULT_KILL_AFTER_S = 30
+DEFAULT_QUIET_MAX_S = 120  # a refill waits at most this long for the quiet_jobs' runs
+QUIET_POLL_S = 1.0  # ... looking this often whether one is still going
 FINGERPRINT_TTL_S = 1.0  # package sources are looked at most once a second
 
 
@@ -238,11 +250,15 @@ class WarmRunLauncher(RunLauncher, ConfigurableClass):
         warm_workers: int = DEFAULT_WARM_WORKERS,
         kill_after_s: int = DEFAULT_KILL_AFTER_S,
         preload_modules: Sequence[str] | None = None,
+        quiet_jobs: Sequence[str] | None = None,
+        quiet_max_s: float = DEFAULT_QUIET_MAX_S,
     ) -> None:
         self._inst_data = inst_data
         self.warm_workers = check.int_param(warm_workers, "warm_workers")
         self.kill_after_s = kill_after_s
         self.preload_modules = tuple(preload_modules or ())
+        self.quiet_jobs = tuple(quiet_jobs or ())
+        self.quiet_max_s = float(quiet_max_s)
         self._pool = _Pool(max(self.warm_workers, 0))
         self._procs: dict[str, subprocess.Popen] = {}
         self._lock = threading.Lock()
@@ -270,6 +286,18 @@ class WarmRunLauncher(RunLauncher, ConfigurableClass):
                 Noneable([str]),
                 default_value=None,
                 description="Modules a warm worker imports besides the run's code module.",
+            ),
+            "quiet_jobs": Field(
+                Noneable([str]),
+                default_value=None,
+                description="Jobs whose runs the pool's refill waits for (it starts once none "
+                "is starting or started, or quiet_max_s after the launch): their work gets the "
+                "CPU the replacement workers' imports would take.",
+            ),
+            "quiet_max_s": Field(
+                float,
+                default_value=float(DEFAULT_QUIET_MAX_S),
+                description="Seconds a refill waits at most for the quiet_jobs' runs.",
             ),
         }
 
@@ -331,7 +359,30 @@ class WarmRunLauncher(RunLauncher, ConfigurableClass):
             self._procs[run.run_id] = proc
         threading.Thread(target=self._watch, args=(run.run_id, proc), daemon=True).start()
         if key:
-            threading.Thread(target=self._pool.refill, args=(key,), daemon=True).start()
+            threading.Thread(target=self._refill, args=(key,), daemon=True).start()
+
+    def _refill(self, key: PoolKey) -> None:
+        """Refill the pool once no ``quiet_jobs`` run is going (or ``quiet_max_s`` passed)."""
+        deadline = time.monotonic() + self.quiet_max_s
+        while time.monotonic() < deadline and self._quiet_run_going():
+            time.sleep(QUIET_POLL_S)
+        self._pool.refill(key)
+
+    def _quiet_run_going(self) -> bool:
+        """Whether a run of a ``quiet_jobs`` job is starting or started (a storage that
+        does not answer: no, the refill goes ahead)."""
+        if not self.quiet_jobs:
+            return False
+        from dagster import DagsterRunStatus, RunsFilter
+
+        statuses = [DagsterRunStatus.STARTING, DagsterRunStatus.STARTED]
+        try:
+            return any(
+                self._instance.get_runs_count(RunsFilter(job_name=job, statuses=statuses)) > 0
+                for job in self.quiet_jobs
+            )
+        except Exception:  # the refill is an optimisation: never held by a storage error
+            return False
 
     def _watch(self, run_id: str, proc: subprocess.Popen) -> None:
         """When the worker exits, a run it left unfinished is failed (or canceled)."""

@@ -15,7 +15,12 @@ import pytest
 from dagster._core.definitions.reconstruct import ReconstructableRepository
 from dagster._core.launcher.base import WorkerStatus
 
-from cdc_dagster.services.run_launcher import WORKER_TAG, WarmRunLauncher, worker_alive
+from cdc_dagster.services.run_launcher import (
+    QUIET_POLL_S,
+    WORKER_TAG,
+    WarmRunLauncher,
+    worker_alive,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -66,6 +71,18 @@ defs = dg.Definitions(jobs=[quick, nice, long, capture_like])
 
 @pytest.fixture
 def env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
+    yield from _env(tmp_path, monkeypatch, {"warm_workers": 1, "kill_after_s": 3})
+
+
+@pytest.fixture
+def quiet_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, request: Any) -> Any:
+    """A launcher whose refills wait for ``long`` runs, at most ``request.param`` s."""
+    config = {"warm_workers": 1, "kill_after_s": 3, "quiet_jobs": ["long"],
+              "quiet_max_s": float(request.param)}  # fmt: skip
+    yield from _env(tmp_path, monkeypatch, config)
+
+
+def _env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, config: dict[str, Any]) -> Any:
     code = tmp_path / "code"
     code.mkdir()
     (code / "launcher_test_jobs.py").write_text(textwrap.dedent(JOBS))
@@ -77,7 +94,7 @@ def env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
         "run_launcher": {
             "module": "cdc_dagster.services.run_launcher",
             "class": "WarmRunLauncher",
-            "config": {"warm_workers": 1, "kill_after_s": 3},
+            "config": config,
         }
     }
     (tmp_path / "home").mkdir()
@@ -309,3 +326,47 @@ def test_a_warm_worker_imports_at_a_lower_priority_and_runs_at_its_own(env):
     assert "warm" in worker_line(instance, run_id)
     assert wait_file(out / run_id) == idle[0].proc.pid
     assert (out / f"{run_id}.nice").read_text() == f"{base} {base}"
+
+
+def idle_workers(launcher: WarmRunLauncher) -> list[Any]:
+    return [w for ws in launcher._pool.idle.values() for w in ws if w.proc.poll() is None]
+
+
+@pytest.mark.parametrize("quiet_env", [300], indirect=True)
+def test_the_pool_is_refilled_once_the_quiet_jobs_run_ended(quiet_env):
+    """A ``long`` run (a snapshot's reads, in the stack) takes the warm worker: no
+    replacement imports while it runs; once it ended, the pool is refilled."""
+    instance, repo, out, _ = quiet_env
+    launcher = instance.run_launcher
+    assert wait_status(instance, launch(instance, repo, "quick")).is_success
+    wait_warm(launcher)
+    run_id = launch(instance, repo, "long")
+    assert "warm" in worker_line(instance, run_id)
+    wait_file(out / run_id)  # the run is going
+    time.sleep(3 * QUIET_POLL_S)
+    assert idle_workers(launcher) == []  # not refilled while it runs
+    # a run of another job meanwhile starts cold: no worker was left for it
+    other = launch(instance, repo, "quick")
+    assert wait_status(instance, other).is_success
+    assert "cold" in worker_line(instance, other)
+    assert idle_workers(launcher) == []  # ... and its launch refills nothing either
+    assert launcher.terminate(run_id)
+    assert wait_status(instance, run_id).status == dg.DagsterRunStatus.CANCELED
+    wait_warm(launcher, timeout_s=30)  # refilled once the long run ended
+    assert len(idle_workers(launcher)) == 1
+
+
+@pytest.mark.parametrize("quiet_env", [2], indirect=True)
+def test_a_refill_waits_at_most_quiet_max_s(quiet_env):
+    instance, repo, out, _ = quiet_env
+    launcher = instance.run_launcher
+    assert wait_status(instance, launch(instance, repo, "quick")).is_success
+    wait_warm(launcher)
+    run_id = launch(instance, repo, "long")
+    wait_file(out / run_id)
+    started = time.monotonic()
+    wait_warm(launcher, timeout_s=30)  # while the long run still goes
+    assert time.monotonic() - started >= 0.5
+    assert not instance.get_run_by_id(run_id).is_finished
+    assert launcher.terminate(run_id)
+    wait_status(instance, run_id)

@@ -9,6 +9,7 @@ import dagster as dg
 from cdc_dagster.defs import build_definitions
 from cdc_dagster.defs.capture.job import MAX_RUNTIME_S
 from cdc_dagster.defs.catalog import demo_catalog
+from cdc_dagster.defs.mysql.requests import SNAPSHOT_JOB
 from cdc_dagster.services.dagster_home import dagster_home
 from cdc_dagster.services.run_launcher import WarmRunLauncher
 
@@ -27,6 +28,7 @@ def test_queue_is_checked_every_second_and_runs_are_monitored(tmp_path: Path) ->
         launcher = instance.run_launcher
         assert isinstance(launcher, WarmRunLauncher)
         assert launcher.warm_workers == 2 and launcher.kill_after_s == 30
+        assert launcher.quiet_jobs == (SNAPSHOT_JOB,) and launcher.quiet_max_s == 120
         assert launcher.supports_check_run_worker_health  # run monitoring sees dead workers
     finally:
         instance.dispose()
