@@ -48,8 +48,11 @@ from cdc_dagster.upstream.uri import UpstreamConfig, parse_uri
 
 # one row per (table, range) a task read: its rows and when (wall clock) it began and ended
 RESULT = pa.schema([("table_id", pa.int64()), ("range", pa.int64()), ("rows", pa.int64()),
-                    ("task", pa.int64()), ("began", pa.float64()), ("ended", pa.float64())])  # fmt: skip
-RESULT_DDL = "table_id long, range long, rows long, task long, began double, ended double"
+                    ("chunks", pa.int64()), ("task", pa.int64()), ("began", pa.float64()),
+                    ("ended", pa.float64())])  # fmt: skip
+RESULT_DDL = (
+    "table_id long, range long, rows long, chunks long, task long, began double, ended double"
+)
 SCHEMA_WAIT_S = 60.0  # a DDL the puller has not written yet: wait this long for it
 EXACT_COUNT_BELOW = 1_000_000  # tables InnoDB estimates larger are planned on the estimate
 EXACT_COUNT_SMALL = 20_000  # ... and those it estimates smaller are counted (a few ms)
@@ -182,10 +185,12 @@ def _lock_and_check(lock: Any, log: ChangeLog, table_id: int) -> tuple[TableSche
         time.sleep(0.5)
 
 
-def read_spec(spec: dict[str, Any], session: ReadSession | None = None) -> int:
+def read_spec(
+    spec: dict[str, Any], session: ReadSession | None = None, progress: Progress | None = None
+) -> int:
     """Read one (table, range) spec to its end; rows read."""
     return read_range(parse_uri(spec["upstream_uri"]), spec["root"], spec["table_id"],
-                      spec["generation"], spec["range"], spec["chunk_rows"],
+                      spec["generation"], spec["range"], spec["chunk_rows"], progress,
                       client=spec.get("client", "auto"), session=session)  # fmt: skip
 
 
@@ -197,10 +202,11 @@ def read_group(specs: list[dict[str, Any]], task: int) -> list[dict[str, Any]]:
             key = (spec["upstream_uri"], spec["root"])
             if key not in sessions:
                 sessions[key] = ReadSession(parse_uri(key[0]), key[1])
-            began = time.time()
-            rows = read_spec(spec, sessions[key])
+            began, chunks = time.time(), []
+            rows = read_spec(spec, sessions[key], chunks.append)
             out.append({"table_id": spec["table_id"], "range": spec["range"], "rows": rows,
-                        "task": task, "began": began, "ended": time.time()})  # fmt: skip
+                        "chunks": len(chunks), "task": task, "began": began,
+                        "ended": time.time()})  # fmt: skip
     finally:
         for session in sessions.values():
             session.close()

@@ -17,7 +17,7 @@ import importlib
 import json
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from cdc_dagster.mysql.chunk_reader import (
@@ -81,6 +81,8 @@ class SnapshotReads:
     first_began: float  # wall clock: the first range's read began (after planning, the
     last_ended: float  # job's start and the workers' start), ... and the last one ended
     task_seconds: float  # the longest task's reading time
+    # per table id: (rows, chunks) this call read (a resumed snapshot's earlier runs not in)
+    tables: dict[int, tuple[int, int]] = field(default_factory=dict)
 
     def line(self) -> str:
         """One line for a run log."""
@@ -121,8 +123,11 @@ def run_snapshot_reads(
         body = functools.partial(read_groups, texts)
         rows = [r.asDict() for r in df.mapInArrow(body, RESULT_DDL).collect()]
     per_task: dict[int, float] = {}
+    tables: dict[int, tuple[int, int]] = {}
     for r in rows:
         per_task[r["task"]] = per_task.get(r["task"], 0.0) + r["ended"] - r["began"]
+        n, c = tables.get(r["table_id"], (0, 0))
+        tables[r["table_id"]] = (n + r["rows"], c + r["chunks"])
     return SnapshotReads(
         sum(r["rows"] for r in rows),
         len(specs),
@@ -131,6 +136,7 @@ def run_snapshot_reads(
         min(r["began"] for r in rows),
         max(r["ended"] for r in rows),
         max(per_task.values()),
+        tables,
     )
 
 

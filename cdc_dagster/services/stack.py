@@ -27,6 +27,7 @@ logs), ``dagster/`` (``DAGSTER_HOME`` and the Dagster logs), ``changelog/`` and 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -124,10 +125,15 @@ def spark_connect_part(state_dir: Path, port: int) -> Part:
     )
 
 
-def warm_snapshot_session(remote: str) -> None:
+def warm_snapshot_session(remote: str, keep_s: float = 0.0) -> None:
     """The snapshot runs' shared Spark session on ``remote``: its Python workers started and
     their imports done (``mysql.snapshot_runner.warm_imports``), so a first snapshot's reads
-    start at once, not 2-5 s into its job."""
+    start at once, not 2-5 s into its job. With ``keep_s`` > 0: then ``WARMED`` on standard
+    output, and the same job every ``keep_s`` seconds until standard input ends (the stack's
+    supervisor holds it) or ``KEEP_FAILURES`` of them in a row failed (Spark Connect
+    restarted: its new server gets a keeper of its own). Spark retires a Python worker idle
+    for a minute (``PythonWorkerFactory``), and a snapshot coming later started new ones
+    and imported the chunk readers again: 3 s before its first read beside a stream."""
     from cdc_dagster.mysql.snapshot_runner import SNAPSHOT_SESSION, warm_imports
     from cdc_dagster.pipeline.engine import shared_session
     from cdc_dagster.pipeline.job import parallelism
@@ -136,35 +142,79 @@ def warm_snapshot_session(remote: str) -> None:
     try:
         n = parallelism(spark)  # the task slots a snapshot's reads spread over
         spark.range(0, n, 1, n).mapInArrow(warm_imports, "id long").collect()
+        if keep_s <= 0:
+            return
+        print(WARMED, flush=True)
+        failures = 0
+        while failures < KEEP_FAILURES and not _ended(sys.stdin, keep_s):
+            try:
+                spark.range(0, n, 1, n).mapInArrow(warm_imports, "id long").collect()
+                failures = 0
+            except Exception as exc:  # the server gone or busy: again, up to KEEP_FAILURES
+                failures += 1
+                print(f"keeping the snapshot session warm failed: {exc}", file=sys.stderr)
+        if failures:
+            raise SystemExit(1)
     finally:
         spark.stop()  # closes this client only: the session is shared
 
 
+def _ended(stream: Any, timeout_s: float) -> bool:
+    """Whether ``stream`` reached its end within ``timeout_s`` (its writer is gone)."""
+    import select
+
+    readable, _, _ = select.select([stream], [], [], timeout_s)
+    return bool(readable) and not stream.readline()
+
+
+WARMED = "snapshot session warm"
+_keeper: subprocess.Popen[str] | None = None  # the snapshot session's keeper of this process
+KEEP_WARM_S = 40.0  # the snapshot session's no-op job this often (Spark: idle workers 60 s)
+KEEP_FAILURES = 3
 _WARM = (
-    "import sys; from cdc_dagster.services.stack import warm_snapshot_session as w; w(sys.argv[1])"
+    "import sys; from cdc_dagster.services.stack import warm_snapshot_session as w; "
+    "w(sys.argv[1], float(sys.argv[2]))"
 )
 
 
-def _warm_snapshot_session(remote: str) -> None:
+def _warm_snapshot_session(remote: str, keep_s: float = KEEP_WARM_S) -> subprocess.Popen[str]:
     """``warm_snapshot_session`` in a process of its own (a Spark Connect client switches
     PySpark into Connect mode for its whole process: a local session there fails after it),
-    waited for in a thread; its outcome goes to the stack's log."""
+    kept warm while this process lives (its standard input), watched in a thread; its
+    outcome goes to the stack's log; a keeper started before (of a Spark Connect server
+    since restarted) is ended. The keeper's process."""
+    global _keeper
+    if _keeper is not None and _keeper.stdin is not None:
+        with contextlib.suppress(OSError):
+            _keeper.stdin.close()
+    proc = _keeper = subprocess.Popen([sys.executable, "-c", _WARM, remote, str(keep_s)],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)  # fmt: skip
 
-    def warm() -> None:
+    def watch() -> None:
         started = time.monotonic()
-        try:
-            done = subprocess.run([sys.executable, "-c", _WARM, remote], capture_output=True,
-                                  text=True, timeout=WARM_TIMEOUT_S, check=False)  # fmt: skip
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            say(f"spark-connect: snapshot session not warmed ({exc})")
-            return
-        if done.returncode == 0:
+        timer = threading.Timer(WARM_TIMEOUT_S, proc.kill)
+        timer.start()
+        assert proc.stdout is not None and proc.stderr is not None
+        first = proc.stdout.readline()
+        timer.cancel()
+        if first.strip() == WARMED:
             say(f"spark-connect: snapshot session warmed in {time.monotonic() - started:.1f}s")
-        else:  # a snapshot then warms it itself
-            last = (done.stderr.strip().splitlines() or ["no output"])[-1]
-            say(f"spark-connect: snapshot session not warmed ({' '.join(last.split())[:300]})")
+            err = proc.stderr.read()  # until the keeper ends
+            if proc.wait() != 0:
+                last = (err.strip().splitlines() or ["no output"])[-1]
+                say(f"spark-connect: snapshot session no longer kept warm ({last[:300]})")
+            return
+        err = proc.stderr.read()
+        code = proc.wait()
+        why = (err.strip().splitlines() or [f"exited with {code}"])[-1]
+        if code < 0 and time.monotonic() - started >= WARM_TIMEOUT_S:
+            why = f"no answer in {WARM_TIMEOUT_S:.0f} s"
+        # a snapshot then warms it itself
+        say(f"spark-connect: snapshot session not warmed ({' '.join(why.split())[:300]})")
 
-    threading.Thread(target=warm, name="warm-snapshot-session", daemon=True).start()
+    threading.Thread(target=watch, name="warm-snapshot-session", daemon=True).start()
+    return proc
 
 
 def dagster_env(

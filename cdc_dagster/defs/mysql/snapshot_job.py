@@ -88,6 +88,11 @@ class ProgressWatch:
             root,
         )
         self.last: dict[tuple[int, int], Any] = {}  # (table, generation) -> last rendered
+        self.first: dict[tuple[int, int], Any] = {}  # ... -> the first record this run saw
+        # released by the puller between two looks, rendered complete once the reads said
+        # how many rows and chunks this run read of them (the records are gone with them)
+        self.released: dict[tuple[int, int], Any] = {}
+        self.read: dict[int, tuple[int, int]] | None = None  # per table, once the reads end
         self.observations = 0
 
     def watch(self, read: Callable[[], Any]) -> Any:
@@ -108,7 +113,16 @@ class ProgressWatch:
             self.poll()
         if "error" in result:
             raise result["error"]
+        self.reads_done(result["reads"].tables)
         return result["reads"]
+
+    def reads_done(self, tables: dict[int, tuple[int, int]]) -> None:
+        """The reads ended, having read ``tables`` (id -> rows, chunks): the tables released
+        meanwhile are rendered complete with their counts."""
+        self.read = tables
+        for key, gone in sorted(self.released.items()):
+            self._render(self._final(key, gone), final=True)
+        self.released.clear()
 
     def wait_placed(self, seconds: float) -> None:
         """Poll until the puller placed every table this run saw, or ``seconds`` passed."""
@@ -126,14 +140,32 @@ class ProgressWatch:
             self.context.log.warning("snapshot progress not read this time: %s", exc)
             return True
         for key, p in now.items():
+            self.first.setdefault(key, p)
             if self.last.get(key) != p:
                 self._render(p, final=p.complete)
         for key in [k for k in self.last if k not in now]:  # released: complete
-            gone = self.last[key]
-            if not gone.complete:
-                self._render(_completed(gone), final=True)
+            gone = self.last.pop(key)
+            if gone.complete:
+                continue
+            if self.read is None:  # its counts come with the reads' end
+                self.released[key] = gone
+            else:
+                self._render(self._final(key, gone), final=True)
         self.last.update(now)
         return any(not p.complete for p in now.values())
+
+    def _final(self, key: tuple[int, int], gone: Any) -> Any:
+        """The complete record of a table released since ``gone`` was seen: what earlier runs
+        had read (the first record this run saw) and what this run read, every chunk placed."""
+        first = self.first.get(key, gone)
+        rows, chunks = (self.read or {}).get(key[0], (0, 0))
+        rows, chunks = (
+            max(gone.rows_read, first.rows_read + rows),
+            max(gone.chunks_read, first.chunks_read + chunks),
+        )
+        return replace(gone, rows_read=rows, rows_placed=rows, chunks_read=chunks,
+                       chunks_placed=chunks, chunks_total=chunks, ranges_read=gone.ranges,
+                       complete=True)  # fmt: skip
 
     def _render(self, p: Any, final: bool) -> None:
         self.last[(p.table_id, p.generation)] = p
@@ -148,12 +180,6 @@ class ProgressWatch:
                 metadata=progress_metadata(p, self.changefeed_id),
             )
         )
-
-
-def _completed(p: Any) -> Any:
-    """The last record of a table the puller released: every chunk read was placed."""
-    return replace(p, chunks_placed=p.chunks_read, chunks_total=p.chunks_read,
-                   rows_placed=p.rows_read, ranges_read=p.ranges, complete=True)  # fmt: skip
 
 
 def _read(config: SnapshotConfig, uri: str, root: str, spark: SparkResource, planned: int) -> Any:

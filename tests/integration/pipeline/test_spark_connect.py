@@ -167,7 +167,7 @@ def test_server_start_warms_the_snapshot_session_out_of_this_process(
     monkeypatch.setattr(stack, "say", lines.append)
     mode = os.environ.get("SPARK_CONNECT_MODE_ENABLED")
     for remote in (connect_url, "sc://nohost:notaport"):
-        stack._warm_snapshot_session(remote)
+        keeper = stack._warm_snapshot_session(remote)
         deadline = time.monotonic() + 240
         while not any(line.startswith("spark-connect: snapshot session") for line in lines):
             assert time.monotonic() < deadline, "no word of the warm-up"
@@ -178,5 +178,37 @@ def test_server_start_warms_the_snapshot_session_out_of_this_process(
             assert {os.getpriority(os.PRIO_PROCESS, p) for p in pids} == {SNAPSHOT_NICE}
         else:
             assert lines[-1].startswith("spark-connect: snapshot session not warmed ("), lines
+        assert keeper.stdin is not None
+        keeper.stdin.close()  # the keeper ends with its input (the stack's supervisor)
+        assert keeper.wait(timeout=60) in (0, 1)
         lines.clear()
     assert os.environ.get("SPARK_CONNECT_MODE_ENABLED") == mode
+
+
+@pytest.mark.slow
+def test_the_snapshot_session_is_kept_warm_past_sparks_idle_minute(
+    connect_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Spark retires a Python worker idle for 60 s; the stack's keeper runs the warm-up job
+    every ``keep_s`` while the stack lives, so a snapshot an hour later reads on workers
+    that imported the chunk readers. Its input closed (the supervisor gone), it exits."""
+    from cdc_dagster.mysql.snapshot_runner import SNAPSHOT_SESSION
+    from cdc_dagster.services import stack
+
+    lines: list[str] = []
+    monkeypatch.setattr(stack, "say", lines.append)
+    keeper = stack._warm_snapshot_session(connect_url, keep_s=15.0)
+    deadline = time.monotonic() + 240
+    while not lines:
+        assert time.monotonic() < deadline, "no word of the warm-up"
+        time.sleep(0.2)
+    assert lines[-1].startswith("spark-connect: snapshot session warmed in"), lines
+    before = _shared(connect_url, SNAPSHOT_SESSION)["pids"]
+    time.sleep(80)  # past Spark's idle minute
+    assert _shared(connect_url, SNAPSHOT_SESSION)["pids"] == before
+    assert keeper.poll() is None
+    assert keeper.stdin is not None
+    keeper.stdin.close()
+    assert keeper.wait(timeout=30) == 0
+    time.sleep(0.5)  # the watcher's last word, if any
+    assert not any("no longer" in line for line in lines), lines
