@@ -47,10 +47,13 @@ runner in this process) as extra rows. ``--keep`` keeps the work directory (the 
 Dagster event logs: where the seconds went).
 
 It ends with one line: ``drain_rows_per_s=... drain_ratio=... drain_after_first_rows_per_s=...
-snapshot_rows_per_s=... snapshot_ratio=... snapshot_ratio_idle=...`` (drain_ratio: the
-drain's rate over the bare puller's; snapshot_ratio: the snapshot's rate over the bare
-parallel chunked read of the same tables into Parquet while the same stream is sunk;
-snapshot_ratio_idle: over the bare read on the idle stack).
+snapshot_rows_per_s=... snapshot_ratio=... snapshot_ratio_idle=... snapshot_reading_ratio=...``
+(drain_ratio: the drain's rate over the bare puller's; snapshot_ratio: the snapshot's rate
+over the bare parallel chunked read of the same tables into Parquet while the same stream
+is sunk; snapshot_ratio_idle: over the bare read on the idle stack;
+snapshot_reading_ratio: the bare read under the stream against the snapshot's reading
+phase alone, its first read to its last, without the fixed costs before and after:
+the sensor tick, the run's launch, the Spark job's start, placing).
 """
 
 from __future__ import annotations
@@ -931,13 +934,21 @@ def _bare_stream(r: dict[str, Any]) -> float:
     return float(r.get("bare_read_stream_rows_per_s") or r["bare_read_rows_per_s"])
 
 
+def _reading_ratio(r: dict[str, Any]) -> float:
+    """The bare read's seconds under the stream over the snapshot's reading phase (its first
+    read began -> its last ended: no sensor tick, run launch, planning or placing); 0 where
+    the breakdown has no reading phase."""
+    reading = float(r.get("breakdown", {}).get("reading") or 0.0)
+    return r["rows"] / _bare_stream(r) / reading if reading > 0 else 0.0
+
+
 def _report(results: list[dict[str, Any]], snaps: list[dict[str, Any]], final: bool = True) -> None:
     """Tables of the figures; with ``final``, the closing machine-readable line."""
     print()
     if snaps:
         print(f"{'cores':>5} {'tables':>6} {'rows':>9} {'snapshot/s':>11} {'readable/s':>11} "
               f"{'bare+stream/s':>13} {'ratio':>6} {'bare idle/s':>12} {'ratio':>6} "
-              f"{'lag p50/max quiet':>18} {'lag p50/max snap':>17}")  # fmt: skip
+              f"{'lag p50/max quiet':>18} {'lag p50/max snap':>17} {'reading ratio':>13}")  # fmt: skip
         for r in snaps:
             lag = (
                 f"{r.get('lag_p50_quiet', 0):.1f}/{r.get('lag_max_quiet', 0):.1f}",
@@ -948,14 +959,15 @@ def _report(results: list[dict[str, Any]], snaps: list[dict[str, Any]], final: b
                   f"{_bare_stream(r):>13.0f} {r['snapshot_rows_per_s'] / _bare_stream(r):>6.2f} "
                   f"{r['bare_read_rows_per_s']:>12.0f} "
                   f"{r['snapshot_rows_per_s'] / r['bare_read_rows_per_s']:>6.2f} "
-                  f"{lag[0]:>18} {lag[1]:>17}")  # fmt: skip
+                  f"{lag[0]:>18} {lag[1]:>17} {_reading_ratio(r):>13.2f}")  # fmt: skip
         print(json.dumps(snaps))
     line = ""
     if snaps:
         best = max(snaps, key=lambda r: r["snapshot_rows_per_s"])
         line = (f" snapshot_rows_per_s={best['snapshot_rows_per_s']:.0f} snapshot_ratio="
                 f"{best['snapshot_rows_per_s'] / _bare_stream(best):.2f} snapshot_ratio_idle="
-                f"{best['snapshot_rows_per_s'] / best['bare_read_rows_per_s']:.2f}")  # fmt: skip
+                f"{best['snapshot_rows_per_s'] / best['bare_read_rows_per_s']:.2f} "
+                f"snapshot_reading_ratio={_reading_ratio(best):.2f}")  # fmt: skip
     if results:
         print(f"{'cores':>5} {'changes':>8} {'drain/s':>9} {'after 1st/s':>11} {'puller/s':>9} "
               f"{'mount/s':>9} {'mariadb-binlog/s':>16} {'drain/puller':>12} "

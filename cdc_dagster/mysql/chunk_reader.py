@@ -226,7 +226,11 @@ def read_groups(groups: list[str], batches: Iterator[pa.RecordBatch]) -> Iterato
 
 # The niceness of a Spark worker reading snapshot chunks: where the CPU is short, the
 # captures' ticks (the binlog stream of the other tables) come first, the reads take what
-# they leave. The workers belong to the snapshot runs' own session (``SNAPSHOT_SESSION``).
+# they leave -- among processes of one session: with Linux's autogroup scheduling (on here)
+# a niceness counts only within its session, and the stack's Spark Connect server (whose
+# workers these are) is a session of its own, the captures' run workers the daemon's (the
+# readers at 0 got no more CPU than at 10 here). The workers belong to the snapshot runs'
+# own Spark session (``SNAPSHOT_SESSION``).
 # ``CDC_DAGSTER_SNAPSHOT_NICE`` (in the Spark server's environment) sets it, 0-19.
 # (not an integer: 10).
 _NICE = os.environ.get("CDC_DAGSTER_SNAPSHOT_NICE", "").strip()

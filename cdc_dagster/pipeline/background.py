@@ -8,8 +8,10 @@ stream's Delta MERGE each second): on 2 cores, while a 100-table snapshot was re
 sunk, the stream beside it lagged by 15-20 s instead of 4.
 
 So a phase moving at least ``bulk_rows`` row changes runs in a worker process of this
-module at niceness ``BULK_NICE`` (the snapshot's reads run at the same, cdc_dagster/mysql/
-snapshot_runner.py): the stream's ticks come first, the bulk work takes what is left.
+module at niceness ``BULK_NICE``: the stream's ticks come first, the bulk work takes what is
+left. (The worker is the capture run's child, in the daemon's session with every run: the
+niceness counts against them even under Linux's autogroup scheduling, which weighs
+sessions against each other and niceness only within one.)
 The worker is started on first use (spawned: nothing of the capture's threads, gRPC
 channels or Dagster state is forked) and kept for the run's next bulk phases. The phase
 functions are the Spark tasks' own (``spark_tasks.pull_table`` / ``sink_table``): pure

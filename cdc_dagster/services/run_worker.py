@@ -30,10 +30,11 @@ READY = "cdc-dagster run worker ready"
 
 
 # The CPU priority (niceness) of a worker's imports ahead of a run: a worker replacing one
-# that just took a run imports for ~5 s of CPU, beside the runs already going (a snapshot's
-# reads, the captures' ticks); they come first. Its run gets the priority back. (Two refills
-# took 0.3-0.4 of the 2 cores here during a 10M-row snapshot's reads, at 10 as the reads;
-# at 19 the reads were no faster within the bench's +-15%, so 10 stays.)
+# that just took a run imports for ~5 s of CPU, beside the runs already going (the captures'
+# ticks); they come first. Its run gets the priority back. (Against processes of other
+# sessions -- a snapshot's Spark readers, MariaDB -- a niceness does nothing under Linux's
+# autogroup scheduling: two refills took 0.3-0.4 of the 2 cores here during a 10M-row
+# snapshot's first reads at 10 and at 19 alike; hence the launcher's ``quiet_jobs``.)
 PRELOAD_NICE = 10
 
 
