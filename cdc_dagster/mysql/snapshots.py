@@ -46,7 +46,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from cdc_dagster.mysql.state import load_state
-from cdc_dagster.upstream.changelog import SNAPSHOT_DIR, write_json
+from cdc_dagster.upstream.changelog import write_json
 
 CHUNK_KEY = b"cdc_dagster.chunk"
 GTID_POSITIONS = "gtid-positions"
@@ -167,7 +167,7 @@ class Chunk:
 
 
 def generation_dir(root: str | os.PathLike[str], table_id: int, generation: int) -> Path:
-    return Path(root) / SNAPSHOT_DIR / str(table_id) / str(generation)
+    return Path(root) / "snapshot" / str(table_id) / str(generation)
 
 
 def gtid_positions(gen_dir: Path) -> bool:
@@ -197,7 +197,7 @@ def sweep_generations(root: str | os.PathLike[str], snapshots: dict[int, int]) -
     """Remove the generation dirs of snapshots no longer held (``snapshots``: table id ->
     generation), and what a removal cut short left; how many. A puller that saved a table's
     release and died before removing its files leaves them; nothing reads them again."""
-    base = Path(root) / SNAPSHOT_DIR
+    base = Path(root) / "snapshot"
     if not base.is_dir():
         return 0
     removed = 0

@@ -18,12 +18,6 @@ functions are the Spark tasks' own (``spark_tasks.pull_table`` / ``sink_table``)
 functions of a JSON spec, fenced at the sink like any task. A worker that dies (killed,
 out of memory) fails that phase -- the changefeed's failure, retried by the next tick --
 and the next bulk phase starts a new worker.
-
-A bulk pull from a change log that still has tables being snapshotted first waits for
-those reads (``wait_for_snapshot_reads``, at most ``SNAPSHOT_WAIT_S``): what it moves is
-mostly the tables that snapshot released so far, and their sinking took the CPU the reads
-still going and the other changefeeds' ticks needed, while the changefeed's checkpoint
-waits for its last table anyway.
 """
 
 from __future__ import annotations
@@ -32,8 +26,7 @@ import logging
 import multiprocessing
 import os
 import threading
-import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from typing import TypeVar
@@ -41,13 +34,6 @@ from typing import TypeVar
 log = logging.getLogger(__name__)
 
 BULK_NICE = 10  # niceness of bulk phases (the snapshot readers' default too)
-# A bulk pull from a change log some of whose tables are still being snapshotted (the
-# tables its snapshot released so far, mostly) waits for those reads, at most this long: on
-# 2 cores the released tables' sinking took the CPU of the reads still going and of the
-# other changefeeds' ticks (100 tables of 100k rows: ~0.3 core of the daemon's session
-# during the reads). The changefeed's checkpoint waits for its last table anyway.
-SNAPSHOT_WAIT_S = 30.0
-SNAPSHOT_POLL_S = 0.5
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -102,21 +88,6 @@ def run_in_background(fn: Callable[[T], R], items: Sequence[T]) -> list[R]:
             f"the background worker running bulk tick phases died ({exc}); the phase is "
             "retried next tick in a new worker"
         ) from exc
-
-
-def wait_for_snapshot_reads(roots: Iterable[str], max_s: float = SNAPSHOT_WAIT_S) -> float:
-    """Wait while a table of one of the change logs ``roots`` is being snapshotted, at most
-    ``max_s``; the seconds waited."""
-    from cdc_dagster.upstream.changelog import snapshots_in_flight
-
-    roots = sorted(set(roots))
-    started = time.monotonic()
-    while time.monotonic() - started < max_s and any(snapshots_in_flight(r) for r in roots):
-        time.sleep(SNAPSHOT_POLL_S)
-    waited = time.monotonic() - started
-    if waited >= SNAPSHOT_POLL_S:
-        log.info("a bulk pull waited %.1f s for the snapshot reads of %s", waited, roots)
-    return waited
 
 
 def shutdown() -> None:

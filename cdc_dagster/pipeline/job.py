@@ -80,8 +80,6 @@ def run(
     if local(specs, local_max_bytes, local_max_rows):
         fn = spark_tasks.pull_table if kind == "pull" else spark_tasks.sink_table
         if bulk_rows and _rows(specs) >= bulk_rows:
-            if kind == "pull":
-                background.wait_for_snapshot_reads(s["changelog_root"] for s in specs)
             return background.run_in_background(fn, list(specs))
         return [fn(s) for s in specs]
     if callable(spark):

@@ -56,7 +56,6 @@ __all__ = [
     "OP_DELETE",
     "OP_INSERT",
     "OP_UPDATE",
-    "SNAPSHOT_DIR",
     "ChangeLog",
     "ChangeLogError",
     "ChangeLogLockedError",
@@ -74,7 +73,6 @@ __all__ = [
     "UnknownTableError",
     "arrow_type",
     "data_file_schema",
-    "snapshots_in_flight",
     "write_json",
 ]
 
@@ -897,27 +895,10 @@ def _try_flock(f: io.BufferedRandom) -> str:
 
 
 # Under the change log's root but not the writer's: the snapshot runs' plans and chunks
-# (cdc_dagster/mysql/snapshots.py: ``<SNAPSHOT_DIR>/<table id>/<generation>/``), written by
-# other processes while the puller runs. A writer opening removed a snapshot run's temp file
-# between its write and its rename, and that run failed (a generation's removal takes a
-# killed reader's temp files with it).
-SNAPSHOT_DIR = "snapshot"
-_NOT_THE_WRITERS = {SNAPSHOT_DIR}
-
-
-def snapshots_in_flight(root: str | os.PathLike[str]) -> bool:
-    """Whether a table of the change log is being snapshotted: a generation directory of
-    its snapshot is there (the puller removes it when it releases the table)."""
-    base = Path(root) / SNAPSHOT_DIR
-    try:
-        return any(
-            g.name.isdigit() and g.is_dir()
-            for t in base.iterdir()
-            if t.name.isdigit() and t.is_dir()
-            for g in t.iterdir()
-        )
-    except OSError:  # no snapshot ever, or a directory removed while listed
-        return False
+# (cdc_dagster/mysql/snapshots.py), written by other processes while the puller runs. A
+# writer opening removed a snapshot run's temp file between its write and its rename, and
+# that run failed (a generation's removal takes a killed reader's temp files with it).
+_NOT_THE_WRITERS = {"snapshot"}
 
 
 def _remove_temp_files(root: Path) -> int:
