@@ -130,10 +130,11 @@ def warm_snapshot_session(remote: str, keep_s: float = 0.0) -> None:
     their imports done (``mysql.snapshot_runner.warm_imports``), so a first snapshot's reads
     start at once, not 2-5 s into its job. With ``keep_s`` > 0: then ``WARMED`` on standard
     output, and the same job every ``keep_s`` seconds until standard input ends (the stack's
-    supervisor holds it) or ``KEEP_FAILURES`` of them in a row failed (Spark Connect
-    restarted: its new server gets a keeper of its own). Spark retires a Python worker idle
-    for a minute (``PythonWorkerFactory``), and a snapshot coming later started new ones
-    and imported the chunk readers again: 3 s before its first read beside a stream."""
+    supervisor holds it: the process exits at once) or ``KEEP_FAILURES`` of them in a row
+    failed (Spark Connect restarted: its new server gets a keeper of its own). Spark retires
+    a Python worker idle for a minute (``PythonWorkerFactory``), and a snapshot coming later
+    started new ones and imported the chunk readers again: 3 s before its first read beside
+    a stream."""
     from cdc_dagster.mysql.snapshot_runner import SNAPSHOT_SESSION, warm_imports
     from cdc_dagster.pipeline.engine import shared_session
     from cdc_dagster.pipeline.job import parallelism
@@ -145,8 +146,12 @@ def warm_snapshot_session(remote: str, keep_s: float = 0.0) -> None:
         if keep_s <= 0:
             return
         print(WARMED, flush=True)
+        # its input's end (the supervisor gone) ends the process at once, even in the middle
+        # of a job whose server is gone (Spark Connect's client retries for minutes)
+        threading.Thread(target=_exit_at_end_of_input, name="input", daemon=True).start()
         failures = 0
-        while failures < KEEP_FAILURES and not _ended(sys.stdin, keep_s):
+        while failures < KEEP_FAILURES:
+            time.sleep(keep_s)
             try:
                 spark.range(0, n, 1, n).mapInArrow(warm_imports, "id long").collect()
                 failures = 0
@@ -159,12 +164,10 @@ def warm_snapshot_session(remote: str, keep_s: float = 0.0) -> None:
         spark.stop()  # closes this client only: the session is shared
 
 
-def _ended(stream: Any, timeout_s: float) -> bool:
-    """Whether ``stream`` reached its end within ``timeout_s`` (its writer is gone)."""
-    import select
-
-    readable, _, _ = select.select([stream], [], [], timeout_s)
-    return bool(readable) and not stream.readline()
+def _exit_at_end_of_input() -> None:
+    """Exit the process once standard input ends (its writer is gone)."""
+    sys.stdin.read()
+    os._exit(0)
 
 
 WARMED = "snapshot session warm"
@@ -189,29 +192,32 @@ def _warm_snapshot_session(remote: str, keep_s: float = KEEP_WARM_S) -> subproce
             _keeper.stdin.close()
     proc = _keeper = subprocess.Popen([sys.executable, "-c", _WARM, remote, str(keep_s)],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+                            stderr=subprocess.STDOUT, text=True)  # fmt: skip
 
-    def watch() -> None:
+    def watch() -> None:  # reads the keeper's output as it comes: only its last line is kept
         started = time.monotonic()
         timer = threading.Timer(WARM_TIMEOUT_S, proc.kill)
         timer.start()
-        assert proc.stdout is not None and proc.stderr is not None
-        first = proc.stdout.readline()
+        assert proc.stdout is not None
+        warmed, last = False, ""
+        for line in proc.stdout:
+            if not warmed and line.strip() == WARMED:
+                warmed = True
+                timer.cancel()
+                say(f"spark-connect: snapshot session warmed in {time.monotonic() - started:.1f}s")
+            elif line.strip():
+                last = line
         timer.cancel()
-        if first.strip() == WARMED:
-            say(f"spark-connect: snapshot session warmed in {time.monotonic() - started:.1f}s")
-            err = proc.stderr.read()  # until the keeper ends
-            if proc.wait() != 0:
-                last = (err.strip().splitlines() or ["no output"])[-1]
-                say(f"spark-connect: snapshot session no longer kept warm ({last[:300]})")
-            return
-        err = proc.stderr.read()
         code = proc.wait()
-        why = (err.strip().splitlines() or [f"exited with {code}"])[-1]
+        why = " ".join((last or f"exited with {code}").split())[:300]
+        if warmed:
+            if code != 0:
+                say(f"spark-connect: snapshot session no longer kept warm ({why})")
+            return
         if code < 0 and time.monotonic() - started >= WARM_TIMEOUT_S:
             why = f"no answer in {WARM_TIMEOUT_S:.0f} s"
         # a snapshot then warms it itself
-        say(f"spark-connect: snapshot session not warmed ({' '.join(why.split())[:300]})")
+        say(f"spark-connect: snapshot session not warmed ({why})")
 
     threading.Thread(target=watch, name="warm-snapshot-session", daemon=True).start()
     return proc
