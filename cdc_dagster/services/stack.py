@@ -140,9 +140,13 @@ def warm_snapshot_session(remote: str, keep_s: float = 0.0) -> None:
     from cdc_dagster.pipeline.job import parallelism
 
     spark = shared_session(remote, SNAPSHOT_SESSION)
-    try:
-        n = parallelism(spark)  # the task slots a snapshot's reads spread over
+
+    def warm() -> None:  # one task per slot a snapshot's reads spread over
+        n = parallelism(spark)
         spark.range(0, n, 1, n).mapInArrow(warm_imports, "id long").collect()
+
+    try:
+        warm()
         if keep_s <= 0:
             return
         print(WARMED, flush=True)
@@ -153,7 +157,7 @@ def warm_snapshot_session(remote: str, keep_s: float = 0.0) -> None:
         while failures < KEEP_FAILURES:
             time.sleep(keep_s)
             try:
-                spark.range(0, n, 1, n).mapInArrow(warm_imports, "id long").collect()
+                warm()
                 failures = 0
             except Exception as exc:  # the server gone or busy: again, up to KEEP_FAILURES
                 failures += 1
