@@ -46,11 +46,13 @@ concurrency:
       # (cdc_dagster.dbt); a second one queues instead of waiting on the build lock.
       - key: cdc/dbt_build
         limit: 1
-      # One binlog puller per upstream (host:port/server-id) at a time.
+      # Two binlog puller runs per upstream (host:port/server-id) at a time: the one
+      # pulling and the next, which waits in its op until the first has ended
+      # (cdc_dagster/defs/handoff.py); a third waits here.
       - key: cdc/upstream
         value:
           applyLimitPerUniqueValue: true
-        limit: 1
+        limit: 2
 run_queue:
   dequeue_interval_seconds: 1
   dequeue_use_threads: true

@@ -38,8 +38,8 @@ from cdc_dagster.defs.capture.fencing import Received, StaleRunError, check_owne
 from cdc_dagster.defs.capture.handoff import (
     FOLLOW_UNTIL_TAG,
     HANDOFF_MAX_S,
-    storage_id,
-    successor_started,
+    HandOver,
+    capture_lane,
     wait_for_earlier_runs,
 )
 from cdc_dagster.defs.catalog import Catalog
@@ -96,7 +96,8 @@ def receive(context: dg.OpExecutionContext, config: ReceiveConfig, cdc: CdcResou
         raise dg.Failure(f"run for partition {partition} carries capture {config.capture_id}")
     # One run of a capture ticks at a time: the next one waits here for the earlier one,
     # which ticks until this one has started (defs/capture/handoff.py).
-    wait_for_earlier_runs(context.instance, config.capture_id, context.run_id, context.log.info)
+    lane = capture_lane(config.capture_id)
+    wait_for_earlier_runs(context.instance, lane, context.run_id, context.log.info)
     ms = cdc.metastore()
     try:
         owner = ms.election.current_owner()
@@ -249,7 +250,6 @@ class _Follow:
         except (CaptureNotRegisteredError, LeaseExpiredError):
             self.registration = ""
         self.tagged = tag_registration(context, self.registration)
-        self.storage_id = storage_id(context.instance, context.run_id)  # its place in runs
 
     def next_work(self, busy: set[str]) -> tuple[dict[str, Any], str]:
         """The owner's messages if any, else the changefeeds not ``busy`` with new resolved
@@ -354,23 +354,7 @@ def _still_ours(f: _Follow, state: dict[str, float]) -> str:
     return ""
 
 
-TIME_UP = "time is up"
-
-
-def _handed_over(f: _Follow, state: dict[str, float], until: float) -> str:
-    """Why the loop stops at its end ("" while it goes on): past ``until`` it ticks on until
-    the capture's next run has started (it waits for this one in ``receive``), at most
-    HANDOFF_MAX_S more, so the capture is never long without a tick (defs/capture/handoff.py)."""
-    now = time.monotonic()
-    if now < until:
-        return ""
-    if now >= until + HANDOFF_MAX_S:
-        return f"{TIME_UP} (no next run started within {HANDOFF_MAX_S:.0f} s)"
-    if now - state["successor_checked"] < POLL_S:
-        return ""
-    state["successor_checked"] = now
-    successor = successor_started(f.context.instance, f.cid, f.storage_id)
-    return f"{TIME_UP}; handed over to run {successor}" if successor else ""
+TIME_UP = HandOver.TIME_UP
 
 
 def build_follow_op(catalog: Catalog) -> dg.OpDefinition:
@@ -395,7 +379,11 @@ def build_follow_op(catalog: Catalog) -> dg.OpDefinition:
             context.run_id, {FOLLOW_UNTIL_TAG: f"{time.time() + config.seconds:.3f}"}
         )
         until = started + config.seconds
-        state = {"renewed": started, "owner_checked": 0.0, "successor_checked": 0.0}
+        state = {"renewed": started, "owner_checked": 0.0}
+        # past its time it ticks on until the capture's next run has started (it waits for
+        # this one in ``receive``), so the capture is never long without a tick
+        handed_over = HandOver(context.instance, capture_lane(f.cid), context.run_id, until,
+                               POLL_S, max_s=HANDOFF_MAX_S)  # fmt: skip
         ticks, why_stopped = {OWNER: 0, DATA: 0}, TIME_UP
         throttle = MaterializationThrottle()
         rows: dict[tuple[str, int], int] = {}
@@ -450,7 +438,7 @@ def build_follow_op(catalog: Catalog) -> dg.OpDefinition:
                 if lost:
                     why_stopped = lost
                     break
-                if winding is None and (up := _handed_over(f, state, until)):
+                if winding is None and (up := handed_over()):
                     why_stopped = up
                     # Its time is up: the other changefeeds go on ticking (bulk phases
                     # deferred to the successor) while a long tick in flight finishes, so

@@ -5,8 +5,13 @@ launch and one reconnect per ten minutes); it flushes at least every
 second while rows flow and, with an idle upstream, on the server's heartbeats, so captures
 see progress and resolved ts follow the clock during the run. It looks at its changefeed
 in etcd once a second and stops within a few seconds when the changefeed is no longer
-normal (paused, failed, removed). Then it persists its position and exits; the next owner
-tick launches the next run, which resumes from the persisted GTID / file:pos. Paused, it
+normal (paused, failed, removed). Then it persists its position and exits; the next run
+resumes from the persisted GTID / file:pos. The runs of one upstream (``cdc/upstream``) are
+a lane of :mod:`cdc_dagster.defs.handoff`: the owner requests the next run 20 s before the
+follow time ends, the next run waits in its op (launched, imported) while the earlier one
+is in progress, and the earlier one follows past its time until the next has started (at
+most 60 s), so the binlog is unread only from its last flush to the next run's reconnect,
+not for a sensor tick and a run launch (a cold one: 6-35 s under load). Paused, it
 first closes its binlog connection and waits up to ``CDC_DAGSTER_MYSQL_PAUSE_HOLD_S`` (300
 s, within its follow time) for ``changefeed resume``: a resume then pulls again within a
 second, without an owner tick or a run launch on its path (a resume that changed the
@@ -23,7 +28,14 @@ from typing import Any
 import dagster as dg
 
 from cdc_dagster.defs.catalog import key_segment
-from cdc_dagster.defs.mysql.requests import DEFAULT_PULL_S, PULLER_JOB
+from cdc_dagster.defs.handoff import (
+    FOLLOW_UNTIL_TAG,
+    HANDOFF_MAX_S,
+    HandOver,
+    Lane,
+    wait_for_earlier_runs,
+)
+from cdc_dagster.defs.mysql.requests import DEFAULT_PULL_S, PULLER_JOB, UPSTREAM_TAG
 from cdc_dagster.defs.resources import CdcResource
 from cdc_dagster.metastore.changefeeds import ChangefeedState, wall_ms
 from cdc_dagster.metastore.problems import PULLER
@@ -34,6 +46,7 @@ MAX_TAG_CHARS = 200
 CHANGEFEED_CHECK_S = 1.0  # a following run looks whether its changefeed is still normal
 DEFAULT_PAUSE_HOLD_S = 300.0  # a paused changefeed's run waits this long for its resume
 RESUME_POLL_S = 0.1  # ... looking at the changefeed this often (one etcd read)
+HANDOVER_POLL_S = 0.5  # past its time, it looks this often whether the next run started
 
 
 class PullConfig(dg.Config):
@@ -77,9 +90,20 @@ def _report_problem(ms: Any, changefeed_id: str, message: str, *, fatal: bool) -
     )
 
 
+def puller_lane(run: dg.DagsterRun) -> Lane | None:
+    """The puller runs of the run's upstream (None: a run without the owner's tags)."""
+    upstream = run.tags.get(UPSTREAM_TAG)
+    return (
+        Lane(PULLER_JOB, UPSTREAM_TAG, upstream, f"binlog puller of {upstream}")
+        if upstream
+        else None
+    )
+
+
 class FollowStop:
-    """When a following puller run stops: its time is up, or its changefeed is no longer
-    normal (looked up in etcd at most once per ``check_s``)."""
+    """When a following puller run stops: its time is up (and, with ``handover`` set, the
+    next run of its upstream has started), or its changefeed is no longer normal (looked up
+    in etcd at most once per ``check_s``)."""
 
     def __init__(self, config: PullConfig, ms: Any, check_s: float = CHANGEFEED_CHECK_S) -> None:
         self.config, self.ms, self.check_s = config, ms, check_s
@@ -87,6 +111,21 @@ class FollowStop:
         self.checked = self.started
         self.why = ""
         self.paused = False  # it stopped because the changefeed is paused
+        self.handover: HandOver | None = None
+
+    def hand_over(self, context: dg.OpExecutionContext) -> None:
+        """Past its time, follow on until the next run of the upstream has started (at most
+        60 s, or the follow time when shorter); tag the run with when its time is up, for
+        the owner to request that run (defs/handoff.py)."""
+        lane = puller_lane(context.run)
+        if lane is None:
+            return
+        until = self.started + self.config.max_seconds
+        self.handover = HandOver(context.instance, lane, context.run_id, until, HANDOVER_POLL_S,
+                                 max_s=min(HANDOFF_MAX_S, self.config.max_seconds))  # fmt: skip
+        context.instance.add_run_tags(
+            context.run_id, {FOLLOW_UNTIL_TAG: f"{time.time() + self.remaining_s():.3f}"}
+        )
 
     def remaining_s(self) -> float:
         """Seconds of the run's follow time left."""
@@ -98,12 +137,19 @@ class FollowStop:
 
     def __call__(self, stats: Any) -> bool:
         now = time.monotonic()
-        if now - self.started >= self.config.max_seconds:
-            self.why = f"followed the binlog for {self.config.max_seconds:.0f} s"
-        elif now - self.checked >= self.check_s:
+        if now - self.checked >= self.check_s:
             self.checked = now
             self.why = self._changefeed_gone()
+        if not self.why and now - self.started >= self.config.max_seconds:
+            self.why = self._time_up()
         return bool(self.why)
+
+    def _time_up(self) -> str:
+        followed = f"followed the binlog for {self.config.max_seconds:.0f} s"
+        if self.handover is None:
+            return followed
+        up = self.handover()
+        return f"{followed}; {up}" if up else ""
 
     def _changefeed_gone(self) -> str:
         from cdc_dagster.metastore.errors import ChangefeedNotFoundError, MetastoreError
@@ -206,7 +252,9 @@ def _pull(
     from cdc_dagster.mysql.puller import PullerConfig, PullerError, run_puller
     from cdc_dagster.upstream.uri import UpstreamError, changelog_path
 
-    stop = stop or FollowStop(config, ms)
+    if stop is None:
+        stop = FollowStop(config, ms)
+        stop.hand_over(context)
     try:
         uri = cf.info.upstream_uri
         requests = EtcdResnapshotRequests(context, ms, cf.changefeed_id)
@@ -250,6 +298,10 @@ def pull_binlog(context: dg.OpExecutionContext, config: PullConfig, cdc: CdcReso
     """Follow the changefeed's binlog into its change log for a while, then persist."""
     from cdc_dagster.metastore.errors import MetastoreError
 
+    # One run of an upstream pulls at a time: the next one waits here for the earlier one,
+    # which follows until this one has started (defs/handoff.py).
+    if (lane := puller_lane(context.run)) is not None:
+        wait_for_earlier_runs(context.instance, lane, context.run_id, context.log.info)
     try:
         ms = cdc.metastore()
         cf = ms.changefeeds.get(config.changefeed_id)

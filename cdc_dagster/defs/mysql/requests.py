@@ -1,10 +1,13 @@
 """Which binlog puller runs the owner sensor requests this tick (pure planning + one adapter).
 
 One following puller run per changefeed whose upstream is ``mysql://``/``mariadb://`` and
-whose state is normal, unless one is already queued or running for it. Runs carry
-``cdc/upstream = host:port/server-id``; ``dagster.yaml`` limits that tag to one run per
-value, so pullers sharing an upstream and server id never run at once (they would
-disconnect each other), and ``cdc/changefeed`` for the UI and for the in-flight check.
+whose state is normal, unless one is already queued or running for it that is not about to
+end (its successor is requested shortly before its follow time ends: ``defs/handoff.py``).
+Runs carry ``cdc/upstream = host:port/server-id``: pullers sharing an upstream and server id
+never pull at once (they would disconnect each other): a run waits in its op while an
+earlier one of its upstream is in progress, and ``dagster.yaml`` lets at most two of them
+(the ending one and the next) start; and ``cdc/changefeed`` for the UI and for the
+in-flight check.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from typing import Any
 
 import dagster as dg
 
+from cdc_dagster.defs.handoff import lane_runs
 from cdc_dagster.metastore import Metastore
 from cdc_dagster.metastore.changefeeds import wall_ms
 from cdc_dagster.metastore.errors import MetastoreError
@@ -98,7 +102,7 @@ def puller_run_request(
     )
 
 
-def in_flight_pullers(instance: dg.DagsterInstance, job: str = PULLER_JOB) -> set[str]:
+def in_flight_pullers(instance: dg.DagsterInstance, job: str) -> set[str]:
     """Changefeeds with a run of ``job`` queued or running (one query per tick)."""
     records = instance.get_run_records(dg.RunsFilter(job_name=job, statuses=IN_FLIGHT), limit=1000)
     return {r.dagster_run.tags.get(CHANGEFEED_TAG, "") for r in records}
@@ -147,8 +151,10 @@ def puller_requests(
         and (p := metastore.problems.get(cf.changefeed_id, PULLER)) is not None
         and p.retry_at_ms > now
     ]
-    targets = pullers_to_run(feeds, in_flight_pullers(instance), backing_off)
     bounds = PullBounds.from_env()
+    # a changefeed whose one run ends within the handoff time is due its next run
+    busy = lane_runs(instance, PULLER_JOB, CHANGEFEED_TAG, bounds.max_seconds).queued
+    targets = pullers_to_run(feeds, busy, backing_off)
     return [puller_run_request(t, owner_rev, tick, bounds) for t in targets]
 
 

@@ -16,6 +16,7 @@ from test_binlog_puller import changes, execute, gtid_now, table_id
 from cdc_dagster import admin
 from cdc_dagster.defs import build_definitions
 from cdc_dagster.defs.catalog import Catalog
+from cdc_dagster.defs.handoff import handoff_s
 from cdc_dagster.defs.mysql.job import binlog_asset_key
 from cdc_dagster.defs.mysql.requests import (
     CHANGEFEED_TAG,
@@ -190,6 +191,79 @@ def test_a_following_puller_run_holds_through_a_pause_and_pulls_again_on_resume(
         logs = [e.user_message for e in instance.all_logs(done[0].run_id)]
         assert any("waiting up to 60 s for `changefeed resume`" in m for m in logs), logs
         assert any("resumed: pulling again" in m for m in logs), logs
+
+
+def test_a_puller_run_hands_over_to_the_next_without_a_gap_or_a_duplicate(
+    mariadb, mydb, metastore, dagster_env, defs, tmp_path, monkeypatch
+):
+    """The rollover (defs/handoff.py): the owner requests the upstream's next puller run
+    only as the running one's follow time nears its end; the next waits in its op while the
+    first follows on past its time until the next has started; then it resumes where the
+    first persisted. Rows written all along land once each."""
+    follow_s = 8.0
+    monkeypatch.setenv("CDC_DAGSTER_MYSQL_PULL_S", str(follow_s))
+    execute(mariadb, mydb, "CREATE TABLE t (id INT PRIMARY KEY, v INT)")
+    root = tmp_path / "cl"
+    _create(metastore, mariadb, mydb, root)
+    tid = table_id(root, "t")
+    written: list[int] = []
+    writing = threading.Event()
+
+    def writer() -> None:  # ~20 single-row transactions a second, all through the handover
+        n = 0
+        while not writing.is_set():
+            n += 1
+            execute(mariadb, mydb, f"INSERT INTO t VALUES ({n}, 1)")
+            written.append(n)
+            time.sleep(0.05)
+
+    with dg.instance_for_test() as instance:
+        (first,) = _pullers(_tick(defs, instance, None))
+        done: dict[str, object] = {}
+
+        def run(name: str, req: dg.RunRequest) -> threading.Thread:
+            t = threading.Thread(target=lambda: done.update({name: _execute(defs, instance, req)}))
+            t.start()
+            return t
+
+        writes = threading.Thread(target=writer)
+        writes.start()
+        started = time.monotonic()
+        runner_a = run("a", first)
+        started_runs = dg.RunsFilter(job_name=PULLER_JOB, statuses=[dg.DagsterRunStatus.STARTED])
+        while not instance.get_runs_count(started_runs) and time.monotonic() - started < 30:
+            time.sleep(0.05)
+        assert instance.get_runs_count(started_runs) == 1
+        n, second = 0, None
+        while second is None and time.monotonic() - started < follow_s + 30:
+            n += 1
+            reqs = _pullers(_tick(defs, instance, str(n)))
+            if reqs:
+                (second,) = reqs
+                # not before the first run's follow time nears its end (handoff_s: 2 s)
+                assert time.monotonic() - started > follow_s - handoff_s(follow_s) - 1.0
+                assert second.tags[UPSTREAM_TAG] == first.tags[UPSTREAM_TAG]
+            time.sleep(0.3)
+        assert second is not None, "no next puller run requested near the end of the first"
+        runner_b = run("b", second)
+        runner_a.join(timeout=60)
+        assert not runner_a.is_alive()
+        # while the second run waits for nothing more, no third run is requested
+        assert _pullers(_tick(defs, instance, str(n + 1))) == []
+        time.sleep(2.0)
+        writing.set()
+        writes.join()
+        runner_b.join(timeout=60)
+        assert not runner_b.is_alive()
+        a, b = done["a"], done["b"]
+        assert a.success and b.success, [e.message for e in b.all_events if e.is_failure]
+        logs_a = [e.user_message for e in instance.all_logs(a.run_id)]
+        logs_b = [e.user_message for e in instance.all_logs(b.run_id)]
+        assert any(f"handed over to run {b.run_id}" in m for m in logs_a), logs_a
+        assert any("waiting for its earlier run" in m for m in logs_b), logs_b
+        assert any("taking over after" in m for m in logs_b), logs_b
+        ids = [r["c1"] for r in changes(root, tid)]
+        assert sorted(ids) == written, "rows lost or pulled twice across the handover"
 
 
 def test_remove_deletes_the_pullers_change_log_and_staging_unless_asked_to_keep_them(

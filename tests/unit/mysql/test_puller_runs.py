@@ -77,16 +77,16 @@ def test_run_metadata_is_plottable() -> None:
     assert binlog_asset_key("shop-1") == dg.AssetKey(["mysql_binlog", "shop_1"])
 
 
-def test_dagster_yaml_limits_two_runs_per_capture_and_one_puller_per_upstream(
+def test_dagster_yaml_limits_two_runs_per_capture_and_two_pullers_per_upstream(
     tmp_path: Path,
 ) -> None:
     yaml = pytest.importorskip("yaml")
     text = render_dagster_yaml(tmp_path / "storage")
     limits = yaml.safe_load(text)["concurrency"]["runs"]["tag_concurrency_limits"]
     per_value = {"applyLimitPerUniqueValue": True}
-    # the ticking run and its successor waiting in receive (cdc_dagster/defs/capture/handoff.py)
+    # the working run and its successor waiting in its first op (cdc_dagster/defs/handoff.py)
     assert {"key": "dagster/partition", "value": per_value, "limit": 2} in limits
-    assert {"key": UPSTREAM_TAG, "value": per_value, "limit": 1} in limits
+    assert {"key": UPSTREAM_TAG, "value": per_value, "limit": 2} in limits
     (tmp_path / "dagster.yaml").write_text(text)
     instance = dg.DagsterInstance.from_config(str(tmp_path))  # Dagster accepts the config
     try:

@@ -1,0 +1,237 @@
+"""A long-running run hands its work to the next run of its lane without a gap.
+
+Capture runs (``capture_tick``, one lane per capture) and binlog puller runs
+(``mysql_puller``, one lane per upstream and server id) each follow for a while (300 s,
+600 s) and end; the next one used to be requested only once the last had ended: the
+owner's sensor noticed, the run queue launched it, the run worker started it (a warm one
+~1-2 s, a cold one 6-35 s under load), and only then did it tick or reconnect to the
+binlog -- a lag spike in every changefeed of the lane, every few minutes.
+
+Now the runs of a lane overlap by a few seconds, and only one of them works at a time:
+
+- a run tags itself with the wall-clock time its follow loop ends (:data:`FOLLOW_UNTIL_TAG`);
+- the owner's sensor requests the lane's next run once that time is less than
+  :func:`handoff_s` away (:func:`lane_runs`: its ``handoff`` set);
+- the next run's first op waits while an earlier run of its lane is in progress
+  (:func:`wait_for_earlier_runs`): what a run-queue limit of one run per lane did, done by
+  the run itself -- it waits already launched, imported and connected;
+- the ending run goes on past its time until the next run has started (at most
+  :data:`HANDOFF_MAX_S` more, :func:`successor_started`), then stops; the next run's wait
+  ends at once and it takes over.
+
+So two runs of a lane never work at once (the next starts once the earlier is no longer in
+progress, as the queue's limit had it), and the gap is the time from the last work of one
+to the first of the next. (A ``dagster.yaml`` that still allows one run per lane keeps the
+next run queued: the ending run goes on :data:`HANDOFF_MAX_S` longer, then the queue starts
+the next, as before.)
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import dagster as dg
+from dagster._core.storage.dagster_run import IN_PROGRESS_RUN_STATUSES
+
+# When the run's follow loop ends (wall clock, seconds since the epoch), set by the run.
+FOLLOW_UNTIL_TAG = "cdc/follow_until"
+HANDOFF_S = 20.0  # the next run is requested this long before the follow loop ends
+HANDOFF_MAX_S = 60.0  # an ending run goes on at most this long past its time for the next
+# The next run waits at most this long for the earlier one to end (less than
+# stale_runs.UNATTACHED_S: a capture run that never attaches is retired as hung after that).
+WAIT_MAX_S = 240.0
+WAIT_POLL_S = 0.1
+NOT_STARTED = (dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.NOT_STARTED)
+# A canceling run does not hold its lane: the lane's next run is requested (it waits for the
+# canceling one in the run queue, or in its first op).
+SENSOR_IN_PROGRESS = (dg.DagsterRunStatus.STARTING, dg.DagsterRunStatus.STARTED)
+
+
+@dataclass(frozen=True, slots=True)
+class Lane:
+    """The runs of ``job`` tagged ``tag`` = ``value``: one works at a time.
+    ``what`` names the lane in log lines ("capture capture-1")."""
+
+    job: str
+    tag: str
+    value: str
+    what: str
+
+
+@dataclass
+class LaneRuns:
+    """The lanes (tag values) by their unfinished runs, as the owner's sensor sorts them."""
+
+    # a run not started yet, or one in progress that is not ending: the lane is busy
+    queued: set[str] = field(default_factory=set)
+    following: set[str] = field(default_factory=set)  # a run started (takes its mailbox)
+    # its one run in progress ends within handoff_s: request the next one now
+    handoff: set[str] = field(default_factory=set)
+
+
+def follow_until(run: dg.DagsterRun) -> float | None:
+    """When the run's follow loop ends (None: not following yet, or not told)."""
+    try:
+        return float(run.tags[FOLLOW_UNTIL_TAG])
+    except (KeyError, ValueError):
+        return None
+
+
+def handoff_s(follow_s: float) -> float:
+    """How long before a run's follow loop ends its successor is requested: HANDOFF_S, or a
+    quarter of a short loop."""
+    return min(HANDOFF_S, follow_s / 4)
+
+
+def lane_runs(
+    instance: dg.DagsterInstance, job: str, tag: str, follow_s: float, now: float | None = None
+) -> LaneRuns:
+    """Sort the lanes (values of ``tag``) by their unfinished runs of ``job`` (one query).
+
+    Without a follow loop (``follow_s`` 0: a run per tick) only a run not started yet holds
+    its lane (no started run is asked for: none is ``following``). With one, a run in
+    progress does too, unless it is the lane's only unfinished run and its follow loop ends
+    within :func:`handoff_s`: then the lane is due its next run (``handoff``)."""
+    now = time.time() if now is None else now
+    follow = follow_s > 0
+    statuses = [*NOT_STARTED, *(SENSOR_IN_PROGRESS if follow else ())]
+    records = instance.get_run_records(dg.RunsFilter(job_name=job, statuses=statuses), limit=1000)
+    runs: dict[str, list[dg.DagsterRun]] = {}
+    for r in records:
+        if value := r.dagster_run.tags.get(tag):
+            runs.setdefault(value, []).append(r.dagster_run)
+    out = LaneRuns()
+    for value, mine in runs.items():
+        if any(r.status == dg.DagsterRunStatus.STARTED for r in mine):
+            out.following.add(value)
+        until = follow_until(mine[0]) if len(mine) == 1 else None
+        ending = (
+            until is not None
+            and mine[0].status == dg.DagsterRunStatus.STARTED
+            and until - now < handoff_s(follow_s)
+        )
+        (out.handoff if ending else out.queued).add(value)
+    return out
+
+
+def storage_id(instance: dg.DagsterInstance, run_id: str) -> int | None:
+    """The run's place in the run storage's order (None: not found); it never changes."""
+    record = instance.get_run_record_by_id(run_id)
+    return None if record is None else record.storage_id
+
+
+def _others(
+    instance: dg.DagsterInstance, lane: Lane, mine: int | None, statuses: list[Any]
+) -> tuple[list[dg.DagsterRun], list[dg.DagsterRun]]:
+    """The lane's other runs in ``statuses``: created before the run at storage id ``mine``,
+    and after (none when it is not known)."""
+    if mine is None:
+        return [], []
+    records = instance.get_run_records(
+        dg.RunsFilter(job_name=lane.job, statuses=statuses, tags={lane.tag: lane.value}),
+        limit=20,
+    )
+    before = [r.dagster_run for r in records if r.storage_id < mine]
+    after = [r.dagster_run for r in records if r.storage_id > mine]
+    return before, after
+
+
+def wait_for_earlier_runs(
+    instance: dg.DagsterInstance,
+    lane: Lane,
+    run_id: str,
+    log: Callable[[str], None],
+    max_s: float = WAIT_MAX_S,
+) -> float:
+    """Wait while an earlier run of the lane is in progress; seconds waited. Raises
+    ``dg.Failure`` after ``max_s`` or when this run is marked canceling meanwhile."""
+    started = time.monotonic()
+    said = ""
+    mine = storage_id(instance, run_id)  # read once: each poll is one query
+    while True:
+        earlier = _others(instance, lane, mine, list(IN_PROGRESS_RUN_STATUSES))[0]
+        if not earlier:
+            waited = time.monotonic() - started
+            if said:
+                log(f"{lane.what}: run {said} ended; taking over after {waited:.2f} s")
+            return waited
+        names = ", ".join(r.run_id for r in earlier)
+        if not said:
+            said = names
+            log(
+                f"{lane.what}: waiting for its earlier run {names} to end (it goes on until "
+                "this run has started, then hands over)"
+            )
+        own = instance.get_run_by_id(run_id)
+        if own is not None and own.status == dg.DagsterRunStatus.CANCELING:
+            raise dg.Failure(f"{lane.what}: canceled while waiting for run {names}")
+        if time.monotonic() - started > max_s:
+            raise dg.Failure(
+                f"{lane.what}: its earlier run {names} was still in progress after "
+                f"{max_s:.0f} s; this run did nothing. The owner requests another run once "
+                "that one ends (a hung run is failed by run monitoring or retired by the "
+                "owner: cdc_dagster/defs/owner/stale_runs.py)",
+                allow_retries=False,
+            )
+        time.sleep(WAIT_POLL_S)
+
+
+def successor_started(instance: dg.DagsterInstance, lane: Lane, mine: int | None) -> str:
+    """The id of a run of the lane created after the run at storage id ``mine`` that has
+    started (waiting for that one to end), or ""."""
+    later = _others(instance, lane, mine, [dg.DagsterRunStatus.STARTED])[1]
+    return later[0].run_id if later else ""
+
+
+class HandOver:
+    """When an ending run stops: past its time (``until``, monotonic) it goes on until the
+    lane's next run has started (looked up at most once per ``poll_s``), at most
+    ``max_s`` (:data:`HANDOFF_MAX_S`) more. Calling it says why it stops ("" while it goes
+    on)."""
+
+    TIME_UP = "time is up"
+
+    def __init__(
+        self,
+        instance: dg.DagsterInstance,
+        lane: Lane,
+        run_id: str,
+        until: float,
+        poll_s: float,
+        max_s: float = HANDOFF_MAX_S,
+    ) -> None:
+        self.instance, self.lane, self.until, self.poll_s = instance, lane, until, poll_s
+        self.max_s = max_s
+        self.mine = storage_id(instance, run_id)
+        self.checked = 0.0
+
+    def __call__(self) -> str:
+        now = time.monotonic()
+        if now < self.until:
+            return ""
+        if now >= self.until + self.max_s:
+            return f"{self.TIME_UP} (no next run started within {self.max_s:.0f} s)"
+        if now - self.checked < self.poll_s:
+            return ""
+        self.checked = now
+        successor = successor_started(self.instance, self.lane, self.mine)
+        return f"{self.TIME_UP}; handed over to run {successor}" if successor else ""
+
+
+__all__ = [
+    "FOLLOW_UNTIL_TAG",
+    "HANDOFF_MAX_S",
+    "HANDOFF_S",
+    "HandOver",
+    "Lane",
+    "LaneRuns",
+    "follow_until",
+    "handoff_s",
+    "lane_runs",
+    "storage_id",
+    "successor_started",
+    "wait_for_earlier_runs",
+]
