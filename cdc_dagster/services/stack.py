@@ -135,6 +135,11 @@ def warm_snapshot_session(remote: str, keep_s: float = 0.0) -> None:
     a Python worker idle for a minute (``PythonWorkerFactory``), and a snapshot coming later
     started new ones and imported the chunk readers again: 3 s before its first read beside
     a stream."""
+    if keep_s > 0:
+        # its input's end (the supervisor gone) ends the process at once, even in the middle
+        # of a call whose server is gone (Spark Connect's client retries for minutes): from
+        # the start (a keeper whose supervisor died while it opened the session lingered)
+        threading.Thread(target=_exit_at_end_of_input, name="input", daemon=True).start()
     from cdc_dagster.mysql.snapshot_runner import SNAPSHOT_SESSION, warm_imports
     from cdc_dagster.pipeline.engine import shared_session
     from cdc_dagster.pipeline.job import parallelism
@@ -150,9 +155,6 @@ def warm_snapshot_session(remote: str, keep_s: float = 0.0) -> None:
         if keep_s <= 0:
             return
         print(WARMED, flush=True)
-        # its input's end (the supervisor gone) ends the process at once, even in the middle
-        # of a job whose server is gone (Spark Connect's client retries for minutes)
-        threading.Thread(target=_exit_at_end_of_input, name="input", daemon=True).start()
         failures = 0
         while failures < KEEP_FAILURES:
             time.sleep(keep_s)

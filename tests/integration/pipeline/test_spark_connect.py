@@ -212,3 +212,24 @@ def test_the_snapshot_session_is_kept_warm_past_sparks_idle_minute(
     assert keeper.wait(timeout=30) == 0
     time.sleep(0.5)  # the watcher's last word, if any
     assert not any("no longer" in line for line in lines), lines
+
+
+def test_a_keeper_whose_supervisor_is_gone_exits_even_while_its_server_does_not_answer(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The keeper opens its session and runs its first job with Spark Connect's client,
+    which retries an unreachable server for minutes; its input's end (the supervisor gone)
+    still ends it at once. (One from a test whose server had stopped lingered past the
+    suite: it watched its input only once its first job had answered.)"""
+    from cdc_dagster.services import stack
+
+    lines: list[str] = []
+    monkeypatch.setattr(stack, "say", lines.append)
+    keeper = stack._warm_snapshot_session(f"sc://127.0.0.1:{_free_port()}", keep_s=40.0)
+    time.sleep(5.0)
+    assert keeper.poll() is None  # retrying: nothing listens there
+    assert keeper.stdin is not None
+    closed = time.monotonic()
+    keeper.stdin.close()
+    assert keeper.wait(timeout=10) == 0
+    assert time.monotonic() - closed < 5.0
