@@ -140,6 +140,9 @@ def warm_snapshot_session(remote: str, keep_s: float = 0.0) -> None:
         # of a call whose server is gone (Spark Connect's client retries for minutes): from
         # the start (a keeper whose supervisor died while it opened the session lingered)
         threading.Thread(target=_exit_at_end_of_input, name="input", daemon=True).start()
+        # a Ctrl-C in the terminal reaches it too: the supervisor ends it (its input), so the
+        # stack's log does not say "no longer kept warm (KeyboardInterrupt)" on every stop
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
     from cdc_dagster.mysql.snapshot_runner import SNAPSHOT_SESSION, warm_imports
     from cdc_dagster.pipeline.engine import shared_session
     from cdc_dagster.pipeline.job import parallelism
