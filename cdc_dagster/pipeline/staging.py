@@ -68,6 +68,11 @@ class TableRecord:
     # Wall ms the writes of the sink phase that last wrote it took (its changefeed's tables
     # on this capture): its next waits in proportion (sink_duty).
     sink_ms: int = 0
+    # The sink's committed ts for the table when it is below ``checkpoint_ts`` (0: at it):
+    # a batch without a row change advances the checkpoint without a sink write (an idle
+    # table costs no commit per tick), so the next write starts here (the sink's own
+    # record), and nothing of the table lies in (sink_ts, checkpoint_ts].
+    sink_ts: int = 0
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -84,6 +89,7 @@ class TableRecord:
             "rows_applied": self.rows_applied,
             "sunk_at_ms": self.sunk_at_ms,
             "sink_ms": self.sink_ms,
+            "sink_ts": self.sink_ts,
         }
 
     @staticmethod
@@ -102,6 +108,7 @@ class TableRecord:
             rows_applied=obj.get("rows_applied", 0),
             sunk_at_ms=obj.get("sunk_at_ms", 0),
             sink_ms=obj.get("sink_ms", 0),
+            sink_ts=obj.get("sink_ts", 0),
         )
 
 
