@@ -521,6 +521,36 @@ def resume_changefeed(ms: Metastore, changefeed_id: str) -> ChangefeedStatus:
     return ms.changefeeds.resume(changefeed_id)
 
 
+REMOVE_WAIT_S = 15.0  # how long a remove waits for the changefeed's puller to stop
+
+
+def wait_for_puller(root: Path, max_s: float | None = None, poll_s: float = 0.2) -> bool:
+    """Wait while a binlog puller holds the change log ``root``'s lock (``puller/lock``,
+    an exclusive flock for its run), at most ``max_s`` (``REMOVE_WAIT_S``); True once
+    nothing holds it (or there is none)."""
+    import fcntl
+    import os
+    import time
+
+    path = root / "puller" / "lock"
+    deadline = time.monotonic() + (REMOVE_WAIT_S if max_s is None else max_s)
+    while True:
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except FileNotFoundError:
+            return True
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True  # released when the fd closes
+        except BlockingIOError:
+            pass
+        finally:
+            os.close(fd)
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(poll_s)
+
+
 def remove_changefeed(
     ms: Metastore,
     changefeed_id: str,
@@ -532,12 +562,22 @@ def remove_changefeed(
     ``keep_state``, what it kept on disk goes too: the change log its binlog puller wrote
     (with the puller's position) for a ``mysql://`` upstream, and its captures' staging
     under ``staging_root``. A ``changelog://`` upstream's log is another producer's: kept.
+    The change log is removed once its binlog puller has stopped (``wait_for_puller``).
     Returns the directories removed."""
     info = ms.changefeeds.get(changefeed_id).info
     ms.changefeeds.remove(changefeed_id)
     if keep_state:
         return []
     dirs = [Path(changelog_path(info.upstream_uri))] if is_mysql_uri(info.upstream_uri) else []
+    for root in dirs:
+        # Its puller run sees the removal within a second and stops: its files deleted
+        # under it, it failed instead (a `mysql_puller` run failed on every remove).
+        if not wait_for_puller(root):
+            log.warning(
+                "changefeed %s: its binlog puller still holds %s after %.0f s; its change "
+                "log is removed anyway (that run fails)",
+                changefeed_id, root / "puller" / "lock", REMOVE_WAIT_S,
+            )  # fmt: skip
     if staging_root is not None:
         dirs.append(Path(staging_root) / changefeed_id)
     removed = [d for d in dirs if d.is_dir()]

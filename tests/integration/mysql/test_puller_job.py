@@ -282,3 +282,44 @@ def test_remove_deletes_the_pullers_change_log_and_staging_unless_asked_to_keep_
     assert admin.remove_changefeed(metastore, "keep", keep_state=True, staging_root=staging) == []
     assert (kept / "FORMAT").exists()
     assert metastore.changefeeds.list() == []
+
+
+def test_remove_waits_for_the_pullers_lock_before_deleting_its_change_log(
+    mariadb, mydb, metastore, tmp_path, monkeypatch
+):
+    """A puller run sees the removal within a second and stops; its change log was deleted
+    under it before, and the run failed (``UnknownTableError``). A puller that does not let
+    go within ``REMOVE_WAIT_S`` does not hold the remove up for ever."""
+    import fcntl
+    import threading
+
+    execute(mariadb, mydb, "CREATE TABLE r (id INT PRIMARY KEY)")
+    root = tmp_path / "log"
+    _create(metastore, mariadb, mydb, root, cf="busy")
+    (root / "puller").mkdir(exist_ok=True)
+    holder = open(root / "puller" / "lock", "a+")  # noqa: SIM115 - the puller's flock
+    fcntl.flock(holder, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    seen: dict[str, bool] = {}
+
+    def puller_stops() -> None:
+        seen["still there"] = (root / "FORMAT").exists()
+        holder.close()
+
+    threading.Timer(1.5, puller_stops).start()
+    t0 = time.monotonic()
+    assert admin.remove_changefeed(metastore, "busy") == [root]
+    assert time.monotonic() - t0 >= 1.4
+    assert seen == {"still there": True} and not root.exists()
+    # One that never lets go: removed anyway once the wait is over.
+    other = tmp_path / "other"
+    _create(metastore, mariadb, mydb, other, cf="stuck")
+    (other / "puller").mkdir(exist_ok=True)
+    stuck = open(other / "puller" / "lock", "a+")  # noqa: SIM115
+    fcntl.flock(stuck, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    monkeypatch.setattr(admin, "REMOVE_WAIT_S", 0.5)
+    t0 = time.monotonic()
+    try:
+        assert admin.remove_changefeed(metastore, "stuck") == [other]
+    finally:
+        stuck.close()
+    assert 0.5 <= time.monotonic() - t0 < 5 and not other.exists()
