@@ -83,3 +83,37 @@ def test_follow_ticks_log_every_materialization_of_a_small_capture_and_throttle_
     )
     assert [e.asset_key for e in big.select(changed, 6.0)] == [changed[0].asset_key]
     assert len(big.select(changed, 15.0)) == 49  # due again (the changed one logged at 6 s)
+
+
+def test_follow_ticks_log_an_idle_tables_materialization_every_idle_every_s_unless_it_waits_at_a_barrier() -> (
+    None
+):
+    """An idle table's checkpoint only follows its resolved ts: logged every ``idle_every_s``
+    (an event-log write each, most of an idle capture's CPU). A table with rows applied
+    since it was logged is logged each tick; one that stopped at its barrier (a DDL's gate
+    reads its checkpoint) at once."""
+    from cdc_dagster.defs.tables.assets import MaterializationThrottle
+
+    def event(i: int, rows: int, checkpoint: int, barrier: int) -> dg.AssetMaterialization:
+        return dg.AssetMaterialization(
+            asset_key=dg.AssetKey(["replica", "db", f"t{i}"]),
+            metadata={"state": "replicating", "capture": "c1", "rows_applied": rows,
+                      "checkpoint_ts_raw": checkpoint, "barrier_ts_raw": barrier},
+        )  # fmt: skip
+
+    throttle = MaterializationThrottle(free=10, every_s=15, idle_every_s=10)
+    keys = lambda out: sorted(e.asset_key.path[-1] for e in out)  # noqa: E731
+    assert keys(throttle.select([event(i, 5, 100, 90) for i in range(3)], 0.0)) == [
+        "t0",
+        "t1",
+        "t2",
+    ]
+    # t0 applied rows, t1 idle, t2 stopped at its barrier (a DDL waits for it)
+    tick = [event(0, 9, 200, 90), event(1, 5, 200, 90), event(2, 5, 150, 150)]
+    assert keys(throttle.select(tick, 2.0)) == ["t0", "t2"]
+    # still held at the same checkpoint: not again; the idle one not yet due
+    tick = [event(0, 9, 300, 90), event(1, 5, 300, 90), event(2, 5, 150, 150)]
+    assert keys(throttle.select(tick, 4.0)) == []
+    tick = [event(0, 9, 400, 90), event(1, 5, 400, 90), event(2, 5, 150, 150)]
+    assert keys(throttle.select(tick, 10.0)) == ["t1"]  # due: 10 s since it was logged
+    assert keys(throttle.select(tick, 12.5)) == ["t0", "t2"]  # theirs at 2.0 s
