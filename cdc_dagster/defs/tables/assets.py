@@ -130,7 +130,9 @@ class MaterializationThrottle:
             md = event.metadata
             sig = f"{_value(md, 'state')}|{_value(md, 'capture')}"
             rows, checkpoint = _value(md, "rows_applied"), _value(md, "checkpoint_ts_raw")
+            # stopped at its barrier short of its resolved ts: a DDL waits for it
             held = checkpoint is not None and checkpoint == _value(md, "barrier_ts_raw")
+            held = held and (_value(md, "resolved_ts_raw") or 0) > checkpoint
             last = self._last.get(event.asset_key)
             if (
                 last is None

@@ -98,7 +98,8 @@ def test_follow_ticks_log_an_idle_tables_materialization_every_idle_every_s_unle
         return dg.AssetMaterialization(
             asset_key=dg.AssetKey(["replica", "db", f"t{i}"]),
             metadata={"state": "replicating", "capture": "c1", "rows_applied": rows,
-                      "checkpoint_ts_raw": checkpoint, "barrier_ts_raw": barrier},
+                      "checkpoint_ts_raw": checkpoint, "barrier_ts_raw": barrier,
+                      "resolved_ts_raw": max(checkpoint, 500)},
         )  # fmt: skip
 
     throttle = MaterializationThrottle(free=10, every_s=15, idle_every_s=10)
@@ -117,3 +118,7 @@ def test_follow_ticks_log_an_idle_tables_materialization_every_idle_every_s_unle
     tick = [event(0, 9, 400, 90), event(1, 5, 400, 90), event(2, 5, 150, 150)]
     assert keys(throttle.select(tick, 10.0)) == ["t1"]  # due: 10 s since it was logged
     assert keys(throttle.select(tick, 12.5)) == ["t0", "t2"]  # theirs at 2.0 s
+    # caught up, its checkpoint at an owner's barrier that is its resolved ts: not held
+    idle_at_barrier = [event(1, 5, 500 + k, 500 + k) for k in (1, 2, 3)]
+    assert keys(throttle.select(idle_at_barrier[:1], 13.0)) == []
+    assert keys(throttle.select(idle_at_barrier[1:2], 14.0)) == []
