@@ -73,15 +73,23 @@ def sink_state(tmp_path: Path, w: Workload, t: int) -> tuple[int, int]:
     )
 
 
-def test_an_idle_table_moves_its_checkpoint_without_a_commit_and_writes_on_from_the_sink(
+def written_once(
     tmp_path: Path, spark: Any, writer: Any
-) -> None:
+) -> tuple[Workload, Clock, SparkTableExecutor, int]:
+    """Tables 1 and 2 replicating, one batch of changes each written; that batch's ts."""
     w = Workload(writer, [1, 2])
     clock = Clock(BASE_MS / 1000 + 10)
     ex = make(tmp_path, spark, clock)
     start(ex, [1, 2], ts(1))
     first = write_only(w, [1, 2])
     ex.advance()
+    return w, clock, ex, first
+
+
+def test_an_idle_table_moves_its_checkpoint_without_a_commit_and_writes_on_from_the_sink(
+    tmp_path: Path, spark: Any, writer: Any
+) -> None:
+    w, clock, ex, first = written_once(tmp_path, spark, writer)
     assert {r.checkpoint_ts for r in ex.tables().values()} == {first}
     before = {t: sink_state(tmp_path, w, t) for t in (1, 2)}
     assert before[2][1] == first
@@ -153,12 +161,7 @@ def test_an_idle_stretch_still_commits_at_each_syncpoint(
 def test_a_new_primary_takes_a_table_whose_sink_is_behind_only_if_nothing_changed_since(
     tmp_path: Path, spark: Any, writer: Any
 ) -> None:
-    w = Workload(writer, [1, 2])
-    clock = Clock(BASE_MS / 1000 + 10)
-    old = make(tmp_path, spark, clock)
-    start(old, [1, 2], ts(1))
-    first = write_only(w, [1, 2])
-    old.advance()
+    w, clock, old, first = written_once(tmp_path, spark, writer)
     quiet = idle(w)
     clock.now += 1
     old.advance()
