@@ -92,8 +92,9 @@ _PULLING = (T.PREPARING, T.PREPARED, T.REPLICATING)
 
 PACE_MAX_MS = 5_000  # a paced table's batch waits at most this long (sink_duty)
 PACE_ROWS = 10_000  # ... and only after a write of fewer rows (a trickle, not a backlog)
-# A table without row changes writes its checkpoint to the sink at most this often (its
-# checkpoint moves every tick all the same: SparkTableExecutor._idle).
+# A table without row changes writes its checkpoint to the sink once the sink's record is
+# this far behind it, in commit-ts time (its checkpoint moves every tick all the same:
+# SparkTableExecutor._idle).
 IDLE_SINK_MS = 30_000
 
 
@@ -481,6 +482,8 @@ class SparkTableExecutor:
             if self._idle(rec, spec):  # no row change: the checkpoint moves, nothing written
                 rec.sink_ts = rec.sink_ts or rec.checkpoint_ts
                 rec.checkpoint_ts = spec["upto"]
+                # as the empty commit did: a backlog after an idle stretch gathers from here
+                rec.sunk_at_ms = self._now_ms()
                 continue
             if self._gathers(rec, spec) or self._paced(rec, spec):
                 continue
@@ -594,7 +597,8 @@ class SparkTableExecutor:
         """Whether the table's batch only moves its checkpoint, with nothing that needs the
         sink to record it: replicating (a stopping table's last flush is written), no row
         change staged in it, no DDL or barrier waiting for it, no syncpoint in it or at its
-        end, and the sink recorded the table less than ``IDLE_SINK_MS`` ago. Its checkpoint
+        end, and the sink's record is less than ``IDLE_SINK_MS`` (of commit ts) behind the
+        batch's end. Its checkpoint
         moves without a sink commit: an idle table cost one commit per tick (~10-30 ms of
         CPU each: a changefeed of 100 quiet tables kept a capture's core a third busy). The
         sink's record stays behind (``sink_ts``), with nothing of the table in between; a
@@ -603,7 +607,8 @@ class SparkTableExecutor:
             return False
         if spec["syncpoints"] or spec["copy_at"]:
             return False
-        return self._now_ms() - rec.sunk_at_ms < IDLE_SINK_MS
+        recorded = rec.sink_ts or rec.checkpoint_ts
+        return physical_ms(spec["upto"]) - physical_ms(recorded) < IDLE_SINK_MS
 
     def _paced(self, rec: TableRecord, spec: dict[str, Any]) -> bool:
         """Whether the table's batch waits so the changefeed's sink writes take at most

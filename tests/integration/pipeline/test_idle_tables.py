@@ -24,11 +24,13 @@ from scheduler_core.model import Checkpoint
 
 
 def make(
-    tmp_path: Path, spark: Any, clock: Clock, capture: str = "c1", interval_ms: int | None = None
-) -> SparkTableExecutor:
+    tmp_path: Path, spark: Any, clock: Clock, capture: str = "c1", interval_ms: int | None = None,
+    behind_s: float = 0.0,
+) -> SparkTableExecutor:  # fmt: skip
     ex = SparkTableExecutor.load(
         capture, "cf", changelog_reader(tmp_path / "log"), f"delta://{tmp_path / 'delta'}",
         tmp_path / f"staging-{capture}", spark, clock=clock, sync_point_interval_ms=interval_ms,
+        batch_behind_s=behind_s,
     )  # fmt: skip
     ex.set_barrier(OPEN)
     return ex
@@ -120,10 +122,14 @@ def test_an_idle_table_moves_its_checkpoint_without_a_commit_and_writes_on_from_
     assert sink_state(tmp_path, w, 2) == (before[2][0] + 1, third)
     assert delta_content(tmp_path / "delta", w.schemas[2]) == w.expected(2, third)
     assert delta_content(tmp_path / "delta", w.schemas[1]) == w.expected(1, third)
-    # Idle for longer than IDLE_SINK_MS since its last write: the sink records it again.
+    # Idle: the sink's record falls behind, up to IDLE_SINK_MS of commit ts; then written.
     version = sink_state(tmp_path, w, 1)[0]
-    later = idle(w)
-    clock.now += IDLE_SINK_MS / 1000 + 1
+    idle(w, IDLE_SINK_MS // 1000 - 5)
+    clock.now += 1
+    ex.advance()
+    assert sink_state(tmp_path, w, 1)[0] == version
+    later = idle(w, 6)
+    clock.now += 1
     ex.advance()
     assert sink_state(tmp_path, w, 1) == (version + 1, later)
     assert ex.tables()[1].sink_ts == 0
@@ -185,3 +191,29 @@ def test_a_new_primary_takes_a_table_whose_sink_is_behind_only_if_nothing_change
     new.pull_phase()
     with pytest.raises(ExecutorContractError, match="previous primary's writes"):
         new.commit(2, Checkpoint(later, later))
+
+
+def test_a_backlog_after_an_idle_stretch_gathers_as_after_a_write(
+    tmp_path: Path, spark: Any, writer: Any
+) -> None:
+    """A backlog's batches gather for ``batch_behind_s`` from the table's last commit; an
+    idle batch counts as one (it was an empty commit), else a backlog arriving after a
+    pause committed at its first tick, a MERGE more per table."""
+    w = Workload(writer, [1])
+    clock = Clock(BASE_MS / 1000 + 2)
+    ex = make(tmp_path, spark, clock, behind_s=10)
+    start(ex, [1], ts(1))  # its last commit: at 2 s
+    idle(w, 20)  # ts(21): less than IDLE_SINK_MS behind, no write
+    clock.now = BASE_MS / 1000 + 25
+    ex.advance()
+    assert ex.status(1).checkpoint.checkpoint_ts == ts(21)
+    version = sink_state(tmp_path, w, 1)[0]
+    backlog = write_only(w, [1])  # ts(22), read 11 s after it was written: a backlog
+    clock.now = BASE_MS / 1000 + 33
+    ex.advance()
+    assert ex.status(1).checkpoint.checkpoint_ts == ts(21)  # gathers: 8 s since the idle one
+    assert sink_state(tmp_path, w, 1)[0] == version
+    clock.now += 10
+    ex.advance()
+    assert ex.status(1).checkpoint.checkpoint_ts == backlog
+    assert delta_content(tmp_path / "delta", w.schemas[1]) == w.expected(1, backlog)
