@@ -25,7 +25,7 @@ draining a backlog one large commit per table is many times cheaper than one per
 
 A table whose batch holds no row change (idle: only its resolved ts moved) advances its
 checkpoint without a sink write, unless it is stopping, a DDL, barrier or syncpoint needs
-the sink to record it, or its last write is ``IDLE_SINK_MS`` old (``_idle``): the sink's
+the sink to record it, or the sink's record is ``IDLE_SINK_MS`` behind (``_idle``): the sink's
 committed ts stays behind (``sink_ts``; nothing of the table in between) and the next write
 starts there. A new primary given a checkpoint above the downstream's committed ts checks
 the change log has nothing of the table in between before it takes the table.
