@@ -22,6 +22,7 @@ import hashlib
 import json
 import logging
 import shutil
+import time
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -34,7 +35,7 @@ from cdc_dagster.metastore.errors import ChangefeedNotFoundError, MetastoreError
 from cdc_dagster.metastore.validation import TableFilter
 from cdc_dagster.mysql.catalog import CatalogError
 from cdc_dagster.mysql.changefeed import discard_snapshot, take_initial_snapshot
-from cdc_dagster.mysql.puller import PullerError
+from cdc_dagster.mysql.puller import PullerError, lock_path, pulling
 from cdc_dagster.mysql.resnapshot import split_name
 from cdc_dagster.mysql.snapshots import SnapshotProgress, snapshot_progress
 from cdc_dagster.mysql.state import PullerState, load_state
@@ -525,30 +526,14 @@ REMOVE_WAIT_S = 15.0  # how long a remove waits for the changefeed's puller to s
 
 
 def wait_for_puller(root: Path, max_s: float | None = None, poll_s: float = 0.2) -> bool:
-    """Wait while a binlog puller holds the change log ``root``'s lock (``puller/lock``,
-    an exclusive flock for its run), at most ``max_s`` (``REMOVE_WAIT_S``); True once
-    nothing holds it (or there is none)."""
-    import fcntl
-    import os
-    import time
-
-    path = root / "puller" / "lock"
+    """Wait while a binlog puller holds the change log ``root``'s lock (``puller.pulling``),
+    at most ``max_s`` (``REMOVE_WAIT_S``); True once nothing holds it (or there is none)."""
     deadline = time.monotonic() + (REMOVE_WAIT_S if max_s is None else max_s)
-    while True:
-        try:
-            fd = os.open(path, os.O_RDONLY)
-        except FileNotFoundError:
-            return True
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return True  # released when the fd closes
-        except BlockingIOError:
-            pass
-        finally:
-            os.close(fd)
+    while pulling(root):
         if time.monotonic() >= deadline:
             return False
         time.sleep(poll_s)
+    return True
 
 
 def remove_changefeed(
@@ -576,7 +561,7 @@ def remove_changefeed(
             log.warning(
                 "changefeed %s: its binlog puller still holds %s after %.0f s; its change "
                 "log is removed anyway (that run fails)",
-                changefeed_id, root / "puller" / "lock", REMOVE_WAIT_S,
+                changefeed_id, lock_path(root), REMOVE_WAIT_S,
             )  # fmt: skip
     if staging_root is not None:
         dirs.append(Path(staging_root) / changefeed_id)

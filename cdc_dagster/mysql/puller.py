@@ -311,7 +311,7 @@ class Puller:
 
     def _lock(self):
         """One puller per change log: an exclusive flock on ``<root>/puller/lock``."""
-        path = Path(self.root) / "puller" / "lock"
+        path = lock_path(self.root)
         path.parent.mkdir(parents=True, exist_ok=True)
         f = open(path, "a+")  # noqa: SIM115 - held for the run
         try:
@@ -597,10 +597,15 @@ class Puller:
         self.stats.position = self.state.gtid
 
 
+def lock_path(root: str | Path) -> Path:
+    """The change log's puller lock: a puller run holds an exclusive flock on it."""
+    return Path(root) / "puller" / "lock"
+
+
 def pulling(root: str | Path) -> bool:
     """Whether a puller holds the change log's puller lock at ``root`` (reads the binlog
     into it now; a run holding through a pause does not)."""
-    path = Path(root) / "puller" / "lock"
+    path = lock_path(root)
     if not path.exists():
         return False
     with open(path, "a+") as f:
