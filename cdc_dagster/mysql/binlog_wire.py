@@ -14,6 +14,7 @@ pymysql opens and authenticates the connection; its socket is then read directly
 
 from __future__ import annotations
 
+import select
 import struct
 import zlib
 from collections.abc import Iterator
@@ -112,6 +113,18 @@ class BinlogStream:
             self.conn.close()
         except pymysql.MySQLError:
             self.conn._force_close()  # the server is gone already
+
+    def drained(self) -> bool:
+        """Whether the server has sent nothing more for now: no byte waits on the socket
+        (nor in its TLS layer). Between two of ``batches()``'s lists: the end of a backlog."""
+        pending = getattr(self.sock, "pending", None)  # an SSLSocket's decrypted bytes
+        if pending is not None and pending():
+            return False
+        try:
+            readable, _, _ = select.select([self.sock], [], [], 0)
+        except (OSError, ValueError):  # closed: the next read says how
+            return False
+        return not readable
 
     def events(self) -> Iterator[RawEvent]:
         """Raw events: ``(type, timestamp, server_id, log_pos, body)``."""

@@ -73,6 +73,10 @@ REFUSED = {
 _Change = tuple[int, bytes, int, bytes]  # table id, table-map body, op, rows payload
 _UNKNOWN = object()  # a table map not looked at since the plans were forgotten
 FIRST_FLUSH_S = 0.25  # a pull's first flush, this long after it starts
+# Row-event bytes buffered when the stream has nothing more to send (a backlog's end) that
+# are flushed at once, not at the interval's end: a drained backlog's last rows waited up
+# to a second (or the next heartbeat) for it. A trickle flushes once per interval as before.
+DRAINED_FLUSH_BYTES = 1 << 20
 
 __all__ = [
     "Puller",
@@ -418,6 +422,13 @@ class Puller:
                     self._take_requests()
                     if time.monotonic() - self.last_flush >= interval:
                         self.flush()
+            if (
+                self.buffered >= DRAINED_FLUSH_BYTES
+                and self.trx_gtid is None
+                and not self.trx
+                and stream.drained()
+            ):
+                self.flush()  # caught up with a backlog: its rows go out now
         return seen
 
     def _other(self, typ: int, when: float, log_pos: int, body: bytes) -> None:

@@ -196,6 +196,48 @@ def test_idle_upstream_resolved_marks_follow_the_clock(mariadb, mydb, tmp_path):
     assert max(lags) < 2.5, lags
 
 
+def test_a_backlogs_last_rows_are_flushed_when_the_stream_is_drained_not_at_the_interval(
+    mariadb, mydb, tmp_path
+):
+    """A backlog of more than DRAINED_FLUSH_BYTES: once the server has sent it all, its rows
+    are in the change log at once, not at the next interval (60 s here) or heartbeat (4 s):
+    the captures of a resumed changefeed waited for that to sink its backlog's end."""
+    import time
+
+    from cdc_dagster.mysql.puller import DRAINED_FLUSH_BYTES
+    from cdc_dagster.mysql.state import load_state
+
+    root = tmp_path / "cl"
+    execute(mariadb, mydb, "CREATE TABLE t (id INT PRIMARY KEY, pad VARCHAR(600))")
+    pull_until_caught_up(mariadb, root, mydb)
+    tid = table_id(root, "t")
+    n = 2 * DRAINED_FLUSH_BYTES // 500
+    for lo in range(0, n, 500):  # the backlog: ~2 MiB of row events in a few transactions
+        values = ", ".join(f"({i}, REPEAT('x', 500))" for i in range(lo, min(lo + 500, n)))
+        execute(mariadb, mydb, f"INSERT INTO t VALUES {values}")
+    target = gtid_now(mariadb)
+    cfg = PullerConfig(mariadb.uri(), str(root), (f"{mydb}.*",), flush_interval_s=60.0,
+                       heartbeat_s=4.0)  # fmt: skip
+    started = time.monotonic()
+    seen: list[float] = []
+
+    def watch() -> None:  # the captures' view: the puller's state on disk
+        while not seen and time.monotonic() - started < TIMEOUT:
+            state = load_state(root)
+            if state is not None and state.gtid == target:
+                seen.append(time.monotonic() - started)
+            time.sleep(0.05)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    run_puller(cfg, stop_after=lambda s: bool(seen) or _late(s))  # ends at a heartbeat
+    watcher.join()
+    # without the drained flush, the backlog's end waits for the heartbeat 4 s after it
+    assert seen and seen[0] < 3.0, f"the backlog's end was flushed after {seen} s"
+    rows = changes(root, tid)
+    assert sorted(r["c1"] for r in rows) == list(range(n))
+
+
 def test_snapshot_and_concurrent_writes_arrive_exactly_once(mariadb, mydb, tmp_path):
     root = tmp_path / "cl"
     execute(mariadb, mydb, "CREATE TABLE s (id INT PRIMARY KEY, v INT NOT NULL, tag CHAR(3))",
