@@ -12,8 +12,9 @@ module at niceness ``BULK_NICE``: the stream's ticks come first, the bulk work t
 left. (The worker is the capture run's child, in the daemon's session with every run: the
 niceness counts against them even under Linux's autogroup scheduling, which weighs
 sessions against each other and niceness only within one.)
-The worker is started on first use (spawned: nothing of the capture's threads, gRPC
-channels or Dagster state is forked) and kept for the run's next bulk phases. The phase
+The worker is started when a capture's follow loop begins (``warm``), or on first use
+(spawned: nothing of the capture's threads, gRPC channels or Dagster state is forked), and
+kept for the run's next bulk phases. The phase
 functions are the Spark tasks' own (``spark_tasks.pull_table`` / ``sink_table``): pure
 functions of a JSON spec, fenced at the sink like any task. A worker that dies (killed,
 out of memory) fails that phase -- the changefeed's failure, retried by the next tick --
@@ -27,7 +28,7 @@ import multiprocessing
 import os
 import threading
 from collections.abc import Callable, Sequence
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from typing import TypeVar
 
@@ -63,6 +64,29 @@ def _get_pool() -> ProcessPoolExecutor:
                 initargs=(BULK_NICE,),
             )
         return _pool
+
+
+def _load_phases() -> None:
+    """In the worker: import what the phases run (Delta, the sinks, the mounting)."""
+    import cdc_dagster.pipeline.spark_tasks
+    import cdc_dagster.sinks.delta  # noqa: F401
+
+
+def _warmed(done: Future[None]) -> None:
+    if not done.cancelled() and done.exception() is not None:
+        log.warning("the background worker did not start: %s (the first bulk phase "
+                    "starts one)", done.exception())  # fmt: skip
+
+
+def warm() -> None:
+    """Start the worker and load the phases' modules in it now, without waiting: a run's
+    first bulk phase -- a backlog's rows after `changefeed resume`, a snapshot's released
+    table -- otherwise paid the worker's start and imports (0.5-1 s at niceness 10 under
+    load) before any of its work. A capture's follow loop calls it as it begins."""
+    try:
+        _get_pool().submit(_load_phases).add_done_callback(_warmed)
+    except RuntimeError as exc:  # shutting down: the next phase starts a worker
+        log.warning("the background worker was not started: %s", exc)
 
 
 def _discard(pool: ProcessPoolExecutor) -> None:

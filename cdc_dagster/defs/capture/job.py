@@ -374,6 +374,10 @@ def build_follow_op(catalog: Catalog) -> dg.OpDefinition:
             return
         f = _Follow(context, cdc, received)
         started = time.monotonic()
+        if cdc.settings().bulk_tick_rows > 0:
+            from cdc_dagster.pipeline import background
+
+            background.warm()  # ready for the loop's first bulk phase (a backlog, a snapshot)
         # When this loop ends: the owner requests the capture's next run shortly before
         context.instance.add_run_tags(
             context.run_id, {FOLLOW_UNTIL_TAG: f"{time.time() + config.seconds:.3f}"}

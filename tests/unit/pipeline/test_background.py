@@ -14,6 +14,12 @@ def _where(_: int) -> tuple[int, int]:
     return os.getpid(), os.getpriority(os.PRIO_PROCESS, 0)
 
 
+def _loaded(_: int) -> tuple[int, bool]:
+    import sys
+
+    return os.getpid(), "deltalake" in sys.modules and "cdc_dagster.sinks.delta" in sys.modules
+
+
 def _die(_: int) -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
@@ -43,3 +49,14 @@ def test_a_worker_that_dies_fails_that_phase_and_the_next_starts_a_new_one() -> 
         background.run_in_background(_die, [1])
     (again,) = background.run_in_background(_where, [1])
     assert again[0] != first[0]
+
+
+def test_warm_starts_the_worker_with_the_phases_modules_before_the_first_bulk_phase() -> None:
+    """A capture's follow loop warms the worker as it begins: its first bulk phase (a
+    backlog after a resume) found none and paid the start and imports before its work."""
+    background.warm()  # returns at once: the worker starts beside the caller
+    (got,) = background.run_in_background(_loaded, [1])
+    assert got[1], "the worker had not loaded the phases' modules"
+    assert got[0] != os.getpid()
+    # the same worker serves the phases after it
+    assert background.run_in_background(_where, [1])[0][0] == got[0]
