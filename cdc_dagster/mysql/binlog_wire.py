@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import select
 import struct
+import time
 import zlib
 from collections.abc import Iterator
 from typing import Any
@@ -37,6 +38,10 @@ HEADER = struct.Struct("<IBIIIH")  # timestamp, type, server id, event size, log
 EVENT_HEAD = struct.Struct("<IBIBIIIH")
 PACKET_LENGTH = struct.Struct("<I")
 READ_CHUNK = 1 << 20
+# No byte for this long: the server has sent what it had. Reading a backlog, a reader
+# faster than the server's dump thread finds the socket empty for moments (tens of ms seen).
+DRAINED_WAIT_S = 0.02  # at the live edge (the last event is at most a second old)
+DRAINED_BEHIND_WAIT_S = 0.3  # behind it
 
 RawEvent = tuple[int, int, int, int, bytes]  # type, timestamp, server id, log pos, body
 
@@ -114,14 +119,19 @@ class BinlogStream:
         except pymysql.MySQLError:
             self.conn._force_close()  # the server is gone already
 
-    def drained(self) -> bool:
+    def drained(self, last_event_time: float) -> bool:
         """Whether the server has sent nothing more for now: no byte waits on the socket
-        (nor in its TLS layer). Between two of ``batches()``'s lists: the end of a backlog."""
+        (nor in its TLS layer), nor comes within DRAINED_WAIT_S, or DRAINED_BEHIND_WAIT_S
+        when the last event read (its binlog timestamp, ``last_event_time``) is more than a
+        second old. Between two of ``batches()``'s lists: the end of a backlog."""
         pending = getattr(self.sock, "pending", None)  # an SSLSocket's decrypted bytes
         if pending is not None and pending():
             return False
+        behind = time.time() - last_event_time > 1.0
         try:
-            readable, _, _ = select.select([self.sock], [], [], 0)
+            readable, _, _ = select.select(
+                [self.sock], [], [], DRAINED_BEHIND_WAIT_S if behind else DRAINED_WAIT_S
+            )
         except (OSError, ValueError):  # closed: the next read says how
             return False
         return not readable

@@ -196,6 +196,18 @@ def test_idle_upstream_resolved_marks_follow_the_clock(mariadb, mydb, tmp_path):
     assert max(lags) < 2.5, lags
 
 
+def _backlog(mariadb, db: str, root: Path, n_bytes: int) -> tuple[int, int, str]:
+    """A table caught up in the change log at ``root``, then ~``n_bytes`` of row events
+    written past it in transactions of 500 rows: its id, the rows, the upstream's GTID."""
+    execute(mariadb, db, "CREATE TABLE t (id INT PRIMARY KEY, pad VARCHAR(600))")
+    pull_until_caught_up(mariadb, root, db)
+    n = n_bytes // 500
+    for lo in range(0, n, 500):
+        values = ", ".join(f"({i}, REPEAT('x', 500))" for i in range(lo, min(lo + 500, n)))
+        execute(mariadb, db, f"INSERT INTO t VALUES {values}")
+    return table_id(root, "t"), n, gtid_now(mariadb)
+
+
 def test_a_backlogs_last_rows_are_flushed_when_the_stream_is_drained_not_at_the_interval(
     mariadb, mydb, tmp_path
 ):
@@ -208,14 +220,7 @@ def test_a_backlogs_last_rows_are_flushed_when_the_stream_is_drained_not_at_the_
     from cdc_dagster.mysql.state import load_state
 
     root = tmp_path / "cl"
-    execute(mariadb, mydb, "CREATE TABLE t (id INT PRIMARY KEY, pad VARCHAR(600))")
-    pull_until_caught_up(mariadb, root, mydb)
-    tid = table_id(root, "t")
-    n = 2 * DRAINED_FLUSH_BYTES // 500
-    for lo in range(0, n, 500):  # the backlog: ~2 MiB of row events in a few transactions
-        values = ", ".join(f"({i}, REPEAT('x', 500))" for i in range(lo, min(lo + 500, n)))
-        execute(mariadb, mydb, f"INSERT INTO t VALUES {values}")
-    target = gtid_now(mariadb)
+    tid, n, target = _backlog(mariadb, mydb, root, 2 * DRAINED_FLUSH_BYTES)
     cfg = PullerConfig(mariadb.uri(), str(root), (f"{mydb}.*",), flush_interval_s=60.0,
                        heartbeat_s=4.0)  # fmt: skip
     started = time.monotonic()
@@ -234,8 +239,21 @@ def test_a_backlogs_last_rows_are_flushed_when_the_stream_is_drained_not_at_the_
     watcher.join()
     # without the drained flush, the backlog's end waits for the heartbeat 4 s after it
     assert seen and seen[0] < 3.0, f"the backlog's end was flushed after {seen} s"
-    rows = changes(root, tid)
-    assert sorted(r["c1"] for r in rows) == list(range(n))
+    assert sorted(r["c1"] for r in changes(root, tid)) == list(range(n))
+
+
+def test_a_backlog_is_not_cut_by_interval_flushes_while_it_is_read(mariadb, mydb, tmp_path):
+    """While more of a backlog waits on the socket, the interval flushes nothing: the rows go
+    out at its end (or every ``flush_bytes``). Cut by the interval, its last seconds looked
+    like a caught-up stream to the captures, sunk at once and the rest a moment later."""
+    root = tmp_path / "cl"
+    tid, n, _ = _backlog(mariadb, mydb, root, 24 << 20)
+    before = ChangeLog(root).data_files(tid, 0, MAX_TS)
+    stats = pull_until_caught_up(mariadb, root, mydb, flush_interval_s=0.01)
+    files = [f for f in ChangeLog(root).data_files(tid, 0, MAX_TS) if f not in before]
+    # one flush: one file per minute of commit ts its rows span (at most two here)
+    assert 1 <= len(files) <= 2, (len(files), stats.flushes)
+    assert sorted(r["c1"] for r in changes(root, tid)) == list(range(n))
 
 
 def test_snapshot_and_concurrent_writes_arrive_exactly_once(mariadb, mydb, tmp_path):
