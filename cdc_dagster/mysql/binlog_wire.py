@@ -41,7 +41,7 @@ READ_CHUNK = 1 << 20
 # No byte for this long: the server has sent what it had. Reading a backlog, a reader
 # faster than the server's dump thread finds the socket empty for moments (tens of ms seen).
 DRAINED_WAIT_S = 0.02  # at the live edge (the last event is at most a second old)
-DRAINED_BEHIND_WAIT_S = 0.3  # behind it
+DRAINED_BEHIND_WAIT_S = 0.1  # behind it
 
 RawEvent = tuple[int, int, int, int, bytes]  # type, timestamp, server id, log pos, body
 

@@ -81,6 +81,11 @@ FIRST_FLUSH_S = 0.25  # a pull's first flush, this long after it starts
 # the end held the backlog's last seconds, which the captures took for a caught-up stream
 # and sank at once, and the rest a moment later: two MERGEs of every table instead of one.
 DRAINED_FLUSH_BYTES = 1 << 20
+# A backlog's rows of its last RECENT_S (by their binlog time) wait for its end, up to four
+# times ``flush_bytes``: the captures sink rows that recent at once (a caught-up stream; a
+# backlog older than their ``batch_behind_s``, 10 s by default, gathers), so a flush by
+# bytes among them made them sink the rest a moment later in a second MERGE per table.
+RECENT_S = 15.0
 
 __all__ = [
     "Puller",
@@ -521,7 +526,9 @@ class Puller:
                 tids = {c[0] for c in self.trx}
                 self.adopter.note(tids, self.trx_domain, self.trx_gtid or None, ts)
         self.trx, self.trx_gtid = [], None
-        if self.buffered >= self.config.flush_bytes:
+        if self.buffered >= self.config.flush_bytes and (
+            time.time() - event_time > RECENT_S or self.buffered >= 4 * self.config.flush_bytes
+        ):
             self.flush()
 
     def _query(self, event_time: float, log_pos: int, body: bytes) -> None:
