@@ -76,16 +76,7 @@ FIRST_FLUSH_S = 0.25  # a pull's first flush, this long after it starts
 # Row-event bytes buffered when the stream has nothing more to send (a backlog's end) that
 # are flushed at once, not at the interval's end: a drained backlog's last rows waited up
 # to a second (or the next heartbeat) for it. A trickle flushes once per interval as before.
-# While a backlog is read (more bytes wait on the socket) the interval flushes nothing:
-# its rows go out every ``flush_bytes`` and at its end. An interval flush a moment before
-# the end held the backlog's last seconds, which the captures took for a caught-up stream
-# and sank at once, and the rest a moment later: two MERGEs of every table instead of one.
 DRAINED_FLUSH_BYTES = 1 << 20
-# A backlog's rows of its last RECENT_S (by their binlog time) wait for its end, up to four
-# times ``flush_bytes``: the captures sink rows that recent at once (a caught-up stream; a
-# backlog older than their ``batch_behind_s``, 10 s by default, gathers), so a flush by
-# bytes among them made them sink the rest a moment later in a second MERGE per table.
-RECENT_S = 15.0
 
 __all__ = [
     "Puller",
@@ -429,9 +420,7 @@ class Puller:
                     if self._join_due():
                         self._finish_join()
                     self._take_requests()
-                    if time.monotonic() - self.last_flush >= interval and (
-                        not self.buffered or stream.drained(when)
-                    ):
+                    if time.monotonic() - self.last_flush >= interval:
                         self.flush()
             if (
                 self.buffered >= DRAINED_FLUSH_BYTES
@@ -526,9 +515,7 @@ class Puller:
                 tids = {c[0] for c in self.trx}
                 self.adopter.note(tids, self.trx_domain, self.trx_gtid or None, ts)
         self.trx, self.trx_gtid = [], None
-        if self.buffered >= self.config.flush_bytes and (
-            time.time() - event_time > RECENT_S or self.buffered >= 4 * self.config.flush_bytes
-        ):
+        if self.buffered >= self.config.flush_bytes:
             self.flush()
 
     def _query(self, event_time: float, log_pos: int, body: bytes) -> None:

@@ -242,22 +242,6 @@ def test_a_backlogs_last_rows_are_flushed_when_the_stream_is_drained_not_at_the_
     assert sorted(r["c1"] for r in changes(root, tid)) == list(range(n))
 
 
-def test_a_backlog_is_not_cut_by_interval_flushes_while_it_is_read(mariadb, mydb, tmp_path):
-    """While more of a backlog waits on the socket, the interval flushes nothing, nor do
-    ``flush_bytes`` (8 MiB here) cut rows of its last RECENT_S (up to four times that): the
-    rows go out at its end. Cut there, its last seconds looked like a caught-up stream to
-    the captures, sunk at once, and the rest a moment later in a second MERGE."""
-    root = tmp_path / "cl"
-    tid, n, _ = _backlog(mariadb, mydb, root, 24 << 20)
-    before = ChangeLog(root).data_files(tid, 0, MAX_TS)
-    stats = pull_until_caught_up(mariadb, root, mydb, flush_interval_s=0.01,
-                                 flush_bytes=8 << 20)  # fmt: skip
-    files = [f for f in ChangeLog(root).data_files(tid, 0, MAX_TS) if f not in before]
-    # one flush: one file per minute of commit ts its rows span (at most two here)
-    assert 1 <= len(files) <= 2, (len(files), stats.flushes)
-    assert sorted(r["c1"] for r in changes(root, tid)) == list(range(n))
-
-
 def test_snapshot_and_concurrent_writes_arrive_exactly_once(mariadb, mydb, tmp_path):
     root = tmp_path / "cl"
     execute(mariadb, mydb, "CREATE TABLE s (id INT PRIMARY KEY, v INT NOT NULL, tag CHAR(3))",
