@@ -77,6 +77,16 @@ FIRST_FLUSH_S = 0.25  # a pull's first flush, this long after it starts
 # are flushed at once, not at the interval's end: a drained backlog's last rows waited up
 # to a second (or the next heartbeat) for it. A trickle flushes once per interval as before.
 DRAINED_FLUSH_BYTES = 1 << 20
+# Catching up with a backlog -- the binlog's time read since the last flush ran more than
+# CATCH_UP_RATIO times the clock's (plus its one-second resolution) -- the puller holds the
+# rows of the backlog's last RECENT_S (binlog time) until it has read all the server sent,
+# at most HOLD_MAX_S and 4 x ``flush_bytes``: the captures sink rows that recent at once (a
+# caught-up stream; older ones gather for ``batch_behind_s``, 10 s by default), so a flush
+# among them made every table sink the rest a moment later in a second MERGE. A live
+# stream, however busy or behind, advances with the clock and flushes as before.
+CATCH_UP_RATIO = 3.0
+RECENT_S = 15.0
+HOLD_MAX_S = 5.0
 
 __all__ = [
     "Puller",
@@ -137,6 +147,8 @@ class Puller:
         # The first flush comes FIRST_FLUSH_S after the start, not a whole interval: after a
         # restart or a resume the captures get the backlog's first rows while it is pulled.
         self.last_flush = time.monotonic() - config.flush_interval_s + FIRST_FLUSH_S
+        self.event_time = 0.0  # the binlog time of the last transaction read
+        self.flushed_event_time = 0.0  # ... when the last flush came (0: none yet)
         self.log_file = ""  # the binlog file being read
         self.log_offset = 0  # where the stream is in it (0: not known on this stream yet)
         self.stream_server_id: int | None = None  # the server the stream reads
@@ -420,7 +432,7 @@ class Puller:
                     if self._join_due():
                         self._finish_join()
                     self._take_requests()
-                    if time.monotonic() - self.last_flush >= interval:
+                    if time.monotonic() - self.last_flush >= interval and not self._holds(stream):
                         self.flush()
             if (
                 self.buffered >= DRAINED_FLUSH_BYTES
@@ -515,8 +527,26 @@ class Puller:
                 tids = {c[0] for c in self.trx}
                 self.adopter.note(tids, self.trx_domain, self.trx_gtid or None, ts)
         self.trx, self.trx_gtid = [], None
-        if self.buffered >= self.config.flush_bytes:
+        self.flushed_event_time = self.flushed_event_time or event_time  # a pull's first
+        self.event_time = event_time
+        if self.buffered >= self.config.flush_bytes and (
+            self.buffered >= 4 * self.config.flush_bytes or not self._holds(None)
+        ):
             self.flush()
+
+    def _holds(self, stream: BinlogStream | None) -> bool:
+        """Whether a due flush waits: the puller is catching up with a backlog (see
+        CATCH_UP_RATIO), the last rows read are of its last RECENT_S, it has held them less
+        than HOLD_MAX_S, and (``stream`` given) the server has more to send."""
+        if not self.buffered or not self.flushed_event_time:
+            return False
+        held = time.monotonic() - self.last_flush
+        read = self.event_time - self.flushed_event_time
+        if held >= HOLD_MAX_S or read <= CATCH_UP_RATIO * held + 1.0:
+            return False
+        if time.time() - self.event_time > RECENT_S:
+            return False  # old rows: the captures gather them; staged while the rest is read
+        return stream is None or not stream.drained(self.event_time)
 
     def _query(self, event_time: float, log_pos: int, body: bytes) -> None:
         db, q = query_event(body)
@@ -578,6 +608,7 @@ class Puller:
     def flush(self, force: bool = False) -> None:
         """Data files, then state, then resolved marks (the durability order)."""
         self.last_flush = time.monotonic()
+        self.flushed_event_time = self.event_time or self.flushed_event_time
         snapshots = dict(self.state.snapshots)
         idle = not self.buffered and self.alloc.last == self.state.last_ts and not force
         if idle and not snapshots:

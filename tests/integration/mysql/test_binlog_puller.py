@@ -196,15 +196,21 @@ def test_idle_upstream_resolved_marks_follow_the_clock(mariadb, mydb, tmp_path):
     assert max(lags) < 2.5, lags
 
 
-def _backlog(mariadb, db: str, root: Path, n_bytes: int) -> tuple[int, int, str]:
+def _backlog(
+    mariadb, db: str, root: Path, n_bytes: int, pace_s: float = 0.0
+) -> tuple[int, int, str]:
     """A table caught up in the change log at ``root``, then ~``n_bytes`` of row events
-    written past it in transactions of 500 rows: its id, the rows, the upstream's GTID."""
+    written past it in transactions of 500 rows, ``pace_s`` apart (a backlog's binlog time
+    spans seconds): its id, the rows, the upstream's GTID."""
+    import time
+
     execute(mariadb, db, "CREATE TABLE t (id INT PRIMARY KEY, pad VARCHAR(600))")
     pull_until_caught_up(mariadb, root, db)
     n = n_bytes // 500
     for lo in range(0, n, 500):
         values = ", ".join(f"({i}, REPEAT('x', 500))" for i in range(lo, min(lo + 500, n)))
         execute(mariadb, db, f"INSERT INTO t VALUES {values}")
+        time.sleep(pace_s)
     return table_id(root, "t"), n, gtid_now(mariadb)
 
 
@@ -240,6 +246,65 @@ def test_a_backlogs_last_rows_are_flushed_when_the_stream_is_drained_not_at_the_
     # without the drained flush, the backlog's end waits for the heartbeat 4 s after it
     assert seen and seen[0] < 3.0, f"the backlog's end was flushed after {seen} s"
     assert sorted(r["c1"] for r in changes(root, tid)) == list(range(n))
+
+
+def test_a_backlog_is_flushed_at_its_end_not_cut_by_the_interval_or_flush_bytes(
+    mariadb, mydb, tmp_path
+):
+    """Catching up with a backlog of recent rows (read far faster than the binlog's time
+    ran), the puller holds them for its end: the interval (10 ms) and ``flush_bytes`` (8
+    MiB) do not cut them. Cut there, their last seconds looked like a caught-up stream to
+    the captures, sunk at once, and the rest a moment later in a second MERGE."""
+    root = tmp_path / "cl"
+    tid, n, _ = _backlog(mariadb, mydb, root, 24 << 20, pace_s=0.1)
+    before = ChangeLog(root).data_files(tid, 0, MAX_TS)
+    stats = pull_until_caught_up(mariadb, root, mydb, flush_interval_s=0.01,
+                                 flush_bytes=8 << 20)  # fmt: skip
+    files = [f for f in ChangeLog(root).data_files(tid, 0, MAX_TS) if f not in before]
+    # one flush: one file per minute of commit ts its rows span (at most two here)
+    assert 1 <= len(files) <= 2, (len(files), stats.flushes)
+    assert sorted(r["c1"] for r in changes(root, tid)) == list(range(n))
+
+
+def test_a_busy_live_stream_is_flushed_each_interval(mariadb, mydb, tmp_path):
+    """A writer that never pauses keeps bytes on the socket, but the binlog's time runs with
+    the clock: the puller flushes each interval while it writes (not only when it stops)."""
+    import time
+
+    from cdc_dagster.mysql.state import load_state
+
+    root = tmp_path / "cl"
+    execute(mariadb, mydb, "CREATE TABLE t (id INT PRIMARY KEY, v INT)")
+    pull_until_caught_up(mariadb, root, mydb)
+    stop = threading.Event()
+
+    def write() -> None:
+        c = mariadb.connect(database=mydb, autocommit=True)
+        i = 0
+        with c.cursor() as cur:
+            while not stop.is_set():
+                cur.execute("REPLACE INTO t VALUES (%s, %s)", (i % 1000, i))
+                i += 1
+        c.close()
+
+    writer = threading.Thread(target=write)
+    writer.start()
+    positions: list[str] = []
+    started = time.monotonic()
+
+    def watch(s) -> bool:
+        state = load_state(root)
+        if state is not None and (not positions or positions[-1] != state.gtid):
+            positions.append(state.gtid)
+        return time.monotonic() - started > 4.0 or _late(s)
+
+    try:
+        cfg = PullerConfig(mariadb.uri(), str(root), (f"{mydb}.*",), flush_interval_s=0.3)
+        run_puller(cfg, stop_after=watch)
+    finally:
+        stop.set()
+        writer.join()
+    assert len(positions) >= 6, positions  # ~13 flushes in 4 s; none while writing if held
 
 
 def test_snapshot_and_concurrent_writes_arrive_exactly_once(mariadb, mydb, tmp_path):
