@@ -26,6 +26,7 @@ from pymysql.constants import CR
 from pymysqlreplication.gtid import GtidSet
 
 from cdc_dagster.mysql.errors import PullerError
+from cdc_dagster.mysql.position import binary_log_status
 from cdc_dagster.mysql.state import PullerState
 from cdc_dagster.mysql.upstream import connect
 from cdc_dagster.upstream.uri import UpstreamConfig
@@ -83,8 +84,21 @@ def session_settings(state: PullerState, heartbeat_s: float) -> list[tuple[str, 
     return out
 
 
+def binlog_end(cur: Any) -> tuple[str, int] | None:
+    """Where the server's binlog ends now, ``(file, position)``; None: not known (no
+    ``BINLOG MONITOR`` / ``REPLICATION CLIENT`` grant, binlog off)."""
+    try:
+        status = binary_log_status(cur)
+    except pymysql.MySQLError:
+        return None
+    return None if status is None else (str(status["File"]), int(status["Position"]))
+
+
 class BinlogStream:
     """One dump connection; ``events()`` yields raw events until it fails or is closed.
+
+    ``end`` is where the server's binlog ended as the dump began (``binlog_end``): the
+    events up to it are a backlog, all there to read at once; those after it came live.
 
     A lost or silent connection (no event, not even a heartbeat, for ``read_timeout_s``)
     raises ``pymysql.err.OperationalError`` (``CR_SERVER_LOST``); a server error packet
@@ -106,6 +120,7 @@ class BinlogStream:
                 self.checksum = str(checksum or "NONE").upper() != "NONE"
                 for sql, args in session_settings(state, heartbeat_s):
                     cur.execute(sql, args)
+                self.end = binlog_end(cur)
             self.conn._write_bytes(dump_request(state, upstream.server_id))
             self.sock = self.conn._sock
             self.sock.settimeout(read_timeout_s)

@@ -77,13 +77,16 @@ FIRST_FLUSH_S = 0.25  # a pull's first flush, this long after it starts
 # are flushed at once, not at the interval's end: a drained backlog's last rows waited up
 # to a second (or the next heartbeat) for it. A trickle flushes once per interval as before.
 DRAINED_FLUSH_BYTES = 1 << 20
-# Catching up with a backlog -- the binlog's time read since the last flush ran more than
-# CATCH_UP_RATIO times the clock's (plus its one-second resolution) -- the puller holds the
-# rows of the backlog's last RECENT_S (binlog time) until it has read all the server sent,
-# at most HOLD_MAX_S and 4 x ``flush_bytes``: the captures sink rows that recent at once (a
-# caught-up stream; older ones gather for ``batch_behind_s``, 10 s by default), so a flush
-# among them made every table sink the rest a moment later in a second MERGE. A live
-# stream, however busy or behind, advances with the clock and flushes as before.
+# Catching up with a backlog -- the stream has not yet read to where the server's binlog
+# ended as it began (``BinlogStream.end``; when that is not known: the binlog's time read
+# since the last flush ran more than CATCH_UP_RATIO times the clock's, plus its one-second
+# resolution) -- the puller holds the rows of the backlog's last RECENT_S (binlog time)
+# until it has read the backlog, at most HOLD_MAX_S and 4 x ``flush_bytes``, and flushes
+# them the moment it has: the captures sink rows that recent at once (a caught-up stream;
+# older ones gather for ``batch_behind_s``, 10 s by default), so a flush among them made
+# every table sink the rest a moment later in a second MERGE. (The server pausing for a
+# moment mid-backlog also looked drained.) A live stream, however busy or behind, flushes
+# each interval as before.
 CATCH_UP_RATIO = 3.0
 RECENT_S = 15.0
 HOLD_MAX_S = 5.0
@@ -149,6 +152,9 @@ class Puller:
         self.last_flush = time.monotonic() - config.flush_interval_s + FIRST_FLUSH_S
         self.event_time = 0.0  # the binlog time of the last transaction read
         self.flushed_event_time = 0.0  # ... when the last flush came (0: none yet)
+        # where the server's binlog ended as the stream began, until read (None: read, or
+        # not known): the backlog, flushed at once when read (BinlogStream.end)
+        self.backlog_end: tuple[str, int] | None = None
         self.log_file = ""  # the binlog file being read
         self.log_offset = 0  # where the stream is in it (0: not known on this stream yet)
         self.stream_server_id: int | None = None  # the server the stream reads
@@ -355,6 +361,7 @@ class Puller:
                 retries = self._lost(retries, exc)
                 continue
             self.stream_server_id, self.log_offset = stream.server_id, 0
+            self.backlog_end = stream.end
             self.adopter.forget_ends()
             try:
                 if self._follow(stream, stop):
@@ -432,12 +439,19 @@ class Puller:
                     if self._join_due():
                         self._finish_join()
                     self._take_requests()
-                    if time.monotonic() - self.last_flush >= interval and not self._holds(stream):
+                    if (
+                        self.backlog_end is not None
+                        and (self.log_file, log_pos) >= self.backlog_end
+                    ):
+                        self.backlog_end = None
+                        self.flush()  # the backlog is read: its rows go out now
+                    elif time.monotonic() - self.last_flush >= interval and not self._holds(stream):
                         self.flush()
             if (
                 self.buffered >= DRAINED_FLUSH_BYTES
                 and self.trx_gtid is None
                 and not self.trx
+                and self.backlog_end is None
                 and stream.drained(batch[-1][1])
             ):
                 self.flush()  # caught up with a backlog: its rows go out now
@@ -535,17 +549,19 @@ class Puller:
             self.flush()
 
     def _holds(self, stream: BinlogStream | None) -> bool:
-        """Whether a due flush waits: the puller is catching up with a backlog (see
-        CATCH_UP_RATIO), the last rows read are of its last RECENT_S, it has held them less
-        than HOLD_MAX_S, and (``stream`` given) the server has more to send."""
+        """Whether a due flush waits: the puller is catching up with a backlog (the stream's
+        ``backlog_end`` not read yet; not known: see CATCH_UP_RATIO), the last rows read are
+        of its last RECENT_S, it has held them less than HOLD_MAX_S, and (end not known,
+        ``stream`` given) the server has more to send."""
         if not self.buffered or not self.flushed_event_time:
             return False
         held = time.monotonic() - self.last_flush
-        read = self.event_time - self.flushed_event_time
-        if held >= HOLD_MAX_S or read <= CATCH_UP_RATIO * held + 1.0:
-            return False
-        if time.time() - self.event_time > RECENT_S:
+        if held >= HOLD_MAX_S or time.time() - self.event_time > RECENT_S:
             return False  # old rows: the captures gather them; staged while the rest is read
+        if self.backlog_end is not None:
+            return True
+        if self.event_time - self.flushed_event_time <= CATCH_UP_RATIO * held + 1.0:
+            return False
         return stream is None or not stream.drained(self.event_time)
 
     def _query(self, event_time: float, log_pos: int, body: bytes) -> None:

@@ -214,8 +214,17 @@ def _backlog(
     return table_id(root, "t"), n, gtid_now(mariadb)
 
 
+@pytest.fixture(params=["end known", "end not known"])
+def binlog_end(request, monkeypatch) -> str:
+    """Both ways a stream learns its backlog's end: the server's binlog status as the dump
+    begins (``BinlogStream.end``), or, without the grant, that the server sends no more."""
+    if request.param == "end not known":
+        monkeypatch.setattr("cdc_dagster.mysql.binlog_wire.binlog_end", lambda cur: None)
+    return request.param
+
+
 def test_a_backlogs_last_rows_are_flushed_when_the_stream_is_drained_not_at_the_interval(
-    mariadb, mydb, tmp_path
+    mariadb, mydb, tmp_path, binlog_end
 ):
     """A backlog of more than DRAINED_FLUSH_BYTES: once the server has sent it all, its rows
     are in the change log at once, not at the next interval (60 s here) or heartbeat (4 s):
@@ -249,7 +258,7 @@ def test_a_backlogs_last_rows_are_flushed_when_the_stream_is_drained_not_at_the_
 
 
 def test_a_backlog_is_flushed_at_its_end_not_cut_by_the_interval_or_flush_bytes(
-    mariadb, mydb, tmp_path
+    mariadb, mydb, tmp_path, binlog_end
 ):
     """Catching up with a backlog of recent rows (read far faster than the binlog's time
     ran), the puller holds them for its end: the interval (10 ms) and ``flush_bytes`` (8
@@ -263,6 +272,39 @@ def test_a_backlog_is_flushed_at_its_end_not_cut_by_the_interval_or_flush_bytes(
     files = [f for f in ChangeLog(root).data_files(tid, 0, MAX_TS) if f not in before]
     # one flush: one file per minute of commit ts its rows span (at most two here)
     assert 1 <= len(files) <= 2, (len(files), stats.flushes)
+    assert sorted(r["c1"] for r in changes(root, tid)) == list(range(n))
+
+
+def test_a_server_pausing_mid_backlog_does_not_cut_it(mariadb, mydb, tmp_path, monkeypatch):
+    """The server's dump thread may send nothing for a moment mid-backlog (a busy machine):
+    the stream looks drained there. Knowing where the binlog ended as the dump began, the
+    puller flushes the backlog once, at that end: here the server seems to pause after
+    every transaction (each socket read ends there, and nothing more waits), and the
+    backlog still lands in one flush."""
+    from cdc_dagster.mysql.binlog_wire import BinlogStream
+    from cdc_dagster.mysql.puller import XID
+
+    root = tmp_path / "cl"
+    tid, n, _ = _backlog(mariadb, mydb, root, 24 << 20, pace_s=0.1)
+    before = ChangeLog(root).data_files(tid, 0, MAX_TS)
+    batches = BinlogStream.batches
+
+    def a_read_per_transaction(self):
+        for batch in batches(self):
+            start = 0
+            for i, event in enumerate(batch):
+                if event[0] == XID:
+                    yield batch[start : i + 1]
+                    start = i + 1
+            if start < len(batch):
+                yield batch[start:]
+
+    monkeypatch.setattr(BinlogStream, "batches", a_read_per_transaction)
+    monkeypatch.setattr(BinlogStream, "drained", lambda self, last_event_time: True)
+    stats = pull_until_caught_up(mariadb, root, mydb, flush_interval_s=0.01,
+                                 flush_bytes=8 << 20)  # fmt: skip
+    files = [f for f in ChangeLog(root).data_files(tid, 0, MAX_TS) if f not in before]
+    assert 1 <= len(files) <= 2, (len(files), stats.flushes)  # one flush (see above)
     assert sorted(r["c1"] for r in changes(root, tid)) == list(range(n))
 
 
