@@ -587,3 +587,24 @@ def test_a_second_puller_on_the_same_change_log_is_refused(mariadb, mydb, tmp_pa
         cfg = PullerConfig(mariadb.uri(), str(root), (f"{mydb}.*",))
         with pytest.raises(PullerError, match="another puller is running"):
             run_puller(cfg, stop_after=0)
+
+
+def test_binlog_event_files_are_lz4_with_dictionaries_only_where_values_repeat(
+    mariadb, mydb, tmp_path
+):
+    """The puller's files are written for speed (BINLOG_WRITE_OPTIONS): lz4, a dictionary on
+    the table map but none tried on the row images; they read back whole."""
+    import pyarrow.parquet as pq
+
+    root = tmp_path / "cl"
+    tid, n, _ = _backlog(mariadb, mydb, root, 1 << 20)
+    pull_until_caught_up(mariadb, root, mydb)
+    files = ChangeLog(root).data_files(tid, 0, MAX_TS)
+    assert files
+    for f in files:
+        group = pq.ParquetFile(f.path).metadata.row_group(0)
+        cols = {group.column(i).path_in_schema: group.column(i) for i in range(group.num_columns)}
+        assert {c.compression for c in cols.values()} == {"LZ4"}, f.path
+        assert "RLE_DICTIONARY" in cols["_table_map"].encodings
+        assert "RLE_DICTIONARY" not in cols["_rows"].encodings
+    assert sorted(r["c1"] for r in changes(root, tid)) == list(range(n))
