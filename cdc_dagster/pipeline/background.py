@@ -67,7 +67,11 @@ def _get_pool() -> ProcessPoolExecutor:
 
 
 def _load_phases() -> None:
-    """In the worker: import what the phases run (Delta, the sinks, the mounting)."""
+    """In the worker: import what the phases run (Delta, the sinks, the mounting), and
+    pandas: pyarrow imports it on a first conversion to numpy (the mounting's), which had
+    cost a drain's first bulk phase 0.5-0.8 s of a loaded core (py-spy, throughput bench)."""
+    import pandas  # noqa: F401
+
     import cdc_dagster.pipeline.spark_tasks
     import cdc_dagster.sinks.delta  # noqa: F401
 

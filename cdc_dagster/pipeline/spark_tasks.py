@@ -219,7 +219,8 @@ def _write_atomic(table: pa.Table, path: str) -> None:
     directory = os.path.dirname(path)
     os.makedirs(directory, exist_ok=True)
     tmp = os.path.join(directory, f".{os.path.basename(path)}.tmp-{uuid.uuid4().hex[:8]}")
-    pq.write_table(table, tmp, compression="lz4")  # local and short-lived: speed over size
+    # local and short-lived: speed over size (no dictionary tried on the row images)
+    pq.write_table(table, tmp, compression="lz4", use_dictionary=False)
     fd = os.open(tmp, os.O_RDONLY)
     try:
         os.fsync(fd)

@@ -17,7 +17,9 @@ def _where(_: int) -> tuple[int, int]:
 def _loaded(_: int) -> tuple[int, bool]:
     import sys
 
-    return os.getpid(), "deltalake" in sys.modules and "cdc_dagster.sinks.delta" in sys.modules
+    return os.getpid(), all(
+        m in sys.modules for m in ("deltalake", "cdc_dagster.sinks.delta", "pandas")
+    )
 
 
 def _die(_: int) -> None:
