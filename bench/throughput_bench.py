@@ -689,7 +689,10 @@ def snapshot_breakdown(
                       ("planning", "planned"), ("to the first read", "first_began"),
                       ("reading", "last_ended"), ("to the reads' end", "read")):  # fmt: skip
         if key in marks:
-            out[name], last = marks[key] - last, marks[key]
+            # the puller places chunks as they are read: when it had placed them all before
+            # the op logged its reads' end, the stages end at the placing (none negative)
+            at = min(marks[key], placed)
+            out[name], last = at - last, at
     out["placing and release"] = placed - last
     return out
 
