@@ -76,6 +76,8 @@ FIRST_FLUSH_S = 0.25  # a pull's first flush, this long after it starts
 # Row-event bytes buffered when the stream has nothing more to send (a backlog's end) that
 # are flushed at once, not at the interval's end: a drained backlog's last rows waited up
 # to a second (or the next heartbeat) for it. A trickle flushes once per interval as before.
+# Used only once the stream's ``backlog_end`` is read or not known (no binlog status grant):
+# before it, a server pausing mid-backlog would look drained.
 DRAINED_FLUSH_BYTES = 1 << 20
 # Catching up with a backlog -- the stream has not yet read to where the server's binlog
 # ended as it began (``BinlogStream.end``; when that is not known: the binlog's time read
