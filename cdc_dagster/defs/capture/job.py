@@ -34,6 +34,7 @@ from typing import Any
 
 import dagster as dg
 
+from cdc_dagster.defs.capture.event_writer import EventWriter
 from cdc_dagster.defs.capture.fencing import Received, StaleRunError, check_owner_rev
 from cdc_dagster.defs.capture.handoff import (
     FOLLOW_UNTIL_TAG,
@@ -324,6 +325,20 @@ def _follow_tick(
     )
 
 
+def _tick_line(n: int, done: LaneTick[_Ticked], ticked: _Ticked, logged: int, events: int) -> str:
+    """The log line of a follow tick: why, what it took, and its halves' lines."""
+    why = "owner's messages" if done.why == OWNER else "new resolved data"
+    lines = [
+        *(f"prepare {x}" for x in ticked.prepare_lines),
+        *(f"commit {x}" for x in ticked.commit_lines),
+    ]
+    return (
+        f"tick {n} ({why}): {len(done.messages)} message(s) of {done.changefeed_id}; "
+        f"{logged} of {events} asset event(s); {done.seconds:.2f} s (prepare "
+        f"{ticked.prepare_s:.2f} s, commit {ticked.commit_s:.2f} s)\n" + "\n".join(lines)
+    )
+
+
 def _still_ours(f: _Follow, state: dict[str, float]) -> str:
     """Why the loop must stop ("" while its owner is the owner and the capture registered):
     the owner checked every OWNER_CHECK_S, the lease renewed every RENEW_S (a tick renews
@@ -399,6 +414,9 @@ def build_follow_op(catalog: Catalog) -> dg.OpDefinition:
         lanes: ChangefeedLanes[_Ticked] = ChangefeedLanes(
             lambda cf, msgs: _follow_tick(cdc, spark, f.cid, cf, msgs, winding is not None)
         )
+        # The ticks' materializations and lines, written beside the loop (a snapshot's 50
+        # tables took ~2.5 s to write, which every other changefeed's next tick waited for).
+        writer = EventWriter(context.log_event, context.log.info)
 
         def report(done: LaneTick[_Ticked]) -> None:
             if winding is not None:
@@ -414,26 +432,9 @@ def build_follow_op(catalog: Catalog) -> dg.OpDefinition:
             f.ticked(done.why, done.changefeed_id, ticked.capture, progress, before)
             events = materializations(catalog, progress, time.time_ns() // 1_000_000)
             logged = throttle.select(events, time.monotonic())
-            for event in logged:
-                context.log_event(event)
-            context.log.info(
-                "tick %d (%s): %s; %d of %d asset event(s); %.2f s (prepare %.2f s, commit "
-                "%.2f s)\n%s",
-                sum(ticks.values()),
-                "owner's messages" if done.why == OWNER else "new resolved data",
-                f"{len(done.messages)} message(s) of {done.changefeed_id}",
-                len(logged),
-                len(events),
-                done.seconds,
-                ticked.prepare_s,
-                ticked.commit_s,
-                "\n".join(
-                    [
-                        *(f"prepare {x}" for x in ticked.prepare_lines),
-                        *(f"commit {x}" for x in ticked.commit_lines),
-                    ]
-                ),
-            )
+            # written by the writer's thread: the loop starts the next ticks meanwhile
+            writer.put(logged, _tick_line(sum(ticks.values()), done, ticked, len(logged),
+                                          len(events)))  # fmt: skip
             state["renewed"] = time.monotonic()
 
         try:
@@ -463,8 +464,11 @@ def build_follow_op(catalog: Catalog) -> dg.OpDefinition:
         finally:
             # Every lane ends with the op; the owner's messages taken from the mailbox are
             # ticked unless this run is no longer the owner's or the capture's.
-            for done in lanes.close(finish_owner_messages=why_stopped.startswith(TIME_UP)):
-                report(done)
+            try:
+                for done in lanes.close(finish_owner_messages=why_stopped.startswith(TIME_UP)):
+                    report(done)
+            finally:
+                writer.close()  # what the ticks logged is written before the op ends
         context.log.info(
             "%d more tick(s) in %.0f s (%d on the owner's messages, %d on new data); stopped: %s",
             sum(ticks.values()),

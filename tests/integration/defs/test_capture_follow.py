@@ -546,3 +546,70 @@ def test_at_its_end_a_run_ticks_the_other_changefeeds_while_a_long_tick_finishes
         # cf ticked on (several times) while cf2's tick went on past the loop's end
         during = [t for t in ticks["cf"] if end + 0.5 < t < last_cf2]
         assert len(during) >= 3, ([round(t - end, 2) for t in ticks["cf"]], last_cf2 - end)
+
+
+@pytest.mark.slow
+def test_a_changefeed_ticks_on_while_another_ones_materializations_are_written_slowly(
+    tmp_path: Path,
+    metastore: Metastore,
+    etcd_endpoints: list[str],
+    cluster_id: str,
+    monkeypatch: pytest.MonkeyPatch,
+    spark: object,  # noqa: F811 - the imported fixture
+) -> None:
+    """The ticks' materializations are written beside the follow loop
+    (defs/capture/event_writer.py): on a loaded machine a snapshot's changefeed finished a
+    tick with 50 tables whose event-log writes took ~2.5 s, and the loop, writing them
+    itself, started no other changefeed's tick meanwhile (the stream's lag spikes). Here
+    each write of cf2's materializations takes 3 s: cf's ticks still start meanwhile."""
+    from cdc_dagster.defs.capture import job as capture_job
+
+    one = _one_capture(tmp_path, metastore, etcd_endpoints, cluster_id, monkeypatch, 16.0)
+    admin.create_changefeed(
+        metastore,
+        "cf2",
+        f"delta://{tmp_path / 'lake2'}",
+        start_ts=_first_create(one.changelog),
+        upstream_uri=f"changelog://{one.changelog}",
+    )
+    monkeypatch.setattr(capture_job, "HANDOFF_MAX_S", 0.0)  # no successor to wait for
+    monkeypatch.setattr(capture_job, "IDLE_TICK_S", 0.5)
+    started: list[float] = []  # when cf's ticks started
+    slow: list[tuple[float, float]] = []  # cf2's materialization writes, begin and end
+    real = capture_job._follow_tick
+
+    def tick(*args: Any) -> Any:
+        if args[3] == "cf":
+            started.append(time.monotonic())
+        return real(*args)
+
+    monkeypatch.setattr(capture_job, "_follow_tick", tick)
+    with dg.instance_for_test() as instance:
+        handle = instance.handle_new_event
+
+        def slow_cf2(event: Any, *args: Any, **kwargs: Any) -> Any:
+            dagster_event = event.dagster_event
+            if dagster_event is not None and dagster_event.is_step_materialization:
+                md = dagster_event.step_materialization_data.materialization.metadata
+                if getattr(md.get("changefeed"), "value", "") == "cf2":
+                    t0 = time.monotonic()
+                    time.sleep(3.0)
+                    slow.append((t0, time.monotonic()))
+            return handle(event, *args, **kwargs)
+
+        monkeypatch.setattr(instance, "handle_new_event", slow_cf2)
+        daemon = _Daemon(one.defs, instance)
+        daemon.tick()
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline and len(slow) < 3:
+            one.step()
+            time.sleep(0.5)
+            daemon.tick()
+        while time.monotonic() < deadline and any(t.is_alive() for t in daemon.threads):
+            one.step()
+            time.sleep(0.5)
+        daemon.join(timeout=60)
+    assert len(slow) >= 3, slow  # cf2's materializations were written (slowly)
+    during = [t for t in started if any(a + 0.2 < t < b for a, b in slow)]
+    # cf ticked while cf2's events were being written, not only between the writes
+    assert len(during) >= 3, (len(started), len(slow))
