@@ -35,7 +35,7 @@ class _Log:
         self.written.append(line)
 
 
-def test_put_returns_at_once_while_a_slow_write_goes_on_and_everything_is_written_in_order() -> None:
+def test_put_returns_at_once_while_a_write_is_slow_and_all_is_written_in_order() -> None:
     log = _Log()
     log.gate.clear()  # the event log is slow: the first write hangs until released
     writer = EventWriter(log.event, log.info)
