@@ -117,8 +117,39 @@ def test_follow_ticks_log_an_idle_tables_materialization_every_idle_every_s_unle
     assert keys(throttle.select(tick, 4.0)) == []
     tick = [event(0, 9, 400, 90), event(1, 5, 400, 90), event(2, 5, 150, 150)]
     assert keys(throttle.select(tick, 10.0)) == ["t1"]  # due: 10 s since it was logged
-    assert keys(throttle.select(tick, 12.5)) == ["t0", "t2"]  # theirs at 2.0 s
+    assert keys(throttle.select(tick, 12.5)) == ["t0"]  # its at 2.0 s
     # caught up, its checkpoint at an owner's barrier that is its resolved ts: not held
     idle_at_barrier = [event(1, 5, 500 + k, 500 + k) for k in (1, 2, 3)]
     assert keys(throttle.select(idle_at_barrier[:1], 13.0)) == []
     assert keys(throttle.select(idle_at_barrier[1:2], 14.0)) == []
+    # t2, held at the same checkpoint since 2.0 s: only its lag changes, so it is logged
+    # again every still_every_s (30 s), not every idle_every_s
+    held = [event(2, 5, 150, 150)]
+    assert keys(throttle.select(held, 31.0)) == []
+    assert keys(throttle.select(held, 32.5)) == ["t2"]
+
+
+def test_a_table_whose_checkpoint_does_not_move_is_logged_every_still_every_s() -> None:
+    """A snapshot's released tables wait tens of seconds for their turn to be sunk (their
+    checkpoint still): only their lag changes, logged every ``still_every_s``; an idle
+    table whose checkpoint follows its resolved ts, every ``idle_every_s``."""
+    from cdc_dagster.defs.tables.assets import MaterializationThrottle
+
+    def event(i: int, checkpoint: int) -> dg.AssetMaterialization:
+        return dg.AssetMaterialization(
+            asset_key=dg.AssetKey(["replica", "db", f"t{i}"]),
+            metadata={"state": "replicating", "capture": "c1", "rows_applied": 0,
+                      "checkpoint_ts_raw": checkpoint, "barrier_ts_raw": 1 << 40,
+                      "resolved_ts_raw": checkpoint + 1000},
+        )  # fmt: skip
+
+    throttle = MaterializationThrottle(free=10, every_s=15, idle_every_s=10, still_every_s=30)
+    keys = lambda out: sorted(e.asset_key.path[-1] for e in out)  # noqa: E731
+    assert keys(throttle.select([event(0, 100), event(1, 100)], 0.0)) == ["t0", "t1"]
+    # t0's checkpoint follows its resolved ts (idle), t1's stays (waiting or stalled)
+    assert keys(throttle.select([event(0, 200), event(1, 100)], 10.0)) == ["t0"]
+    assert keys(throttle.select([event(0, 300), event(1, 100)], 20.0)) == ["t0"]
+    assert keys(throttle.select([event(0, 300), event(1, 100)], 29.0)) == []
+    assert keys(throttle.select([event(0, 400), event(1, 100)], 30.0)) == ["t0", "t1"]
+    # once t1 moves again it is an idle table like t0
+    assert keys(throttle.select([event(0, 500), event(1, 900)], 40.0)) == ["t0", "t1"]

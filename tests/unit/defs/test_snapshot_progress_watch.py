@@ -89,5 +89,8 @@ def test_a_table_released_between_looks_is_complete_with_the_rows_the_reads_read
     (*_, t2) = _metadata(ctx, "t2")  # 40k read before its first look (earlier runs) + 60k
     assert t2["snapshot_complete"] is True
     assert t2["snapshot_rows_placed"] == 100_000 and t2["snapshot_chunks_placed"] == 5
-    assert "snapshot of db.t1: complete, 100000 rows in 1 chunks" in ctx.log.lines
-    assert not any("complete, 0 rows" in line for line in ctx.log.lines), ctx.log.lines
+    # one log entry per look, a line per table that changed (the first look: both)
+    assert ctx.log.lines[0].count("snapshot of db.t") == 2, ctx.log.lines
+    lines = [line for entry in ctx.log.lines for line in entry.splitlines()]
+    assert "snapshot of db.t1: complete, 100000 rows in 1 chunks" in lines
+    assert not any("complete, 0 rows" in line for line in lines), lines
