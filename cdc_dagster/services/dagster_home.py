@@ -12,7 +12,9 @@
 - run monitoring on: a run stuck in STARTING is failed after 3 minutes, one past its
   ``dagster/max_runtime`` tag (capture runs carry one) is failed, so a hung capture run
   does not hold its capture's slot in the queue for ever;
-- sensors evaluated in threads, so the owner sensor is not queued behind others;
+- sensors evaluated in threads, so the owner sensor is not queued behind others, and a
+  tick's run requests submitted side by side (a new changefeed's puller and snapshot runs
+  reach the run queue together);
 - runs launched by :class:`cdc_dagster.services.run_launcher.WarmRunLauncher`: into run
   workers that imported the code location before the run was asked for (a run's first op
   ~1 s after its launch instead of ~6 s on an idle machine, 10-35 s on a busy one), killed
@@ -65,6 +67,10 @@ run_monitoring:
 sensors:
   use_threads: true
   num_workers: 4
+  # a tick's run requests created side by side: each asks the code server for its
+  # execution plan (0.2-0.5 s under load), and a new changefeed's snapshot run, created
+  # after its puller's, missed the queue's next dequeue (1.5 s later to start)
+  num_submit_workers: 4
 # Runs start in run workers that imported the code location ahead of need
 # (cdc_dagster/services/run_launcher.py); one run per worker process, as Dagster's own.
 run_launcher:
