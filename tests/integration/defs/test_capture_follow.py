@@ -475,6 +475,31 @@ def test_the_next_run_takes_over_as_the_ending_one_stops_never_beside_it(
             assert summary and f"handed over to run {after}" in summary[0], summary
 
 
+def _two_changefeeds(
+    tmp_path: Path,
+    metastore: Metastore,
+    etcd_endpoints: list[str],
+    cluster_id: str,
+    monkeypatch: pytest.MonkeyPatch,
+    loop_s: float,
+) -> _OneCapture:
+    """``_one_capture`` plus a second changefeed ``cf2`` of the same change log; runs with
+    no successor to wait for at their end, and ticking on each step, busy or not."""
+    from cdc_dagster.defs.capture import job as capture_job
+
+    one = _one_capture(tmp_path, metastore, etcd_endpoints, cluster_id, monkeypatch, loop_s)
+    admin.create_changefeed(
+        metastore,
+        "cf2",
+        f"delta://{tmp_path / 'lake2'}",
+        start_ts=_first_create(one.changelog),
+        upstream_uri=f"changelog://{one.changelog}",
+    )
+    monkeypatch.setattr(capture_job, "HANDOFF_MAX_S", 0.0)
+    monkeypatch.setattr(capture_job, "IDLE_TICK_S", 0.5)
+    return one
+
+
 @pytest.mark.slow
 def test_at_its_end_a_run_ticks_the_other_changefeeds_while_a_long_tick_finishes(
     tmp_path: Path,
@@ -490,17 +515,7 @@ def test_at_its_end_a_run_ticks_the_other_changefeeds_while_a_long_tick_finishes
     ticking until it ends (the lag spikes of the capture's rollover)."""
     from cdc_dagster.defs.capture import job as capture_job
 
-    loop_s = 14.0
-    one = _one_capture(tmp_path, metastore, etcd_endpoints, cluster_id, monkeypatch, loop_s)
-    admin.create_changefeed(
-        metastore,
-        "cf2",
-        f"delta://{tmp_path / 'lake2'}",
-        start_ts=_first_create(one.changelog),
-        upstream_uri=f"changelog://{one.changelog}",
-    )
-    monkeypatch.setattr(capture_job, "HANDOFF_MAX_S", 0.0)  # no successor to wait for
-    monkeypatch.setattr(capture_job, "IDLE_TICK_S", 0.5)  # cf ticks on each step, busy or not
+    one = _two_changefeeds(tmp_path, metastore, etcd_endpoints, cluster_id, monkeypatch, 14.0)
     until: dict[str, float] = {}
     real = capture_job._follow_tick
 
@@ -564,16 +579,7 @@ def test_a_changefeed_ticks_on_while_another_ones_materializations_are_written_s
     each write of cf2's materializations takes 3 s: cf's ticks still start meanwhile."""
     from cdc_dagster.defs.capture import job as capture_job
 
-    one = _one_capture(tmp_path, metastore, etcd_endpoints, cluster_id, monkeypatch, 16.0)
-    admin.create_changefeed(
-        metastore,
-        "cf2",
-        f"delta://{tmp_path / 'lake2'}",
-        start_ts=_first_create(one.changelog),
-        upstream_uri=f"changelog://{one.changelog}",
-    )
-    monkeypatch.setattr(capture_job, "HANDOFF_MAX_S", 0.0)  # no successor to wait for
-    monkeypatch.setattr(capture_job, "IDLE_TICK_S", 0.5)
+    one = _two_changefeeds(tmp_path, metastore, etcd_endpoints, cluster_id, monkeypatch, 16.0)
     started: list[float] = []  # when cf's ticks started
     slow: list[tuple[float, float]] = []  # cf2's materialization writes, begin and end
     real = capture_job._follow_tick
