@@ -167,9 +167,8 @@ def with_puller_runs(
 ) -> dg.SensorResult:
     """The owner's ``result`` plus this tick's puller runs (etcd read failing: none this tick)."""
     try:
-        # snapshot runs first: their reads are what a new changefeed waits for
-        runs = snapshot_requests(instance, ms, owner_rev, tick)
-        runs += puller_requests(instance, ms, owner_rev, tick)
+        runs = puller_requests(instance, ms, owner_rev, tick)
+        runs += snapshot_requests(instance, ms, owner_rev, tick)
     except MetastoreError as exc:
         logging.getLogger(__name__).warning("no puller runs this tick: %s", exc)
         return result
