@@ -12,10 +12,10 @@ So the loop hands what it would write to an :class:`EventWriter` and goes on; on
 writes it, in order. While it is behind, what waits is coalesced: a newer materialization
 of an asset by the same changefeed replaces the waiting one. Each carries the state of the
 changefeed's tables of that asset as of its tick, and its readers (the UI, the DDL gate)
-read the latest, so only plot points are lost, and a state a table held only between the
-two (the UI's history shows the newer one). Log lines are written each as its own entry
-(one per tick: a few a second at most). So a slow event log never takes the loop's time,
-and what waits is bounded by the number of assets.
+read the latest: what is lost is plot points, and a state held only between the two ticks
+(not in the asset's history; the tick's log line still says it). Log lines are written
+each as its own entry (one per tick: a few a second at most). So a slow event log never
+takes the loop's time, and what waits is bounded by the number of assets.
 
 An error writing (the instance's storage gone) is raised in the loop at its next
 :meth:`EventWriter.put`, or by :meth:`EventWriter.close`: the run fails as it did when
