@@ -30,6 +30,8 @@ from typing import Any
 
 import dagster as dg
 
+from cdc_dagster.defs.tables.assets import metadata_value
+
 
 class EventWriter:
     """Writes materializations and log lines for a follow loop, in a thread (see above).
@@ -60,7 +62,8 @@ class EventWriter:
         with self._cond:
             self._raise()
             for event in events:
-                key = (_changefeed(event), event.asset_key)
+                # the changefeed whose tables it reports ("" where it does not say)
+                key = (str(metadata_value(event.metadata, "changefeed") or ""), event.asset_key)
                 self._events.pop(key, None)  # the newest goes last
                 self._events[key] = event
             if line is not None:
@@ -121,9 +124,3 @@ class EventWriter:
             with self._cond:
                 self._writing = False
                 self._cond.notify_all()
-
-
-def _changefeed(event: dg.AssetMaterialization) -> str:
-    """The changefeed whose tables a materialization reports ("" where it does not say)."""
-    entry = event.metadata.get("changefeed")
-    return str(getattr(entry, "value", entry) or "")

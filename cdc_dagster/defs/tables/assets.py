@@ -140,11 +140,14 @@ class MaterializationThrottle:
         out = []
         for event in events:
             md = event.metadata
-            sig = f"{_value(md, 'state')}|{_value(md, 'capture')}"
-            rows, checkpoint = _value(md, "rows_applied"), _value(md, "checkpoint_ts_raw")
+            sig = f"{metadata_value(md, 'state')}|{metadata_value(md, 'capture')}"
+            rows, checkpoint = (
+                metadata_value(md, "rows_applied"),
+                metadata_value(md, "checkpoint_ts_raw"),
+            )
             # stopped at its barrier short of its resolved ts: a DDL waits for it
-            held = checkpoint is not None and checkpoint == _value(md, "barrier_ts_raw")
-            held = held and (_value(md, "resolved_ts_raw") or 0) > checkpoint
+            held = checkpoint is not None and checkpoint == metadata_value(md, "barrier_ts_raw")
+            held = held and (metadata_value(md, "resolved_ts_raw") or 0) > checkpoint
             last = self._last.get(event.asset_key)
             still = last is not None and checkpoint is not None and last[3] == checkpoint
             if (
@@ -159,7 +162,7 @@ class MaterializationThrottle:
         return out
 
 
-def _value(metadata: Mapping[str, Any], name: str) -> Any:
+def metadata_value(metadata: Mapping[str, Any], name: str) -> Any:
     """A metadata entry's value (None when absent)."""
     entry = metadata.get(name)
     return getattr(entry, "value", entry)
