@@ -19,7 +19,9 @@ import contextlib
 import importlib
 import os
 import resource
+import select
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -96,9 +98,28 @@ def warm_instance() -> str:
     return f"; instance opened ahead in {time.monotonic() - started:.1f} s"
 
 
+def restore_on_input(base: int | None) -> threading.Thread | None:
+    """Give the process its priority back as soon as its standard input has something (a
+    run, or its end): a run handed to a worker still importing (the replacement of a worker
+    taken a moment before) finishes those imports at the run's priority, not at the
+    refill's, which under load left the run waiting behind every other process."""
+    if base is None:
+        return None
+
+    def wait() -> None:
+        with contextlib.suppress(OSError, ValueError):
+            select.select([sys.stdin], [], [])
+        restore_priority(base)
+
+    thread = threading.Thread(target=wait, name="priority-on-run", daemon=True)
+    thread.start()
+    return thread
+
+
 def main(argv: list[str]) -> int:
     """Preload ``argv``'s modules, then execute the run given on standard input."""
     base = lower_priority()
+    restore_on_input(base)
     line = preload(argv) + warm_instance()
     payload = sys.stdin.read()
     if not payload.strip():

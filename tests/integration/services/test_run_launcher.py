@@ -84,7 +84,7 @@ def quiet_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, request: Any) -> 
 
 def _env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, config: dict[str, Any]) -> Any:
     code = tmp_path / "code"
-    code.mkdir()
+    code.mkdir(exist_ok=True)
     (code / "launcher_test_jobs.py").write_text(textwrap.dedent(JOBS))
     out = tmp_path / "out"
     out.mkdir()
@@ -325,6 +325,54 @@ def test_a_warm_worker_imports_at_a_lower_priority_and_runs_at_its_own(env):
     assert wait_status(instance, run_id).is_success
     assert "warm" in worker_line(instance, run_id)
     assert wait_file(out / run_id) == idle[0].proc.pid
+    assert (out / f"{run_id}.nice").read_text() == f"{base} {base}"
+
+
+SLOW_PRELOAD = """
+import os, time
+from pathlib import Path
+# An import that lasts until the worker is given its priority back (at most 20 s): what a
+# replacement's imports are when a run is handed to it before they are done.
+base, started = int(os.environ["LAUNCHER_BASE_NICE"]), time.monotonic()
+while os.getpriority(os.PRIO_PROCESS, 0) != base and time.monotonic() - started < 20:
+    time.sleep(0.05)
+Path(os.environ["LAUNCHER_TEST_DIR"], f"preload-{os.getpid()}").write_text(
+    f"{os.getpriority(os.PRIO_PROCESS, 0)} {time.monotonic() - started:.1f}")
+"""
+
+
+@pytest.fixture
+def slow_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """A launcher whose workers preload ``slow_preload`` (``SLOW_PRELOAD``)."""
+    monkeypatch.setenv("LAUNCHER_BASE_NICE", str(os.getpriority(os.PRIO_PROCESS, 0)))
+    config = {"warm_workers": 1, "kill_after_s": 3, "preload_modules": ["slow_preload"]}
+    (tmp_path / "code").mkdir()
+    (tmp_path / "code" / "slow_preload.py").write_text(textwrap.dedent(SLOW_PRELOAD))
+    yield from _env(tmp_path, monkeypatch, config)
+
+
+def test_a_run_handed_to_a_worker_mid_import_finishes_the_imports_at_its_priority(slow_env):
+    """A worker still importing when a run is handed to it (the replacement of one taken a
+    moment before) gets its priority back at once, not after its imports."""
+    from cdc_dagster.services.run_worker import lower_priority, restore_priority
+
+    base = os.getpriority(os.PRIO_PROCESS, 0)
+    probe = lower_priority()
+    restore_priority(probe)
+    if probe is None:
+        pytest.skip("this user may not raise a priority back: workers import at their own")
+    instance, repo, out, _ = slow_env
+    assert wait_status(instance, launch(instance, repo, "quick")).is_success  # cold
+    wait_warm(instance.run_launcher)
+    worker = idle_workers(instance.run_launcher)[0].proc.pid
+    time.sleep(1.0)  # it is in its slow import, niced
+    assert not (out / f"preload-{worker}").exists()
+    run_id = launch(instance, repo, "nice")
+    assert wait_status(instance, run_id).is_success
+    assert "warm" in worker_line(instance, run_id)
+    assert wait_file(out / run_id) == worker
+    nice, waited = (out / f"preload-{worker}").read_text().split()
+    assert int(nice) == base and float(waited) < 15, (nice, waited)
     assert (out / f"{run_id}.nice").read_text() == f"{base} {base}"
 
 
