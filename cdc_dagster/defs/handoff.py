@@ -38,6 +38,11 @@ from dagster._core.storage.dagster_run import IN_PROGRESS_RUN_STATUSES
 
 # When the run's follow loop ends (wall clock, seconds since the epoch), set by the run.
 FOLLOW_UNTIL_TAG = "cdc/follow_until"
+# On a lane's next run, requested ahead of its need (it waits for the run it follows):
+# the warm run launcher (services/run_launcher.py, its own copy of the name) gives it the
+# newest warm worker, which may still be importing, and keeps the readiest for runs that
+# are awaited (a new changefeed's puller and snapshot, a capture's first run).
+AHEAD_TAG = "cdc/ahead"
 HANDOFF_S = 20.0  # the next run is requested this long before the follow loop ends
 HANDOFF_MAX_S = 60.0  # an ending run goes on at most this long past its time for the next
 # The next run waits at most this long for the earlier one to end (less than
@@ -222,6 +227,7 @@ class HandOver:
 
 
 __all__ = [
+    "AHEAD_TAG",
     "FOLLOW_UNTIL_TAG",
     "HANDOFF_MAX_S",
     "HANDOFF_S",

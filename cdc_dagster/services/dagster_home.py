@@ -77,7 +77,10 @@ run_launcher:
   module: cdc_dagster.services.run_launcher
   class: WarmRunLauncher
   config:
-    warm_workers: 2
+    # three (~370 MB each, idle): two captures' next runs (they take the newest) and a new
+    # changefeed's puller and snapshot runs, all within a replacement's imports (15-20 s
+    # under load), find workers done importing
+    warm_workers: 3
     kill_after_s: 30
     # imported ahead too: Spark Connect's client, the owner's graph library, a snapshot
     # read's clients (connectorx imports pandas at its first read, ~0.3 s)

@@ -13,7 +13,12 @@ module already imported, waiting for a run. A launch hands the run to a warm wor
 starts another one (later while a run of a ``quiet_jobs`` job is going: below); with none
 ready (the first run of a code location, a burst larger than the pool, a Python other than
 the launcher's) it starts ``dagster api execute_run`` as the Docker and Kubernetes
-launchers do. A worker executes one run and exits, as Dagster's own
+launchers do. A run takes the worker started longest ago, the likeliest done importing
+(under load a replacement's imports take 15-20 s); a lane's next run, launched ahead of its
+need (``AHEAD_TAG``: a capture's or a binlog puller's successor, which waits for the run it
+follows), takes the newest: when two captures' successors took the pool just before a
+changefeed was created, its puller and snapshot runs waited 13-14 s each for replacements'
+imports. A worker executes one run and exits, as Dagster's own
 run workers: runs never share a process. Only imports are done ahead; the run builds the
 definitions itself (the table catalog, the dbt manifest). A warm worker whose package
 sources changed since it started (an edited or reinstalled project) is retired unused.
@@ -64,7 +69,10 @@ from dagster._core.launcher.base import (
 from dagster._serdes import ConfigurableClass, ConfigurableClassData
 
 WORKER_TAG = "cdc/run_worker"  # "<pid>:<start time>" of the process executing the run
-DEFAULT_WARM_WORKERS = 2
+# A lane's next run, requested before the run it follows ends (cdc_dagster/defs/handoff.py,
+# its own copy of the name): it gets the newest warm worker.
+AHEAD_TAG = "cdc/ahead"
+DEFAULT_WARM_WORKERS = 3  # see the dagster.yaml `server start` writes (services/dagster_home.py)
 DEFAULT_KILL_AFTER_S = 30
 DEFAULT_QUIET_MAX_S = 120  # a refill waits at most this long for the quiet_jobs' runs
 QUIET_POLL_S = 1.0  # ... looking this often whether one is still going
@@ -179,13 +187,14 @@ class _Pool:
             self.fingerprints[key] = (now, fp)
         return fp
 
-    def take(self, key: PoolKey) -> _Warm | None:
-        """A live worker of ``key`` that imported the current sources; stale ones retired."""
+    def take(self, key: PoolKey, newest: bool = False) -> _Warm | None:
+        """A live worker of ``key`` that imported the current sources, the longest started
+        (the likeliest done importing) or the ``newest``; stale ones retired."""
         current = self.fingerprint(key)
         with self.lock:
             workers = self.idle.get(key, [])
             while workers:
-                w = workers.pop(0)
+                w = workers.pop(-1 if newest else 0)
                 if w.proc.poll() is None and w.fingerprint == current:
                     return w
                 _retire(w)
@@ -336,7 +345,10 @@ class WarmRunLauncher(RunLauncher, ConfigurableClass):
         )
         key = self._pool_key(origin)
         proc, how = None, "cold: `dagster api execute_run`, no warm worker"
-        warm = self._pool.take(key) if key else None
+        # a lane's next run, launched ahead of its need, takes the newest worker (maybe
+        # still importing): the readiest stay for the runs that are awaited
+        ahead = run.tags.get(AHEAD_TAG) == "1"
+        warm = self._pool.take(key, newest=ahead) if key else None
         if warm is not None:
             try:
                 assert warm.proc.stdin is not None

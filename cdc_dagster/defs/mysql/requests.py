@@ -20,7 +20,7 @@ from typing import Any
 
 import dagster as dg
 
-from cdc_dagster.defs.handoff import lane_runs
+from cdc_dagster.defs.handoff import AHEAD_TAG, lane_runs
 from cdc_dagster.metastore import Metastore
 from cdc_dagster.metastore.changefeeds import wall_ms
 from cdc_dagster.metastore.errors import MetastoreError
@@ -84,9 +84,10 @@ def pullers_to_run(
 
 
 def puller_run_request(
-    target: PullerTarget, owner_rev: int, tick: int, bounds: PullBounds
+    target: PullerTarget, owner_rev: int, tick: int, bounds: PullBounds, ahead: bool = False
 ) -> dg.RunRequest:
-    """One following puller run (its run key is new every tick: Dagster dedupes them forever)."""
+    """One following puller run (its run key is new every tick: Dagster dedupes them forever);
+    ``ahead``: the changefeed's next run, asked for before its run ends (``AHEAD_TAG``)."""
     config = {"changefeed_id": target.changefeed_id, "max_seconds": bounds.max_seconds}
     return dg.RunRequest(
         run_key=f"mysql:{target.changefeed_id}:{owner_rev}:{tick}",
@@ -98,6 +99,7 @@ def puller_run_request(
             "cdc/owner_rev": str(owner_rev),
             # run monitoring fails a run hung past this, so it frees its upstream's slot
             MAX_RUNTIME_TAG: str(int(bounds.max_seconds + HUNG_AFTER_S)),
+            **({AHEAD_TAG: "1"} if ahead else {}),
         },
     )
 
@@ -153,9 +155,12 @@ def puller_requests(
     ]
     bounds = PullBounds.from_env()
     # a changefeed whose one run ends within the handoff time is due its next run
-    busy = lane_runs(instance, PULLER_JOB, CHANGEFEED_TAG, bounds.max_seconds).queued
-    targets = pullers_to_run(feeds, busy, backing_off)
-    return [puller_run_request(t, owner_rev, tick, bounds) for t in targets]
+    lanes = lane_runs(instance, PULLER_JOB, CHANGEFEED_TAG, bounds.max_seconds)
+    targets = pullers_to_run(feeds, lanes.queued, backing_off)
+    return [
+        puller_run_request(t, owner_rev, tick, bounds, ahead=t.changefeed_id in lanes.handoff)
+        for t in targets
+    ]
 
 
 def with_puller_runs(

@@ -9,6 +9,7 @@ from typing import Any
 import dagster as dg
 
 from cdc_dagster.defs.catalog import Catalog
+from cdc_dagster.defs.handoff import AHEAD_TAG
 from cdc_dagster.defs.partitions import CAPTURES
 from cdc_dagster.defs.tables.gate import gate_status
 from cdc_dagster.metastore.mailbox import merge
@@ -25,9 +26,11 @@ def capture_run_request(
     tick: int,
     messages: Mapping[str, list[dict[str, Any]]],
     follow_s: float = 0.0,
+    ahead: bool = False,
 ) -> dg.RunRequest:
     """One capture run: its owner messages, ``owner_rev`` and the tick in the run config, and
-    how long it goes on ticking from its mailbox."""
+    how long it goes on ticking from its mailbox; ``ahead``: the capture's next run, asked
+    for before its run ends (``AHEAD_TAG``)."""
     config = {
         "capture_id": capture_id,
         "owner_rev": owner_rev,
@@ -42,7 +45,11 @@ def capture_run_request(
         run_config={
             "ops": {"receive": {"config": config}, "follow": {"config": {"seconds": follow_s}}}
         },
-        tags={"cdc/owner_rev": str(owner_rev), "cdc/tick": str(tick)},
+        tags={
+            "cdc/owner_rev": str(owner_rev),
+            "cdc/tick": str(tick),
+            **({AHEAD_TAG: "1"} if ahead else {}),
+        },
     )
 
 
@@ -160,7 +167,7 @@ def plan(
     box.new_owner(owner.owner_rev)
     box.forget(alive)
     runs = [
-        capture_run_request(c, owner.owner_rev, tick, {}, follow_s)
+        capture_run_request(c, owner.owner_rev, tick, {}, follow_s, ahead=True)
         for c in sorted(set(handoff) & alive)
     ]
     for c, m in sorted(step.work.items()):

@@ -16,7 +16,7 @@ from test_binlog_puller import changes, execute, gtid_now, table_id
 from cdc_dagster import admin
 from cdc_dagster.defs import build_definitions
 from cdc_dagster.defs.catalog import Catalog
-from cdc_dagster.defs.handoff import handoff_s
+from cdc_dagster.defs.handoff import AHEAD_TAG, handoff_s
 from cdc_dagster.defs.mysql.job import binlog_asset_key
 from cdc_dagster.defs.mysql.requests import (
     CHANGEFEED_TAG,
@@ -243,6 +243,8 @@ def test_a_puller_run_hands_over_to_the_next_without_a_gap_or_a_duplicate(
                 # not before the first run's follow time nears its end (handoff_s: 2 s)
                 assert time.monotonic() - started > follow_s - handoff_s(follow_s) - 1.0
                 assert second.tags[UPSTREAM_TAG] == first.tags[UPSTREAM_TAG]
+                # asked for ahead of its need: it takes the newest warm worker
+                assert second.tags.get(AHEAD_TAG) == "1" and AHEAD_TAG not in first.tags
             time.sleep(0.3)
         assert second is not None, "no next puller run requested near the end of the first"
         runner_b = run("b", second)

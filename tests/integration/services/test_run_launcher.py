@@ -16,6 +16,7 @@ from dagster._core.definitions.reconstruct import ReconstructableRepository
 from dagster._core.launcher.base import WorkerStatus
 
 from cdc_dagster.services.run_launcher import (
+    AHEAD_TAG,
     QUIET_POLL_S,
     WORKER_TAG,
     WarmRunLauncher,
@@ -75,6 +76,12 @@ def env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
 
 
 @pytest.fixture
+def pool_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, request: Any) -> Any:
+    """A launcher keeping ``request.param`` warm workers."""
+    yield from _env(tmp_path, monkeypatch, {"warm_workers": request.param, "kill_after_s": 3})
+
+
+@pytest.fixture
 def quiet_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, request: Any) -> Any:
     """A launcher whose refills wait for ``long`` runs, at most ``request.param`` s."""
     config = {"warm_workers": 1, "kill_after_s": 3, "quiet_jobs": ["long"],
@@ -107,10 +114,15 @@ def _env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, config: dict[str, Any]
         instance.run_launcher.dispose()
 
 
-def launch(instance: dg.DagsterInstance, repo: ReconstructableRepository, job: str) -> str:
+def launch(
+    instance: dg.DagsterInstance,
+    repo: ReconstructableRepository,
+    job: str,
+    tags: dict[str, str] | None = None,
+) -> str:
     recon = repo.get_reconstructable_job(job)
     run = instance.create_run_for_job(
-        job_def=recon.get_definition(), job_code_origin=recon.get_python_origin()
+        job_def=recon.get_definition(), job_code_origin=recon.get_python_origin(), tags=tags
     )
     instance.launch_run(run.run_id, workspace=None)  # type: ignore[arg-type]
     return run.run_id
@@ -374,6 +386,28 @@ def test_a_run_handed_to_a_worker_mid_import_finishes_the_imports_at_its_priorit
     nice, waited = (out / f"preload-{worker}").read_text().split()
     assert int(nice) == base and float(waited) < 15, (nice, waited)
     assert (out / f"{run_id}.nice").read_text() == f"{base} {base}"
+
+
+@pytest.mark.parametrize("pool_env", [2], indirect=True)
+def test_a_run_asked_for_ahead_takes_the_newest_worker_the_others_the_oldest(pool_env):
+    """A lane's next run (``AHEAD_TAG``: it waits for the run it follows) takes the worker
+    started last, which may still be importing; a run that is awaited takes the one
+    started first, the likeliest done."""
+    instance, repo, out, _ = pool_env
+    launcher = instance.run_launcher
+    assert wait_status(instance, launch(instance, repo, "quick")).is_success  # cold
+    deadline = time.monotonic() + 60
+    while len(idle_workers(launcher)) < 2:
+        assert time.monotonic() < deadline, "the pool was not refilled"
+        time.sleep(0.1)
+    oldest, newest = (w.proc.pid for w in idle_workers(launcher))
+    ahead = launch(instance, repo, "quick", tags={AHEAD_TAG: "1"})
+    assert wait_file(out / ahead) == newest
+    awaited = launch(instance, repo, "quick")
+    assert wait_file(out / awaited) == oldest
+    for run_id in (ahead, awaited):
+        assert wait_status(instance, run_id).is_success
+        assert "warm" in worker_line(instance, run_id)
 
 
 def idle_workers(launcher: WarmRunLauncher) -> list[Any]:

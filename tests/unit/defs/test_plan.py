@@ -7,6 +7,7 @@ import json
 import dagster as dg
 
 from cdc_dagster.defs.catalog import demo_catalog
+from cdc_dagster.defs.handoff import AHEAD_TAG
 from cdc_dagster.defs.owner.plan import plan
 from cdc_dagster.defs.tables.assets import materializations
 from cdc_dagster.defs.tables.gate import DdlRequest, gate_status
@@ -154,7 +155,18 @@ def test_a_capture_whose_run_is_about_to_end_gets_its_next_run_with_no_messages(
     for run in runs.values():
         assert run.run_config["ops"]["receive"]["config"]["messages_json"] == "{}"
         assert run.run_config["ops"]["follow"]["config"]["seconds"] == 300
+        assert run.tags[AHEAD_TAG] == "1"  # the warm run launcher gives it its newest worker
     assert box.held("c1") == 1 and box.held("c2") == 1
+    # a capture's run with work (not a successor) is awaited: no such tag
+    result = plan(step, 6, ["c1", "c2", "c3"], CATALOG, lambda cf, t: None, follow_s=300)
+    assert {r.partition_key for r in result.run_requests} == {"c1", "c2"}
+    assert all(AHEAD_TAG not in r.tags for r in result.run_requests)
+
+
+def test_the_ahead_tag_is_the_one_the_warm_run_launcher_reads() -> None:
+    from cdc_dagster.services import run_launcher
+
+    assert run_launcher.AHEAD_TAG == AHEAD_TAG
 
 
 def test_held_messages_of_another_owner_rev_or_a_departed_capture_are_dropped() -> None:
