@@ -98,22 +98,20 @@ def warm_instance() -> str:
     return f"; instance opened ahead in {time.monotonic() - started:.1f} s"
 
 
-def restore_on_input(base: int | None) -> threading.Thread | None:
+def restore_on_input(base: int | None) -> None:
     """Give the process its priority back as soon as its standard input has something (a
     run, or its end): a run handed to a worker still importing (the replacement of a worker
     taken a moment before) finishes those imports at the run's priority, not at the
     refill's, which under load left the run waiting behind every other process."""
     if base is None:
-        return None
+        return
 
     def wait() -> None:
         with contextlib.suppress(OSError, ValueError):
             select.select([sys.stdin], [], [])
         restore_priority(base)
 
-    thread = threading.Thread(target=wait, name="priority-on-run", daemon=True)
-    thread.start()
-    return thread
+    threading.Thread(target=wait, name="priority-on-run", daemon=True).start()
 
 
 def main(argv: list[str]) -> int:
