@@ -724,6 +724,7 @@ def stack_snapshot(
     import threading
 
     times: dict[str, float] = {}
+    states: dict[str, str] = {}  # the snapshot changefeed's states seen -> the first message
 
     def snap() -> None:
         t0 = time.perf_counter()
@@ -731,11 +732,21 @@ def stack_snapshot(
         admin.create_changefeed(ms, cf, f"delta://{work / 'lake-snap'}{SINK_QUERY[0]}", table_filter=(
             f"{DB}.{prefix}*",), upstream_uri=uri, changelog_root=str(root))  # fmt: skip
         times["created"] = time.perf_counter() - t0
-        wait_for(lambda: not snapshots_pending(root), 1800, "the snapshot", poll_s=0.1)
+
+        def watched(cond: Any) -> Any:  # the changefeed's state as `changefeed query` says it
+            def check() -> bool:
+                status = ms.changefeeds.get(cf).status
+                states.setdefault(status.state.value, status.last_error or "")
+                return bool(cond())
+
+            return check
+
+        wait_for(watched(lambda: not snapshots_pending(root)), 1800, "the snapshot", poll_s=0.1)
         times["placed"] = time.perf_counter() - t0
         times["placed_wall"] = time.time()
         last = load_state(root).last_ts
-        wait_for(lambda: readable_ts(ms, cf, tables) >= last, 1800, "the snapshot downstream")
+        wait_for(watched(lambda: readable_ts(ms, cf, tables) >= last), 1800,
+                 "the snapshot downstream")  # fmt: skip
         times["readable"] = time.perf_counter() - t0
 
     readable = threading.Event()
@@ -749,7 +760,8 @@ def stack_snapshot(
     busy.threads.append(threading.Thread(target=snap_then_say))  # started with the sampler
     busy.run(lag_s, until=readable)  # the stream's lag until the snapshot is readable
     say(f"[{cores} core(s)] {tables} x {rows} rows: created in {times['created']:.1f} s, in the "
-        f"change log after {times['placed']:.1f} s, readable after {times['readable']:.1f} s")  # fmt: skip
+        f"change log after {times['placed']:.1f} s, readable after {times['readable']:.1f} s; "
+        f"its states meanwhile: {states}")  # fmt: skip
     log = ChangeLog(root)
     state = load_state(root)
     placed = sum(log.read_data_file(f).num_rows for tid in log.tables_at(MAX_TS)

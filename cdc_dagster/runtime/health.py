@@ -8,7 +8,10 @@ The sources of a message, in the order the message gives them:
    a capture's sink or change-log error, a puller that cannot read the binlog, a DDL the
    downstream refuses); a fatal one fails the changefeed, and so does one that has lasted
    longer than ``fail_after_s`` (TiCDC's "error stuck" duration);
-4. a resolved ts that has not moved for ``stall_s`` (the change log's producer is stuck);
+4. a resolved ts that has not moved for ``stall_s`` (the change log's producer is stuck),
+   unless a chunked snapshot holds it and that snapshot has moved within ``stall_s`` (a
+   table being snapshotted holds the resolved ts until its last chunk is placed: that is
+   progress, not a stall); a snapshot that stood still as long is named instead;
 5. a checkpoint that has not moved for ``stall_s`` while the resolved ts is ahead of it (a
    DDL every table reached is not applied: the message names it; else a table is stuck:
    the message names the slowest ones, their state and holder).
@@ -60,6 +63,22 @@ class Motion:
             self.checkpoint_ts, self.checkpoint_moved_ms = checkpoint_ts, now_ms
 
 
+@dataclass(slots=True)
+class SnapshotMotion:
+    """When the chunked snapshots of the changefeed's tables last moved (chunks read or
+    placed): ``lines`` say where each unfinished one is (empty: none is under way)."""
+
+    signature: object = None
+    moved_ms: int = 0
+    lines: tuple[str, ...] = ()
+
+    def observe(self, signature: object, lines: Sequence[str], now_ms: int) -> None:
+        """Note this tick's snapshot progress (``signature`` changes whenever it moves)."""
+        if signature != self.signature or not self.moved_ms:
+            self.signature, self.moved_ms = signature, now_ms
+        self.lines = tuple(lines)
+
+
 @dataclass(frozen=True, slots=True)
 class Health:
     """The owner's verdict: ``message`` None is normal; ``failed`` stops the changefeed."""
@@ -80,11 +99,14 @@ def judge(
     producer: str,
     ready_ddls: Sequence[str] = (),
     source_resolved_ts: int = 0,
+    snapshots: SnapshotMotion | None = None,
 ) -> Health:
     """The changefeed's health this tick (see the module docstring). ``ready_ddls``: the
     DDLs whose barrier every table reached, not applied yet (named in a stall).
     ``source_resolved_ts``: how far the change log itself is resolved (0: unknown); past
-    the changefeed's resolved ts, a stuck resolved ts is the captures', not the producer's."""
+    the changefeed's resolved ts, a stuck resolved ts is the captures', not the producer's.
+    ``snapshots``: the chunked snapshots under way that hold the resolved ts (None: not
+    looked at)."""
     parts: list[str] = []
     failed = False
     if not alive:
@@ -98,8 +120,9 @@ def judge(
         failed = failed or problem.fatal or too_long
         parts.append(_problem_line(source, problem, lasted_s, too_long))
     stalled = _stalls(
-        motion, tables, now_ms, config.stall_s, producer, ready_ddls, source_resolved_ts
-    )
+        motion, tables, now_ms, config.stall_s, producer, ready_ddls, source_resolved_ts,
+        snapshots,
+    )  # fmt: skip
     if stalled and not problems and alive:
         parts.append(stalled)
     return Health("; ".join(parts) or None, failed)
@@ -123,8 +146,23 @@ def _stalls(
     producer: str,
     ready_ddls: Sequence[str] = (),
     source_resolved_ts: int = 0,
+    snapshots: SnapshotMotion | None = None,
 ) -> str:
     resolved_still_s = (now_ms - motion.resolved_moved_ms) / 1000
+    if motion.resolved_moved_ms and resolved_still_s > stall_s and snapshots and snapshots.lines:
+        snapshot_still_s = (now_ms - snapshots.moved_ms) / 1000
+        if snapshot_still_s <= stall_s:
+            return ""  # held by a snapshot that moves: progress (``changefeed query`` shows it)
+        shown = "; ".join(snapshots.lines[:3]) + (
+            f"; and {len(snapshots.lines) - 3} more" if len(snapshots.lines) > 3 else ""
+        )
+        return (
+            f"the resolved ts has not moved for {resolved_still_s:.0f} s (it is "
+            f"{format_ts(motion.resolved_ts)}): it waits for the snapshot of "
+            f"{len(snapshots.lines)} table(s), which has not moved for {snapshot_still_s:.0f} s "
+            f"({shown}); see the `mysql_snapshot` runs in Dagster, which read its chunks, and "
+            f"the `mysql_puller` runs, which place them (a run failing or not launched)"
+        )
     if motion.resolved_moved_ms and resolved_still_s > stall_s:
         if source_resolved_ts > motion.resolved_ts and tables:
             return (

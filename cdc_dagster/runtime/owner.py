@@ -43,7 +43,8 @@ from cdc_dagster.metastore import (
 from cdc_dagster.metastore.changefeeds import wall_ms
 from cdc_dagster.metastore.errors import LeaseExpiredError, MetastoreError, NotOwnerError
 from cdc_dagster.metastore.problems import DDL, PULLER, SYNCPOINT, Problem
-from cdc_dagster.runtime.health import Health, HealthConfig, Motion, judge
+from cdc_dagster.mysql.snapshots import snapshot_progress
+from cdc_dagster.runtime.health import Health, HealthConfig, Motion, SnapshotMotion, judge
 from cdc_dagster.runtime.progress import MISSING, TableProgress
 from cdc_dagster.runtime.spec import capture_epoch
 from cdc_dagster.runtime.wire import encode
@@ -209,6 +210,7 @@ class _Feed:
         self.last_syncpoint_ts = ddl_state.last_syncpoint_ts if ddl_state else 0
         self.fresh = True
         self.motion = Motion()
+        self.snapshots: SnapshotMotion | None = None  # watched while the resolved ts stands
 
     def note_ddls_done(self) -> None:
         """Advance ``finished_ddl_ts``: below the first pending DDL, or to the DDL resolved ts."""
@@ -503,6 +505,7 @@ class OwnerLoop:
     ) -> Health:
         """What keeps the changefeed from moving, if anything (:mod:`cdc_dagster.runtime.health`)."""
         feed.motion.observe(tick.checkpoint_ts, tick.resolved_ts, step.now_ms)
+        self._watch_snapshots(feed, cf, step.now_ms)
         return judge(
             alive=bool(step.alive),
             table_failure=str(result.error) if result.error is not None else None,
@@ -514,7 +517,33 @@ class OwnerLoop:
             producer=_producer(cf.info.upstream_uri),
             ready_ddls=[f"{e.query!r} at {format_ts(e.commit_ts)}" for e in result.ready_ddls],
             source_resolved_ts=feed.ddl_upto,
+            snapshots=feed.snapshots,
         )
+
+    def _watch_snapshots(self, feed: _Feed, cf: Changefeed, now_ms: int) -> None:
+        """While the resolved ts has stood still for half the stall time, watch the chunked
+        snapshots of the changefeed's tables (the binlog puller's state in its change log and
+        the snapshots' files: a few small reads per tick, only then); else forget them. A
+        change log no puller writes has no puller state: no snapshot."""
+        still_s = (now_ms - feed.motion.resolved_moved_ms) / 1000
+        if still_s <= self.health.stall_s / 2:
+            feed.snapshots = None
+            return
+        try:
+            progress = [
+                p
+                for p in snapshot_progress(changelog_path(cf.info.upstream_uri))
+                if not p.complete and feed.filter.matches(p.database, p.table)
+            ]
+        except (OSError, ValueError, UpstreamError) as exc:  # a file replaced as it was read
+            log.debug("changefeed %s: snapshot progress not read: %s", cf.changefeed_id, exc)
+            return  # looked at again next tick
+        signature = tuple(
+            (p.table_id, p.generation, p.chunks_read, p.chunks_placed) for p in progress
+        )
+        if feed.snapshots is None:
+            feed.snapshots = SnapshotMotion()
+        feed.snapshots.observe(signature, [p.line() for p in progress], now_ms)
 
     def _waiting(self, cf: Changefeed, step: _TickState) -> ChangefeedProgress:
         """A changefeed whose change log has not caught up with its checkpoint: its progress

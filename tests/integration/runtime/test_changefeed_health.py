@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from upstream_helpers import Upstream
+from upstream_helpers import Upstream, table
 
 from cdc_dagster.metastore import ChangefeedState, Metastore, connect
 from cdc_dagster.runtime.health import NO_CAPTURES, HealthConfig
@@ -111,6 +111,53 @@ def test_a_resolved_ts_that_stops_moving_warns_naming_the_producer_then_clears(
     assert status.state is ChangefeedState.WARNING
     assert "resolved ts has not moved" in status.last_error
     assert str(upstream.root) in status.last_error  # who should be advancing it
+    upstream.advance(upstream.ts(4000))
+    ticks_to_catch_up(driver, "cf", upstream.ts(4000))
+    driver.tick()
+    assert metastore.changefeeds.get("cf").status.state is ChangefeedState.NORMAL
+
+
+def test_a_resolved_ts_held_by_a_moving_snapshot_stays_normal_and_a_stuck_one_is_named(
+    make_driver: Callable[..., Driver], upstream: Upstream, metastore: Metastore
+) -> None:
+    """A table snapshotted in chunks holds the resolved ts for as long as its snapshot takes
+    (the binlog puller's state lists it; its chunk files say how far it is): while chunks
+    are read and placed the changefeed is normal, not "not moved for 106 s"; a snapshot
+    that stands still is named with where it is; its end lets the resolved ts go on."""
+    from cdc_dagster.mysql.snapshots import Chunk, Plan, generation_dir, mark_done, write_plan
+    from cdc_dagster.mysql.state import PullerState, save_state
+
+    driver = make_driver(captures=1, health=HealthConfig(stall_s=1.0))
+    target = upstream.ts(3000)
+    upstream.advance(target)
+    ticks_to_catch_up(driver, "cf", target)
+    generation = upstream.ts(2500)
+    save_state(upstream.root, PullerState({0: "0-1-9"}, target, tables={1: table(1)},
+                                          snapshots={1: generation}))  # fmt: skip
+    write_plan(upstream.root, Plan(1, generation, ((None, None),), rows=40, chunk_rows=10))
+    gen_dir = generation_dir(upstream.root, 1, generation)
+
+    def place(n: int) -> None:
+        mark_done(gen_dir, Chunk(0, n, {0: "0-1-9"}, None, None, False, 10, 1), fsync=False)
+
+    deadline = time.monotonic() + 3.0  # three stall times: the resolved ts stands still
+    n = 0
+    while time.monotonic() < deadline:
+        place(n)  # the snapshot moves: a chunk placed every 0.2 s
+        n += 1
+        time.sleep(0.2)
+        driver.tick()
+        status = metastore.changefeeds.get("cf").status
+        assert status.state is ChangefeedState.NORMAL, status.last_error
+    time.sleep(1.6)  # the snapshot stands still past the stall time
+    driver.tick()
+    status = metastore.changefeeds.get("cf").status
+    assert status.state is ChangefeedState.WARNING
+    assert "it waits for the snapshot of 1 table(s), which has not moved" in status.last_error
+    assert f"snapshot of db.t1: chunks {n}/" in status.last_error
+    assert "`mysql_snapshot` runs" in status.last_error
+    # The snapshot complete (the puller's state forgets it), the resolved ts moves on.
+    save_state(upstream.root, PullerState({0: "0-1-9"}, target, tables={1: table(1)}))
     upstream.advance(upstream.ts(4000))
     ticks_to_catch_up(driver, "cf", upstream.ts(4000))
     driver.tick()

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from cdc_dagster.metastore.problems import Problem
-from cdc_dagster.runtime.health import NO_CAPTURES, HealthConfig, Motion, judge
+from cdc_dagster.runtime.health import NO_CAPTURES, HealthConfig, Motion, SnapshotMotion, judge
 from cdc_dagster.runtime.progress import TableProgress
 from scheduler_core.ts import compose
 
@@ -99,6 +99,39 @@ def test_a_resolved_ts_stuck_below_the_change_logs_names_the_captures_not_the_pr
     # The change log itself no further: the producer it is.
     same = verdict(motion=motion, tables=tables, source_resolved_ts=motion.resolved_ts)
     assert PRODUCER in (same.message or "")
+
+
+def snapshot(moved_ms: int, tables: int = 1) -> SnapshotMotion:
+    snap = SnapshotMotion()
+    lines = [f"snapshot of db.t{i}: chunks 3/10 read (2 placed)" for i in range(tables)]
+    snap.observe(("sig", 1), lines, moved_ms)
+    snap.observe(("sig", 1), lines, NOW)  # nothing moved since moved_ms
+    return snap
+
+
+def test_a_resolved_ts_held_by_a_snapshot_that_moves_is_progress_not_a_stall() -> None:
+    """A table being snapshotted in chunks holds the resolved ts until its last chunk is
+    placed, for as long as the snapshot takes: while chunks are read or placed, normal."""
+    motion = moving(NOW - 300_000)
+    motion.observe(motion.checkpoint_ts, motion.resolved_ts, NOW)
+    assert verdict(motion=motion, snapshots=snapshot(NOW - 5_000)).message is None
+    # The snapshot standing still as long as the stall time: named, with where it is.
+    message = verdict(motion=motion, snapshots=snapshot(NOW - 61_000, tables=5)).message or ""
+    assert "resolved ts has not moved for 300 s" in message
+    assert "snapshot of 5 table(s), which has not moved for 61 s" in message
+    assert "db.t0: chunks 3/10 read (2 placed)" in message and "and 2 more" in message
+    assert "`mysql_snapshot` runs" in message and PRODUCER not in message
+    # No snapshot under way: the producer, as before.
+    assert PRODUCER in (verdict(motion=motion, snapshots=SnapshotMotion()).message or "")
+
+
+def test_a_snapshot_motion_moves_when_its_signature_changes() -> None:
+    snap = SnapshotMotion()
+    snap.observe((1, 2), ["a"], NOW - 10_000)
+    snap.observe((1, 2), ["a"], NOW - 5_000)
+    assert snap.moved_ms == NOW - 10_000
+    snap.observe((1, 3), ["a"], NOW)
+    assert snap.moved_ms == NOW and snap.lines == ("a",)
 
 
 def test_a_checkpoint_behind_a_moving_resolved_ts_names_the_slowest_tables() -> None:
