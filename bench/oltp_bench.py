@@ -795,7 +795,7 @@ _TICK = re.compile(
     r"^tick \d+(?: \((?P<why>[^)]*)\))?: .*?; (?P<s>\d+\.\d+) s"
     r"(?: \(prepare (?P<p>\d+\.\d+) s, commit (?P<c>\d+\.\d+) s\))?$"
 )
-_TOOK = re.compile(r"^(prepare|commit) took (\d+\.\d+) s$")
+_TOOK = re.compile(r"^(prepare|commit) took (\d+\.\d+) s(?:\n|$)")  # then its lines
 _EVENTS = {
     "PIPELINE_ENQUEUED": "enqueued",
     "PIPELINE_STARTING": "starting",

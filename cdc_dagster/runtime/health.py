@@ -71,12 +71,13 @@ class SnapshotMotion:
     signature: object = None
     moved_ms: int = 0
     lines: tuple[str, ...] = ()
+    looked_ms: int = 0  # when it was last observed
 
     def observe(self, signature: object, lines: Sequence[str], now_ms: int) -> None:
-        """Note this tick's snapshot progress (``signature`` changes whenever it moves)."""
+        """Note the snapshots' progress now (``signature`` changes whenever it moves)."""
         if signature != self.signature or not self.moved_ms:
             self.signature, self.moved_ms = signature, now_ms
-        self.lines = tuple(lines)
+        self.lines, self.looked_ms = tuple(lines), now_ms
 
 
 @dataclass(frozen=True, slots=True)

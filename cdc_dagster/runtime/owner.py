@@ -309,6 +309,11 @@ class _TickState:
     registered: tuple[str, ...] = ()
 
 
+# While a changefeed's resolved ts stands still, its snapshots' progress is read this often
+# (at most; a quarter of the stall time when that is shorter).
+SNAPSHOT_LOOK_S = 5.0
+
+
 def _producer(upstream_uri: str) -> str:
     """Who writes a changefeed's change log, for messages."""
     if is_mysql_uri(upstream_uri):
@@ -523,11 +528,15 @@ class OwnerLoop:
     def _watch_snapshots(self, feed: _Feed, cf: Changefeed, now_ms: int) -> None:
         """While the resolved ts has stood still for half the stall time, watch the chunked
         snapshots of the changefeed's tables (the binlog puller's state in its change log and
-        the snapshots' files: a few small reads per tick, only then); else forget them. A
-        change log no puller writes has no puller state: no snapshot."""
+        the snapshots' files: a read of each table's plan and chunk records, at most every
+        ``SNAPSHOT_LOOK_S``); else forget them. A change log no puller writes has no puller
+        state: no snapshot."""
         still_s = (now_ms - feed.motion.resolved_moved_ms) / 1000
         if still_s <= self.health.stall_s / 2:
             feed.snapshots = None
+            return
+        look_ms = min(SNAPSHOT_LOOK_S, self.health.stall_s / 4) * 1000
+        if feed.snapshots is not None and now_ms - feed.snapshots.looked_ms < look_ms:
             return
         try:
             progress = [
