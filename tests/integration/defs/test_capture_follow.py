@@ -473,6 +473,17 @@ def test_the_next_run_takes_over_as_the_ending_one_stops_never_beside_it(
             assert any("waiting for its earlier run" in m for m in logs[after]), logs[after]
             summary = [m for m in logs[before] if "more tick(s)" in m]
             assert summary and f"handed over to run {after}" in summary[0], summary
+        # A run's first tick's materializations are logged by its follow op, beside the
+        # loop, none by its report op (which the loop waited for).
+        firsts = []
+        for r in runs:
+            mats = instance.all_logs(
+                r.dagster_run.run_id, of_type=dg.DagsterEventType.ASSET_MATERIALIZATION
+            )
+            assert not [e for e in mats if e.step_key == "report"]
+            (first,) = [m for m in logs[r.dagster_run.run_id] if "the first tick's" in m]
+            firsts.append(int(first.split("first tick's ")[1].split()[0]))
+            assert len([e for e in mats if e.step_key == "follow"]) >= firsts[-1], first
 
 
 def _two_changefeeds(
