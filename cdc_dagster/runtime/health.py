@@ -150,10 +150,13 @@ def _stalls(
     snapshots: SnapshotMotion | None = None,
 ) -> str:
     resolved_still_s = (now_ms - motion.resolved_moved_ms) / 1000
-    if motion.resolved_moved_ms and resolved_still_s > stall_s and snapshots and snapshots.lines:
+    held = motion.resolved_moved_ms and resolved_still_s > stall_s
+    if held and snapshots and snapshots.lines:
         snapshot_still_s = (now_ms - snapshots.moved_ms) / 1000
         if snapshot_still_s <= stall_s:
-            return ""  # held by a snapshot that moves: progress (``changefeed query`` shows it)
+            # held by a snapshot that moves: progress (``changefeed query`` shows it); as
+            # ever, a resolved ts standing still is judged before a checkpoint doing so
+            return ""
         shown = "; ".join(snapshots.lines[:3]) + (
             f"; and {len(snapshots.lines) - 3} more" if len(snapshots.lines) > 3 else ""
         )
@@ -164,7 +167,7 @@ def _stalls(
             f"({shown}); see the `mysql_snapshot` runs in Dagster, which read its chunks, and "
             f"the `mysql_puller` runs, which place them (a run failing or not launched)"
         )
-    if motion.resolved_moved_ms and resolved_still_s > stall_s:
+    if held:
         if source_resolved_ts > motion.resolved_ts and tables:
             return (
                 f"the resolved ts has not moved for {resolved_still_s:.0f} s (it is "
