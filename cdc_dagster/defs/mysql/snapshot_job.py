@@ -38,6 +38,11 @@ PLACED_POLL_S = 0.5  # ... and, its reads done, whether the puller placed them (
 # Observations per run (dagster#19618: ~1,000 in one run slowed each to seconds): past
 # this, a table's progress goes to the log only, and its last observation at its end.
 MAX_OBSERVATIONS = 400
+# A table's progress observation before its last at most this often (from when the run
+# first saw it): each is an event-log write, 20-60 ms under load, in the run's process
+# beside the reads; 100 small tables were observed twice each, 100 of them (~2-6 s of writes)
+# in the reads' first seconds when each was only planned. Its last (complete) at once.
+OBSERVE_EVERY_S = 10.0
 
 
 class SnapshotConfig(dg.Config):
@@ -94,6 +99,7 @@ class ProgressWatch:
         self.released: dict[tuple[int, int], Any] = {}
         self.read: dict[int, tuple[int, int]] | None = None  # per table, once the reads end
         self.observations = 0
+        self.observed: dict[tuple[int, int], float] = {}  # ... -> when last observed (or seen)
         self.lines: list[str] = []  # the progress lines of this look, not yet logged
 
     def watch(self, read: Callable[[], Any]) -> Any:
@@ -179,10 +185,16 @@ class ProgressWatch:
                        complete=True)  # fmt: skip
 
     def _render(self, p: Any, final: bool) -> None:
-        self.last[(p.table_id, p.generation)] = p
+        key = (p.table_id, p.generation)
+        self.last[key] = p
         self.lines.append(p.line())  # logged together at the end of the look
-        if self.observations >= MAX_OBSERVATIONS and not final:
+        now = time.monotonic()
+        if not final and (
+            self.observations >= MAX_OBSERVATIONS
+            or now - self.observed.setdefault(key, now) < OBSERVE_EVERY_S
+        ):
             return
+        self.observed[key] = now
         self.observations += 1
         ref = TableRef(p.table_id, p.database, p.table, self.changefeed_id)
         self.context.log_event(

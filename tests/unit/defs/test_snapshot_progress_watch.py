@@ -94,3 +94,31 @@ def test_a_table_released_between_looks_is_complete_with_the_rows_the_reads_read
     lines = [line for entry in ctx.log.lines for line in entry.splitlines()]
     assert "snapshot of db.t1: complete, 100000 rows in 1 chunks" in lines
     assert not any("complete, 0 rows" in line for line in lines), lines
+
+
+def test_a_tables_progress_is_observed_at_most_every_interval_and_its_end_at_once(
+    looks: list[list[SnapshotProgress]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each observation is an event-log write in the run's process beside the reads: a
+    table's progress is observed at most every ``OBSERVE_EVERY_S`` (from when the run first
+    saw it, planned), its completion at once; every look still logs its lines."""
+    from dataclasses import replace
+
+    monkeypatch.setattr(snapshot_job, "OBSERVE_EVERY_S", 0.3)
+    ctx = _Context()
+    watch = snapshot_job.ProgressWatch(ctx, Catalog(()), "cf", "/nowhere")  # type: ignore[arg-type]
+    looks[:] = [[_p(1), _p(2)]]
+    watch.poll()  # both planned: seen, not observed
+    looks[:] = [[_p(1, rows=50_000, chunks=1), _p(2)]]
+    watch.poll()  # t1 moved within the interval: its line only
+    assert ctx.events == [] and len(ctx.log.lines) == 2
+    time.sleep(0.35)
+    looks[:] = [[_p(1, rows=60_000, chunks=2), _p(2)]]
+    watch.poll()  # past the interval: observed
+    assert [m["snapshot_rows_read"] for m in _metadata(ctx, "t1")] == [60_000]
+    done = replace(_p(2, rows=100_000, chunks=1), complete=True)
+    looks[:] = [[_p(1, rows=60_000, chunks=2), done]]
+    watch.poll()  # complete: observed at once, though seen only 0.35 s before
+    (t2,) = _metadata(ctx, "t2")
+    assert t2["snapshot_complete"] is True and t2["snapshot_rows_placed"] == 100_000
+    assert len(ctx.events) == 2
