@@ -17,9 +17,10 @@ budget is spent and ticks again as soon as something that matters changed:
 The budget is ``Settings.owner_wait_s`` from the evaluation's start; ``server start`` and
 ``demo`` set 3.5 s, so the evaluation ends before the daemon's next wake (it skips a sensor
 still evaluating: a longer wait would make the owner tick every other wake; with 4 s, the
-daemon's handling of a result, 0.3-1.4 s, made 5 of 179 evaluations in a bench run skip one). Its default
-is 0 so that tests which evaluate the sensor directly take no longer: then only answers
-are waited for, for ``SETTLE_S`` after the first step, as before the budget existed.
+daemon's handling of a result, 0.3-1.4 s, made 5 of 179 evaluations in a bench run skip
+one). Its default is 0 so that tests which evaluate the sensor directly take no longer: then
+only answers are waited for, for ``SETTLE_S`` after the first step, as before the budget
+existed.
 """
 
 from __future__ import annotations
