@@ -11,7 +11,10 @@ The sources of a message, in the order the message gives them:
 4. a resolved ts that has not moved for ``stall_s`` (the change log's producer is stuck),
    unless a chunked snapshot holds it and that snapshot has moved within ``stall_s`` (a
    table being snapshotted holds the resolved ts until its last chunk is placed: that is
-   progress, not a stall); a snapshot that stood still as long is named instead;
+   progress, not a stall); a snapshot that stood still as long is named instead. The
+   tables holding it moving (fewer of them left at it, or rows written to them) and a
+   snapshot's end are progress too, for ``stall_s``: after a large snapshot the captures
+   write its rows table after table, the resolved ts held until the last one is written;
 5. a checkpoint that has not moved for ``stall_s`` while the resolved ts is ahead of it (a
    DDL every table reached is not applied: the message names it; else a table is stuck:
    the message names the slowest ones, their state and holder).
@@ -54,13 +57,27 @@ class Motion:
     resolved_moved_ms: int = 0
     checkpoint_ts: int = 0
     checkpoint_moved_ms: int = 0
+    # the tables at the resolved ts (those holding it): how many, and the rows written to
+    # them; when that last changed (they move while the resolved ts waits for the last one)
+    holding: tuple[int, int] = (0, 0)
+    holding_moved_ms: int = 0
 
-    def observe(self, checkpoint_ts: int, resolved_ts: int, now_ms: int) -> None:
-        """Note this tick's checkpoint and resolved ts."""
+    def observe(
+        self,
+        checkpoint_ts: int,
+        resolved_ts: int,
+        now_ms: int,
+        tables: Sequence[TableProgress] = (),
+    ) -> None:
+        """Note this tick's checkpoint and resolved ts (and where its ``tables`` are)."""
         if resolved_ts != self.resolved_ts or not self.resolved_moved_ms:
             self.resolved_ts, self.resolved_moved_ms = resolved_ts, now_ms
         if checkpoint_ts != self.checkpoint_ts or not self.checkpoint_moved_ms:
             self.checkpoint_ts, self.checkpoint_moved_ms = checkpoint_ts, now_ms
+        at = [t for t in tables if t.resolved_ts <= resolved_ts]
+        holding = (len(at), sum(t.rows_applied for t in at))
+        if holding != self.holding or not self.holding_moved_ms:
+            self.holding, self.holding_moved_ms = holding, now_ms
 
 
 @dataclass(slots=True)
@@ -72,10 +89,13 @@ class SnapshotMotion:
     moved_ms: int = 0
     lines: tuple[str, ...] = ()
     looked_ms: int = 0  # when it was last observed
+    progress_ms: int = 0  # when one under way moved or ended (0: none seen under way)
 
     def observe(self, signature: object, lines: Sequence[str], now_ms: int) -> None:
         """Note the snapshots' progress now (``signature`` changes whenever it moves)."""
         if signature != self.signature or not self.moved_ms:
+            if lines or self.lines:  # under way, or it was and has ended
+                self.progress_ms = now_ms
             self.signature, self.moved_ms = signature, now_ms
         self.lines, self.looked_ms = tuple(lines), now_ms
 
@@ -168,6 +188,11 @@ def _stalls(
             f"the `mysql_puller` runs, which place them (a run failing or not launched)"
         )
     if held:
+        progress_ms = max(motion.holding_moved_ms, snapshots.progress_ms if snapshots else 0)
+        if (now_ms - progress_ms) / 1000 <= stall_s:
+            # the tables holding it move (written one after another after a large
+            # snapshot), or a snapshot ended: progress, judged before the checkpoint as above
+            return ""
         if source_resolved_ts > motion.resolved_ts and tables:
             return (
                 f"the resolved ts has not moved for {resolved_still_s:.0f} s (it is "

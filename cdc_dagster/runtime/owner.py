@@ -509,7 +509,7 @@ class OwnerLoop:
         step: _TickState,
     ) -> Health:
         """What keeps the changefeed from moving, if anything (:mod:`cdc_dagster.runtime.health`)."""
-        feed.motion.observe(tick.checkpoint_ts, tick.resolved_ts, step.now_ms)
+        feed.motion.observe(tick.checkpoint_ts, tick.resolved_ts, step.now_ms, tick.tables)
         self._watch_snapshots(feed, cf, step.now_ms)
         return judge(
             alive=bool(step.alive),

@@ -134,6 +134,68 @@ def test_a_snapshot_motion_moves_when_its_signature_changes() -> None:
     assert snap.moved_ms == NOW and snap.lines == ("a",)
 
 
+def test_tables_written_one_after_another_under_a_held_resolved_ts_are_progress() -> None:
+    """After a large snapshot the captures write its tables a few per tick; the resolved ts
+    waits for the last one. While fewer tables are left at it (or rows are written to
+    them), normal; once they stand still for the stall time, the captures are named; a
+    capture frozen while others' tables move is still named (they are not at the resolved
+    ts)."""
+    held = compose(NOW - 200_000)
+
+    def at(tid: int, rows: int = 0) -> TableProgress:
+        return TableProgress("cf", tid, "replicating", "c1", held, held, 0, rows, f"db.t{tid}")
+
+    def ahead(tid: int, ms: int) -> TableProgress:
+        return TableProgress("cf", tid, "replicating", "c2", compose(ms), compose(ms), 0,
+                             name=f"db.t{tid}")  # fmt: skip
+
+    source = compose(NOW - 1_000)
+    motion = Motion()
+    motion.observe(held, held, NOW - 100_000, [at(i) for i in range(5)])
+    motion.observe(held, held, NOW - 30_000, [at(i) for i in range(3)] + [ahead(3, NOW - 2_000),
+                                                                        ahead(4, NOW - 2_000)])  # fmt: skip
+    tables = [at(i) for i in range(3)] + [ahead(3, NOW - 1_000), ahead(4, NOW - 1_000)]
+    motion.observe(held, held, NOW, tables)
+    assert verdict(motion=motion, tables=tables, source_resolved_ts=source).message is None
+    # rows written to a table holding it: progress too
+    rows = Motion()
+    rows.observe(held, held, NOW - 100_000, [at(0), at(1)])
+    rows.observe(held, held, NOW - 10_000, [at(0, 5_000), at(1)])
+    assert (
+        verdict(motion=rows, tables=[at(0, 5_000), at(1)], source_resolved_ts=source).message
+        is None
+    )
+    # nothing moved among them for the stall time: the captures holding them are named
+    later = NOW + 31_000
+    motion.observe(held, held, later, tables)
+    message = verdict(motion=motion, tables=tables, source_resolved_ts=source, now_ms=later).message
+    assert "resolved ts has not moved for 131 s" in (message or "")
+    assert "db.t0 (replicating on c1" in (message or "")
+    # a frozen capture's one table stays at it while the other tables move on: named
+    frozen = Motion()
+    for ms in range(NOW - 90_000, NOW + 1, 10_000):
+        frozen.observe(held, held, ms, [at(0), ahead(1, ms - 1_000), ahead(2, ms - 1_000)])
+    tables = [at(0), ahead(1, NOW - 1_000), ahead(2, NOW - 1_000)]
+    message = verdict(motion=frozen, tables=tables, source_resolved_ts=source).message or ""
+    assert "resolved ts has not moved for 90 s" in message and "db.t0" in message
+
+
+def test_a_snapshot_that_ended_is_progress_for_the_stall_time_and_one_never_seen_is_not() -> None:
+    """The resolved ts held through a snapshot then by the captures writing it: the snapshot's
+    end restarts the stall time. With no snapshot ever seen under way, a first look (which
+    finds none) does not."""
+    motion = moving(NOW - 300_000)
+    motion.observe(motion.checkpoint_ts, motion.resolved_ts, NOW)
+    snap = SnapshotMotion()
+    snap.observe((1, 5), ["snapshot of db.t1: chunks 5/9 read"], NOW - 90_000)
+    snap.observe((), [], NOW - 40_000)  # ended
+    assert verdict(motion=motion, snapshots=snap).message is None
+    assert PRODUCER in (verdict(motion=motion, snapshots=snap, now_ms=NOW + 21_000).message or "")
+    none = SnapshotMotion()
+    none.observe((), [], NOW - 1_000)
+    assert PRODUCER in (verdict(motion=motion, snapshots=none).message or "")
+
+
 def test_a_checkpoint_behind_a_moving_resolved_ts_names_the_slowest_tables() -> None:
     motion = Motion()
     motion.observe(compose(NOW - 90_000), compose(NOW - 90_000), NOW - 90_000)
