@@ -17,7 +17,8 @@ The sources of a message, in the order the message gives them:
    write its rows table after table, the resolved ts held until the last one is written;
 5. a checkpoint that has not moved for ``stall_s`` while the resolved ts is ahead of it (a
    DDL every table reached is not applied: the message names it; else a table is stuck:
-   the message names the slowest ones, their state and holder).
+   the message names the slowest ones, their state and holder); as in 4, the tables
+   holding it moving is progress.
 
 No message: the changefeed is normal. The conditions of 1, 4 and 5 never fail it: they heal
 by themselves when their cause is gone, and they say what to do meanwhile.
@@ -57,10 +58,13 @@ class Motion:
     resolved_moved_ms: int = 0
     checkpoint_ts: int = 0
     checkpoint_moved_ms: int = 0
-    # the tables at the resolved ts (those holding it): how many, and the rows written to
-    # them; when that last changed (they move while the resolved ts waits for the last one)
+    # the tables at the resolved ts and at the checkpoint (those holding each): how many,
+    # and the rows written to them; when that last changed (they move while the ts waits
+    # for the last one: a large snapshot's tables are written a few at a time)
     holding: tuple[int, int] = (0, 0)
     holding_moved_ms: int = 0
+    behind: tuple[int, int] = (0, 0)
+    behind_moved_ms: int = 0
 
     def observe(
         self,
@@ -74,10 +78,18 @@ class Motion:
             self.resolved_ts, self.resolved_moved_ms = resolved_ts, now_ms
         if checkpoint_ts != self.checkpoint_ts or not self.checkpoint_moved_ms:
             self.checkpoint_ts, self.checkpoint_moved_ms = checkpoint_ts, now_ms
-        at = [t for t in tables if t.resolved_ts <= resolved_ts]
-        holding = (len(at), sum(t.rows_applied for t in at))
+        holding = _at(tables, "resolved_ts", resolved_ts)
         if holding != self.holding or not self.holding_moved_ms:
             self.holding, self.holding_moved_ms = holding, now_ms
+        behind = _at(tables, "checkpoint_ts", checkpoint_ts)
+        if behind != self.behind or not self.behind_moved_ms:
+            self.behind, self.behind_moved_ms = behind, now_ms
+
+
+def _at(tables: Sequence[TableProgress], ts: str, value: int) -> tuple[int, int]:
+    """How many ``tables`` are at or below ``value`` in ``ts``, and the rows written to them."""
+    at = [t for t in tables if getattr(t, ts) <= value]
+    return len(at), sum(t.rows_applied for t in at)
 
 
 @dataclass(slots=True)
@@ -211,6 +223,7 @@ def _stalls(
         motion.checkpoint_moved_ms
         and checkpoint_still_s > stall_s
         and motion.resolved_ts > motion.checkpoint_ts
+        and (now_ms - motion.behind_moved_ms) / 1000 > stall_s  # its tables stand still too
     ):
         if ready_ddls:
             return (

@@ -180,6 +180,30 @@ def test_tables_written_one_after_another_under_a_held_resolved_ts_are_progress(
     assert "resolved ts has not moved for 90 s" in message and "db.t0" in message
 
 
+def test_a_checkpoint_held_by_tables_written_one_after_another_is_progress() -> None:
+    """The resolved ts moved on, the checkpoint waits for the last of a snapshot's tables the
+    captures write a few at a time: normal while fewer are left behind; named once they
+    stand still for the stall time."""
+    old, new = compose(NOW - 200_000), compose(NOW - 1_000)
+
+    def behind(tid: int) -> TableProgress:
+        return TableProgress("cf", tid, "replicating", "c2", old, new, 0, name=f"db.t{tid}")
+
+    def written(tid: int) -> TableProgress:
+        return TableProgress("cf", tid, "replicating", "c1", new, new, 0, 100_000, f"db.t{tid}")
+
+    motion = Motion()
+    motion.observe(old, old, NOW - 100_000, [behind(i) for i in range(4)])
+    motion.observe(old, new, NOW - 20_000, [behind(0), behind(1), written(2), written(3)])
+    tables = [behind(0), written(1), written(2), written(3)]
+    motion.observe(old, new, NOW, tables)
+    assert verdict(motion=motion, tables=tables).message is None
+    later = NOW + 61_000
+    motion.observe(old, compose(later - 1_000), later, tables)  # the resolved ts moves on
+    message = verdict(motion=motion, tables=tables, now_ms=later).message or ""
+    assert "checkpoint has not moved for 161 s" in message and "db.t0 (replicating on c2" in message
+
+
 def test_a_snapshot_that_ended_is_progress_for_the_stall_time_and_one_never_seen_is_not() -> None:
     """The resolved ts held through a snapshot then by the captures writing it: the snapshot's
     end restarts the stall time. With no snapshot ever seen under way, a first look (which
