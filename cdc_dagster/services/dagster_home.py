@@ -9,6 +9,8 @@
 - at most one dbt build run at a time (tag ``cdc/dbt_build``);
 - the run queue checked every second (Dagster's default is 5 s): a capture's next run
   waits in the queue for the previous one, and every second of that is replication lag;
+  a run no concurrency limit applies to is launched at once, not queued, when no run
+  waits in the queue (``services.run_coordinator``: a new changefeed's snapshot run);
 - run monitoring on: a run stuck in STARTING is failed after 3 minutes, one past its
   ``dagster/max_runtime`` tag (capture runs carry one) is failed, so a hung capture run
   does not hold its capture's slot in the queue for ever;
@@ -33,7 +35,7 @@ LOCATION_NAME = "cdc_dagster"  # the code location (workspace.yaml names it too)
 
 _COMMON = """\
 # Written by cdc-dagster; edit the template in cdc_dagster/services/dagster_home.py.
-# The queued run coordinator is Dagster's default; `concurrency.runs` configures it.
+# The run coordinator (run_coordinator below) is a queued one; `concurrency.runs` configures it.
 concurrency:
   runs:
     # Two runs per capture at a time (capture runs carry dagster/partition = capture id):
@@ -55,10 +57,15 @@ concurrency:
         value:
           applyLimitPerUniqueValue: true
         limit: 2
-run_queue:
-  dequeue_interval_seconds: 1
-  dequeue_use_threads: true
-  dequeue_num_workers: 4
+# Queued runs dequeued every second (Dagster's default is 5 s); a run no limit holds back,
+# submitted with no run queued, is launched at once (cdc_dagster/services/run_coordinator.py)
+run_coordinator:
+  module: cdc_dagster.services.run_coordinator
+  class: PromptRunCoordinator
+  config:
+    dequeue_interval_seconds: 1
+    dequeue_use_threads: true
+    dequeue_num_workers: 4
 run_monitoring:
   enabled: true
   start_timeout_seconds: 180
