@@ -62,3 +62,66 @@ def test_warm_starts_the_worker_with_the_phases_modules_before_the_first_bulk_ph
     assert got[0] != os.getpid()
     # the same worker serves the phases after it
     assert background.run_in_background(_where, [1])[0][0] == got[0]
+
+
+def _session(_: int) -> tuple[int, int, str]:
+    try:
+        with open("/proc/self/autogroup") as f:
+            group = f.read().strip()
+    except OSError:
+        group = ""
+    return os.getpid(), os.getsid(0), group
+
+
+def test_the_worker_is_a_session_of_its_own_whose_autogroup_yields_to_other_sessions() -> None:
+    """Under autogroup scheduling a niceness counts only inside a session: the worker has
+    its own, at the bulk niceness, so it yields to MariaDB's and Spark's readers too."""
+    ((pid, sid, group),) = background.run_in_background(_session, [1])
+    assert sid == pid and sid != os.getsid(0)
+    if group:  # a kernel with autogroups
+        assert group.endswith(f"nice {background.BULK_NICE}")
+
+
+def _parent_then_worker(out: str) -> None:
+    """A capture run's stand-in: starts the worker, writes its pid, then waits to be killed."""
+    import time
+
+    ((pid, _, _),) = background.run_in_background(_session, [1])
+    with open(out, "w") as f:
+        f.write(str(pid))
+    time.sleep(120)
+
+
+def test_the_worker_ends_when_its_parent_is_killed(tmp_path: object) -> None:
+    """Out of the daemon's process group a stop does not reach it, and a pool worker holds
+    its own queue's pipe: it must notice its parent's end itself."""
+    import multiprocessing
+    import time
+    from pathlib import Path
+
+    out = Path(str(tmp_path)) / "pid"
+    parent = multiprocessing.get_context("spawn").Process(target=_parent_then_worker,
+                                                          args=(str(out),))  # fmt: skip
+    parent.start()
+    deadline = time.monotonic() + 60
+    while not (out.exists() and out.read_text()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    worker = int(out.read_text())
+    os.kill(parent.pid, signal.SIGKILL)
+    parent.join(10)
+    deadline = time.monotonic() + 10
+    while _running(worker) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    alive = _running(worker)
+    if alive:
+        os.kill(worker, signal.SIGKILL)
+    assert not alive, "the worker outlived its killed parent"
+
+
+def _running(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie of init's has ended)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
