@@ -43,6 +43,7 @@ R = TypeVar("R")
 
 _lock = threading.Lock()
 _pool: ProcessPoolExecutor | None = None
+AUTOGROUP_NICE = False  # in the worker: whether its autogroup got the bulk niceness
 
 
 def _lower_priority(nice: int) -> None:
@@ -54,7 +55,9 @@ def _lower_priority(nice: int) -> None:
             os.setpriority(os.PRIO_PROCESS, 0, nice)
     except OSError:
         pass
-    if own_autogroup(nice):
+    global AUTOGROUP_NICE
+    session, AUTOGROUP_NICE = own_autogroup(nice)
+    if session:
         _exit_with_parent()
 
 
@@ -72,9 +75,9 @@ def _exit_with_parent(poll_s: float = 1.0) -> None:
     threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()
 
 
-def own_autogroup(nice: int) -> bool:
+def own_autogroup(nice: int) -> tuple[bool, bool]:
     """Make this process a session of its own and give its autogroup niceness ``nice``;
-    whether that was done. Under Linux's autogroup scheduling a process's niceness counts
+    whether each was done. Under Linux's autogroup scheduling a process's niceness counts
     only against its own session's: the worker at 10 in the daemon's session still took a
     session's share of the CPU from every other one -- on 2 cores, 0.19 of a core beside a
     100-table snapshot's reads (Spark's session) and MariaDB's, which got that much less
@@ -86,13 +89,13 @@ def own_autogroup(nice: int) -> bool:
     try:
         os.setsid()
     except OSError:  # already a session (or group) leader
-        return False
+        return False, False
     try:
         with open("/proc/self/autogroup", "w") as f:
             f.write(str(nice))
-    except OSError:
-        return False
-    return True
+    except OSError:  # no autogroups, or not allowed
+        return True, False
+    return True, True
 
 
 def _get_pool() -> ProcessPoolExecutor:
