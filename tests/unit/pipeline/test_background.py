@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import signal
+import time
+from pathlib import Path
 
 import pytest
 
@@ -84,22 +87,16 @@ def test_the_worker_is_a_session_of_its_own_whose_autogroup_yields_to_other_sess
 
 def _parent_then_worker(out: str) -> None:
     """A capture run's stand-in: starts the worker, writes its pid, then waits to be killed."""
-    import time
-
     ((pid, _, _),) = background.run_in_background(_session, [1])
     with open(out, "w") as f:
         f.write(str(pid))
     time.sleep(120)
 
 
-def test_the_worker_ends_when_its_parent_is_killed(tmp_path: object) -> None:
+def test_the_worker_ends_when_its_parent_is_killed(tmp_path: Path) -> None:
     """Out of the daemon's process group a stop does not reach it, and a pool worker holds
     its own queue's pipe: it must notice its parent's end itself."""
-    import multiprocessing
-    import time
-    from pathlib import Path
-
-    out = Path(str(tmp_path)) / "pid"
+    out = tmp_path / "pid"
     parent = multiprocessing.get_context("spawn").Process(target=_parent_then_worker,
                                                           args=(str(out),))  # fmt: skip
     parent.start()
