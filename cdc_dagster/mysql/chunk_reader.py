@@ -15,7 +15,6 @@ from __future__ import annotations
 import itertools
 import json
 import os
-import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -195,65 +194,16 @@ def read_spec(
                       client=spec.get("client", "auto"), session=session)  # fmt: skip
 
 
-def read_group(specs: list[dict[str, Any]], task: int, threads: int = 1) -> list[dict[str, Any]]:
-    """Read the specs, a ``RESULT`` row each: ``threads`` at a time (each thread takes the
-    next spec not taken, in the given order, with sessions of its own), else one after
-    another. Two reads in one worker overlap one's SELECT (the upstream's work, and the
-    wire) with the other's Arrow conversion and Parquet write: 100 sysbench tables of 100k
-    rows over two workers read ~10-15% faster with two threads each here, idle (connectorx
-    and Parquet release the GIL). A thread that fails stops the others after their chunk
-    in hand (each chunk read is recorded: the next run resumes there); its error is raised."""
-    todo = list(specs)
-    if threads <= 1 or len(todo) <= 1:
-        return _read_specs(todo, task, threading.Event())
-    take, stop = threading.Lock(), threading.Event()
-    out: list[dict[str, Any]] = []
-    errors: list[BaseException] = []
-
-    def next_spec() -> dict[str, Any] | None:
-        with take:
-            return todo.pop(0) if todo and not stop.is_set() else None
-
-    def work() -> None:
-        try:
-            out.extend(_read_specs(iter(next_spec, None), task, stop))
-        except BaseException as exc:  # raised in the caller's thread below
-            errors.append(exc)
-            stop.set()
-
-    workers = [threading.Thread(target=work, name=f"chunk-reader-{task}-{i}", daemon=True)
-               for i in range(min(threads, len(todo)))]  # fmt: skip
-    for w in workers:
-        w.start()
-    for w in workers:
-        w.join()
-    if errors:
-        raise next((e for e in errors if not isinstance(e, _Stopped)), errors[0])
-    return out
-
-
-class _Stopped(Exception):
-    """Another reader thread of the group failed: this one ends after its chunk in hand."""
-
-
-def _read_specs(specs: Any, task: int, stop: threading.Event) -> list[dict[str, Any]]:
-    """Read each spec of the iterable to its end, one after another (one session per change
-    log); a ``RESULT`` row each. ``stop`` set: end after the chunk in hand."""
-    out: list[dict[str, Any]] = []
-    sessions: dict[tuple[str, str], ReadSession] = {}
+def read_group(specs: list[dict[str, Any]], task: int) -> list[dict[str, Any]]:
+    """Read the specs one after another (one session per change log); a ``RESULT`` row each."""
+    out, sessions = [], {}
     try:
         for spec in specs:
             key = (spec["upstream_uri"], spec["root"])
             if key not in sessions:
                 sessions[key] = ReadSession(parse_uri(key[0]), key[1])
             began, chunks = time.time(), []
-
-            def progress(chunk: Chunk, chunks: list[Chunk] = chunks) -> None:
-                chunks.append(chunk)
-                if stop.is_set():
-                    raise _Stopped("another reader of the group failed")
-
-            rows = read_spec(spec, sessions[key], progress)
+            rows = read_spec(spec, sessions[key], chunks.append)
             out.append({"table_id": spec["table_id"], "range": spec["range"], "rows": rows,
                         "chunks": len(chunks), "task": task, "began": began,
                         "ended": time.time()})  # fmt: skip
@@ -263,21 +213,16 @@ def _read_specs(specs: Any, task: int, stop: threading.Event) -> list[dict[str, 
     return out
 
 
-def read_groups(
-    groups: list[str], batches: Iterator[pa.RecordBatch], threads: int = 1
-) -> Iterator[pa.RecordBatch]:
-    """``mapInArrow`` body over ``spark.range``: group ``id``'s specs, ``threads`` at a
-    time (at a lower CPU priority: ``yield_cpu``, which the threads inherit)."""
+def read_groups(groups: list[str], batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """``mapInArrow`` body over ``spark.range``: group ``id``'s specs, one after another
+    (at a lower CPU priority: ``yield_cpu``)."""
     yield_cpu()
     out = []
     for batch in batches:
         for gid in batch.column("id").to_pylist():
-            out += read_group(json.loads(groups[gid]), gid, threads)
+            out += read_group(json.loads(groups[gid]), gid)
     yield pa.RecordBatch.from_pylist(out, schema=RESULT)
 
-
-# Reads a worker (a Spark task, or the run's process) makes at once (``read_group``).
-READ_THREADS = 2
 
 # The niceness of a Spark worker reading snapshot chunks: where the CPU is short, the
 # captures' ticks (the binlog stream of the other tables) come first, the reads take what
@@ -407,7 +352,6 @@ def _plan(
 
 __all__ = [
     "CHUNK_ROWS",
-    "READ_THREADS",
     "RESULT",
     "RESULT_DDL",
     "SNAPSHOT_NICE",

@@ -1,10 +1,10 @@
 """Run a change log's pending chunked snapshots: plan each table, read its ranges in
-parallel (Spark tasks on the given session, else here), write chunks.
+parallel (Spark tasks on the given session, else one after another here), write chunks.
 
 The (table, range) reads are spread over at most ``tasks`` Spark tasks as the capture jobs
 spread tables (``pipeline.job.balance``: largest first onto the least loaded; a task reads
-its ranges ``READ_THREADS`` at a time): a changefeed of many small tables is a few tasks,
-not one per range. The puller places the chunks as it follows the
+its ranges one after another): a changefeed of many small
+tables is a few tasks, not one per range. The puller places the chunks as it follows the
 binlog and releases each table when its plan is covered (``mysql.adoption``); a run killed
 midway resumes at each range's first chunk not read (``snapshots.next_read``).
 """
@@ -22,7 +22,6 @@ from typing import Any
 
 from cdc_dagster.mysql.chunk_reader import (
     CHUNK_ROWS,
-    READ_THREADS,
     RESULT_DDL,
     plan_tables,
     read_group,
@@ -103,27 +102,25 @@ def run_snapshot_reads(
     tasks: int = 0,
     client: str = "auto",
     local_max_rows: int = 0,
-    threads: int = READ_THREADS,
 ) -> SnapshotReads:
     """Read every pending snapshot's ranges (the puller places them). ``tasks``: Spark
     tasks at most (0: one per range). Snapshots of ``local_max_rows`` planned rows or fewer
     are read here, one range after another, without a Spark job: a job costs seconds to
     start over Spark Connect (planning, Python workers, imports), more than reading a few
-    hundred thousand rows takes (as the capture ticks' ``local_max_bytes``). Each task (or
-    this process) reads ``threads`` ranges at a time (``chunk_reader.read_group``)."""
+    hundred thousand rows takes (as the capture ticks' ``local_max_bytes``)."""
     started = time.monotonic()
     specs = snapshot_specs(upstream_uri, root, parallelism, chunk_rows, client)
     if not specs:
         return SnapshotReads(0, 0, 0, time.monotonic() - started, 0.0, 0.0, 0.0)
     local = spark is None or sum(int(s["weight"]) for s in specs) <= local_max_rows
     if local:
-        rows = read_group(specs, 0, threads)
+        rows = read_group(specs, 0)
     else:
         n = max(1, min(tasks or len(specs), len(specs)))
         texts = [json.dumps(g) for g in balance(specs, n)]
         # one partition per group, no shuffle; the groups travel in the task's closure
         df = spark.range(0, len(texts), 1, len(texts))
-        body = functools.partial(read_groups, texts, threads=threads)
+        body = functools.partial(read_groups, texts)
         rows = [r.asDict() for r in df.mapInArrow(body, RESULT_DDL).collect()]
     per_task: dict[int, float] = {}
     tables: dict[int, tuple[int, int]] = {}

@@ -53,7 +53,6 @@ class SnapshotConfig(dg.Config):
     chunk_rows: int = 200_000  # cdc_dagster.mysql.chunk_reader.CHUNK_ROWS (not imported here)
     tasks: int = 0  # Spark tasks the ranges are spread over (0: the session's task slots)
     client: str = "auto"  # chunk reads: auto (connectorx where it can), arrow, rows (pymysql)
-    threads: int = 2  # ranges each task (or the run's process) reads at once (READ_THREADS)
     # snapshots of at most this many planned rows are read in the run's process (no job)
     local_max_rows: int = LOCAL_MAX_ROWS
     use_spark: bool = True  # False: the ranges one after another in the run's process
@@ -217,7 +216,7 @@ def _read(config: SnapshotConfig, uri: str, root: str, spark: SparkResource, pla
     session = spark.shared_session(SNAPSHOT_SESSION) if use else None
     tasks = config.tasks or (parallelism(session) if session is not None else 0)
     return run_snapshot_reads(uri, root, session, config.parallelism, config.chunk_rows, tasks,
-                              config.client, config.local_max_rows, max(1, config.threads))  # fmt: skip
+                              config.client, config.local_max_rows)  # fmt: skip
 
 
 def build_snapshot_job(catalog: Catalog) -> dg.JobDefinition:
