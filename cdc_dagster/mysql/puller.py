@@ -41,6 +41,7 @@ from cdc_dagster.mysql.ddl import UnsupportedDDLError, is_ignored, parse_ddl
 from cdc_dagster.mysql.ddl_records import ddl_record
 from cdc_dagster.mysql.errors import PullerBusyError, PullerError
 from cdc_dagster.mysql.join import PendingJoin
+from cdc_dagster.mysql.snapshots import ChunkBell
 from cdc_dagster.mysql.state import (
     PullerState,
     TsAllocator,
@@ -73,6 +74,9 @@ REFUSED = {
 _Change = tuple[int, bytes, int, bytes]  # table id, table-map body, op, rows payload
 _UNKNOWN = object()  # a table map not looked at since the plans were forgotten
 FIRST_FLUSH_S = 0.25  # a pull's first flush, this long after it starts
+# A snapshot chunk written (``ChunkBell``) brings the flush that places it forward, to no
+# sooner than this after the last flush (a flush lists every pending snapshot's chunks).
+BELL_GAP_S = 0.2
 # Row-event bytes buffered when the stream has nothing more to send (a backlog's end) that
 # are flushed at once, not at the interval's end: a drained backlog's last rows waited up
 # to a second (or the next heartbeat) for it. A trickle flushes once per interval as before.
@@ -166,6 +170,7 @@ class Puller:
         self._known: dict[bytes, tuple[int, bytes] | None] = {}
         self.join: PendingJoin | None = None  # tables joining at a snapshot's binlog position
         self.adopter = Adopter()  # snapshot chunks placed in the stream (mysql.snapshots)
+        self.bell = ChunkBell(self.root)  # a reader wrote a chunk: place it now
         self.requests_seen = 0.0  # when re-snapshot requests were last looked at
 
     # -- start ------------------------------------------------------------------------
@@ -449,6 +454,8 @@ class Puller:
                         self.flush()  # the backlog is read: its rows go out now
                     elif time.monotonic() - self.last_flush >= interval and not self._holds(stream):
                         self.flush()
+                    elif self._chunk_written(stream):
+                        self.flush()  # a snapshot chunk: placed (its table released) now
             if (
                 self.buffered >= DRAINED_FLUSH_BYTES
                 and self.trx_gtid is None
@@ -549,6 +556,16 @@ class Puller:
             self.buffered >= 4 * self.config.flush_bytes or not self._holds(None)
         ):
             self.flush()
+
+    def _chunk_written(self, stream: BinlogStream) -> bool:
+        """Whether a snapshot reader wrote a chunk since the last look (``ChunkBell``) and
+        a flush may come now: BELL_GAP_S after the last, none held (``_holds``)."""
+        if not self.state.snapshots:
+            return False
+        now = time.monotonic()
+        return (
+            now - self.last_flush >= BELL_GAP_S and not self._holds(stream) and self.bell.rang(now)
+        )
 
     def _holds(self, stream: BinlogStream | None) -> bool:
         """Whether a due flush waits: the puller is catching up with a backlog (the stream's

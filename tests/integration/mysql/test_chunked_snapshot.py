@@ -161,6 +161,39 @@ def test_chunks_of_a_quiet_upstream_are_placed_by_asking_it_for_their_gtids(
     assert fingerprint(changelog_table(root, tid)) == fingerprint(upstream_rows(mariadb, mydb, "q"))
 
 
+def test_a_chunk_written_is_placed_without_waiting_for_the_pullers_flush_interval(
+    mariadb, mydb, tmp_path: Path
+) -> None:
+    """A reader rings the puller's bell after each chunk (``ChunkBell``): with a flush
+    interval of 30 s and a busy stream (no heartbeats, whose flushes would place it), the
+    table is released within seconds of its reads, not at the next interval's flush."""
+    execute(mariadb, mydb, "CREATE TABLE t (id INT PRIMARY KEY, v INT, s VARCHAR(20))",
+            "INSERT INTO t SELECT seq, seq, CONCAT('r', seq) FROM seq_1_to_3000")  # fmt: skip
+    root = tmp_path / "cl"
+    cfg = PullerConfig(mariadb.uri(), str(root), (f"{mydb}.*",), chunked_snapshot=True,
+                       flush_interval_s=30.0)  # fmt: skip
+    p, done, th = _follow(cfg)
+    writer = Writer(mariadb, mydb)
+    writer.start()
+    try:
+        _until(lambda: load_state(root) is not None and p.stats.flushes >= 1)
+        tid = table_id(root, "t")
+        time.sleep(0.5)  # the stream busy: the puller's flushes now come from its interval
+        flushes = p.stats.flushes
+        run_snapshot_reads(cfg.upstream_uri, str(root), parallelism=2, chunk_rows=1000)
+        read = time.monotonic()
+        _until(lambda: not p.state.snapshots, timeout=10)
+        assert time.monotonic() - read < 10 and p.stats.flushes > flushes
+    finally:
+        writer.stop_.set()
+        writer.join()
+    target = gtid_now(mariadb)
+    _until(lambda: p.stats.position == target, timeout=40)
+    done.set()
+    th.join(30)
+    assert fingerprint(changelog_table(root, tid)) == fingerprint(upstream_rows(mariadb, mydb, "t"))
+
+
 @pytest.fixture(scope="module")
 def spark():
     from cdc_dagster.pipeline.engine import spark_session

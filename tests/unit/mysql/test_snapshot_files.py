@@ -95,3 +95,21 @@ def test_generations_no_snapshot_holds_are_swept_and_held_ones_kept(tmp_path: Pa
     assert not released.exists() and not other.exists() and not cut_short.exists()
     assert snapshots.sweep_generations(tmp_path, {1: 5}) == 0
     assert snapshots.sweep_generations(tmp_path / "none", {}) == 0
+
+
+def test_the_bell_rings_once_per_chunk_written_and_is_looked_at_no_more_than_asked(
+    tmp_path: Path,
+) -> None:
+    gen_dir = snapshots.generation_dir(tmp_path, 3, 1)
+    bell = snapshots.ChunkBell(tmp_path, look_s=0.5)
+    assert not bell.rang(100.0)  # no chunk written yet
+    write_chunk(gen_dir, _chunk(0), pa.table({"c1": [0]}))
+    assert not bell.rang(100.2)  # looked at 100.0: not again before 100.5
+    assert bell.rang(100.5)
+    assert not bell.rang(101.0)  # the same chunk: rung once
+    write_chunk(gen_dir, Chunk(0, 1, {0: "0-1-5"}, [10], None, True, 0, 7), pa.table({"c1": []}))
+    write_chunk(gen_dir, Chunk(1, 0, {0: "0-1-5"}, [20], None, True, 0, 7), pa.table({"c1": []}))
+    assert bell.rang(101.5)  # empty chunks (their done marks) ring too: a table may be covered
+    assert not bell.rang(102.0)  # two rings at once (the same clock tick) seen at one look
+    assert (tmp_path / "snapshot" / snapshots.CHUNKS_WRITTEN).is_file()
+    assert snapshots.sweep_generations(tmp_path, {3: 1}) == 0  # the bell is no generation
