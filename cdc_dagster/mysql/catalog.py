@@ -66,8 +66,9 @@ def list_tables(conn, flt: TableFilter) -> list[tuple[str, str]]:
         return [(d, t) for d, t in cur.fetchall() if flt(d, t)]
 
 
-def read_table(conn, database: str, table: str) -> RawTable | None:
-    """The table's columns and keys now (None if it does not exist)."""
+def read_columns(conn, database: str, table: str) -> list[tuple[str, str, bool, str | None]]:
+    """The table's columns now: (name, logical type, nullable, default) each, in order
+    (none if it does not exist). One query: ``read_table`` without the keys."""
     with conn.cursor() as cur:
         cur.execute(
             "SELECT COLUMN_NAME, DATA_TYPE, COLUMN_TYPE, IS_NULLABLE, COLUMN_DEFAULT "
@@ -76,12 +77,19 @@ def read_table(conn, database: str, table: str) -> RawTable | None:
             (database, table),
         )
         rows = cur.fetchall()
-        if not rows:
-            return None
-        cols = []
-        for name, dtype, ctype, nullable, default in rows:
-            lt = logical_type(dtype, ctype)
-            cols.append((name, lt, nullable == "YES", default_text(lt, default)))
+    cols = []
+    for name, dtype, ctype, nullable, default in rows:
+        lt = logical_type(dtype, ctype)
+        cols.append((name, lt, nullable == "YES", default_text(lt, default)))
+    return cols
+
+
+def read_table(conn, database: str, table: str) -> RawTable | None:
+    """The table's columns and keys now (None if it does not exist)."""
+    cols = read_columns(conn, database, table)
+    if not cols:
+        return None
+    with conn.cursor() as cur:
         cur.execute(
             "SELECT INDEX_NAME, NON_UNIQUE, COLUMN_NAME FROM information_schema.STATISTICS "
             "WHERE TABLE_SCHEMA = %s AND TABLE_NAME = %s ORDER BY INDEX_NAME, SEQ_IN_INDEX",

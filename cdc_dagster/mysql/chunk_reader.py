@@ -22,7 +22,7 @@ from typing import Any
 import pyarrow as pa
 
 from cdc_dagster.mysql.catalog import quote_ident as _q
-from cdc_dagster.mysql.catalog import read_table
+from cdc_dagster.mysql.catalog import read_columns
 from cdc_dagster.mysql.chunk_select import ChunkClient, client_for
 from cdc_dagster.mysql.errors import PullerBusyError
 from cdc_dagster.mysql.snapshots import (
@@ -76,8 +76,11 @@ class ReadSession:
 
     @property
     def lock(self) -> Any:
+        """The metadata lock's connection, not in autocommit: a chunk's first statement on it
+        begins the transaction that holds the lock (no ``START TRANSACTION`` round trip)."""
         if self._lock is None:
             self._lock = connect(self.upstream)
+            self._lock.autocommit(False)
         return self._lock
 
     def close(self) -> None:
@@ -169,12 +172,11 @@ def _lock_and_check(lock: Any, log: ChangeLog, table_id: int) -> tuple[TableSche
     while True:
         schema, version = _schema(log, table_id)
         table = f"{_q(schema.database)}.{_q(schema.table)}"
-        with lock.cursor() as cur:
-            cur.execute("START TRANSACTION")
+        with lock.cursor() as cur:  # begins the transaction (``ReadSession.lock``)
             cur.execute(f"SELECT 1 FROM {table} LIMIT 0")  # the metadata lock
-        raw = read_table(lock, schema.database, schema.table)
+        columns = read_columns(lock, schema.database, schema.table)
         want = [(c.name, c.type) for c in schema.columns]
-        if raw is not None and [(n, t) for n, t, _, _ in raw.columns] == want:
+        if [(n, t) for n, t, _, _ in columns] == want:
             return schema, version
         lock.rollback()
         if time.monotonic() > deadline:

@@ -194,6 +194,55 @@ def test_a_chunk_written_is_placed_without_waiting_for_the_pullers_flush_interva
     assert fingerprint(changelog_table(root, tid)) == fingerprint(upstream_rows(mariadb, mydb, "t"))
 
 
+def test_a_chunks_metadata_lock_holds_ddl_off_and_a_catalog_ahead_of_the_log_waits(
+    mariadb, mydb, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While a chunk is read its table's metadata lock is held (a DDL waits: here it times
+    out), and released after; a catalog ahead of the change log (a DDL the puller has not
+    written) is waited for, then refused with what to do."""
+    import pymysql
+
+    from cdc_dagster.mysql import chunk_reader
+    from cdc_dagster.mysql.errors import PullerBusyError
+
+    execute(mariadb, mydb, "CREATE TABLE m (id INT PRIMARY KEY, v INT)",
+            "INSERT INTO m VALUES (1, 1)")  # fmt: skip
+    root = tmp_path / "cl"
+    _p, done, th = _follow(PullerConfig(mariadb.uri(), str(root), (f"{mydb}.*",),
+                                       chunked_snapshot=True))  # fmt: skip
+    _until(lambda: load_state(root) is not None)
+    done.set()
+    th.join(30)  # no puller from here on: a DDL stays unwritten
+    tid = table_id(root, "m")
+    session = chunk_reader.ReadSession(parse_uri(mariadb.uri()), str(root))
+
+    def alter() -> int | None:
+        c = mariadb.connect(database=mydb)
+        try:
+            with c.cursor() as cur:
+                cur.execute("SET SESSION lock_wait_timeout = 1")
+                cur.execute("ALTER TABLE m ADD COLUMN z INT")
+        except pymysql.err.OperationalError as exc:
+            return exc.args[0]
+        finally:
+            c.close()
+        return None
+
+    try:
+        schema, _ = chunk_reader._lock_and_check(session.lock, session.log, tid)
+        assert [c.name for c in schema.columns] == ["id", "v"]
+        assert alter() == 1205  # held: the DDL waited and timed out
+        session.lock.rollback()
+        assert alter() is None  # released: it goes through
+        monkeypatch.setattr(chunk_reader, "SCHEMA_WAIT_S", 1.0)
+        started = time.monotonic()
+        with pytest.raises(PullerBusyError, match="not the change log's"):
+            chunk_reader._lock_and_check(session.lock, session.log, tid)
+        assert time.monotonic() - started >= 1.0  # waited for the puller first
+    finally:
+        session.close()
+
+
 @pytest.fixture(scope="module")
 def spark():
     from cdc_dagster.pipeline.engine import spark_session
