@@ -6,8 +6,9 @@ opened it, on a connection kept for the range: DDL waits, writes do not), check 
 catalog's columns are the change log's schema, read the next keys (keyset, in key order)
 in a ``START TRANSACTION WITH CONSISTENT SNAPSHOT`` whose binlog position comes with the
 rows (``mysql.chunk_select``), end both transactions, and write the chunk's rows in the
-data-file layout (no ``_commit_ts``: the puller places them). A killed reader loses at most
-the chunk it was reading: the next one starts at the first key not read.
+data-file layout (no ``_commit_ts``: the puller places them) in a thread while the next chunk
+is read (``ChunkWriter``). A killed reader loses at most the chunk it was reading and the one
+being written: the next one starts at the first key not in a file.
 """
 
 from __future__ import annotations
@@ -15,8 +16,11 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
@@ -73,6 +77,7 @@ class ReadSession:
         self.upstream, self.root = upstream, root
         self.log = ChangeLog(root)
         self._lock: Any = None
+        self.writer = ChunkWriter()
 
     @property
     def lock(self) -> Any:
@@ -84,9 +89,64 @@ class ReadSession:
         return self._lock
 
     def close(self) -> None:
-        if self._lock is not None:
-            self._lock.close()
-            self._lock = None
+        """The chunks written (their error raised, if one failed), the connection closed."""
+        try:
+            self.writer.close()
+        finally:
+            if self._lock is not None:
+                self._lock.close()
+                self._lock = None
+
+
+class ChunkWriter:
+    """Writes a reader's chunks (Parquet, fsync, rename: ``snapshots.write_chunk``) in a
+    thread of its own, one at a time, while the reader reads the next one: a chunk's write
+    took ~20% of a reader's time under load (the fsync ~5%), the upstream idle meanwhile.
+    At most two chunks are held (the one written, the one read). A chunk handed over and
+    not yet in its file is ``in_flight``: a reader counts it read (``read_range``)."""
+
+    def __init__(self) -> None:
+        self._pool: ThreadPoolExecutor | None = None
+        self._pending: Future[None] | None = None
+        self._guard = threading.Lock()
+        self._in_flight: dict[tuple[Path, int, int], Chunk] = {}
+
+    def write(self, gen_dir: Path, chunk: Chunk, rows: pa.Table) -> None:
+        """Hand the chunk over once the one before is written (its error raised here)."""
+        self.wait()
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(1, thread_name_prefix="chunk-writer")
+        key = (gen_dir, chunk.range_no, chunk.chunk_no)
+        with self._guard:
+            self._in_flight[key] = chunk
+        self._pending = self._pool.submit(self._write, key, chunk, rows)
+
+    def _write(self, key: tuple[Path, int, int], chunk: Chunk, rows: pa.Table) -> None:
+        try:
+            write_chunk(key[0], chunk, rows)
+        finally:
+            with self._guard:
+                del self._in_flight[key]
+
+    def in_flight(self, gen_dir: Path, range_no: int) -> dict[tuple[int, int], Chunk]:
+        """The range's chunks handed over and not yet in their files."""
+        with self._guard:
+            return {(r, n): c for (g, r, n), c in self._in_flight.items()
+                    if g == gen_dir and r == range_no}  # fmt: skip
+
+    def wait(self) -> None:
+        """Until the chunk handed over last is written (its error raised here)."""
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            pending.result()
+
+    def close(self) -> None:
+        try:
+            self.wait()
+        finally:
+            if self._pool is not None:
+                self._pool.shutdown(wait=True)
+                self._pool = None
 
 
 def read_range(
@@ -113,9 +173,11 @@ def read_range(
     total = 0
     try:
         while True:
-            # pending first: the puller marks a chunk done before it removes its file
+            # in flight, then pending: a chunk written meanwhile is in a file, and the puller
+            # marks a chunk done before it removes its file
+            flying = shared.writer.in_flight(gen_dir, range_no)
             pending = {(c.range_no, c.chunk_no): c for _, c in pending_chunks(gen_dir, range_no)}
-            records = done_chunks(gen_dir, range_no) | pending
+            records = done_chunks(gen_dir, range_no) | pending | flying
             if not gen_dir.exists():
                 return total  # released meanwhile: every chunk was placed
             nr = next_read(plan, range_no, records, chunk_rows)
@@ -133,7 +195,7 @@ def read_range(
                 chunk, rows = _read_chunk(reader[2], version, range_no, nr)
             finally:
                 lock.rollback()  # the metadata lock: held only while the chunk was read
-            write_chunk(gen_dir, chunk, rows)
+            shared.writer.write(gen_dir, chunk, rows)  # written while the next one is read
             total += chunk.rows
             if progress is not None:
                 progress(chunk)
@@ -357,6 +419,7 @@ __all__ = [
     "RESULT",
     "RESULT_DDL",
     "SNAPSHOT_NICE",
+    "ChunkWriter",
     "ReadSession",
     "plan_table",
     "plan_tables",
