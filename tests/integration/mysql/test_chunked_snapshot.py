@@ -343,3 +343,45 @@ def test_plans_count_rows_only_where_the_estimate_is_small_or_doubtful(
     assert by_name["sparse"].rows == 25000 and by_name["tiny"].rows == 50
     assert 15000 <= by_name["dense"].rows <= 30000  # the estimate, at most the key's span
     assert len(by_name["dense"].ranges) == 4 and len(by_name["tiny"].ranges) == 1
+
+
+def test_key_spans_of_many_tables_are_read_together_and_plan_as_one_at_a_time(
+    mariadb, mydb, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The integer keys' MIN and MAX of every table come in one UNION ALL a few hundred
+    tables (``_key_spans``): unsigned 64-bit keys, signed ones and an empty table side by side
+    plan exactly as each table read alone, in ints (a union's DECIMAL is not a key)."""
+    import cdc_dagster.mysql.chunk_reader as chunk_reader
+
+    execute(mariadb, mydb,
+            "CREATE TABLE s1 (id INT PRIMARY KEY, v INT)",
+            "INSERT INTO s1 SELECT CAST(seq AS SIGNED) - 500, seq FROM seq_1_to_2000",
+            "CREATE TABLE s2 (id BIGINT UNSIGNED PRIMARY KEY, v INT)",
+            "INSERT INTO s2 SELECT 18446744073709551615 - seq * 3, seq FROM seq_1_to_2000",
+            "CREATE TABLE s3 (id INT PRIMARY KEY, v INT)",
+            "CREATE TABLE s4 (a INT, b INT, PRIMARY KEY (a, b))",
+            "INSERT INTO s4 SELECT seq, seq FROM seq_1_to_100")  # fmt: skip
+    root = tmp_path / "cl"
+    cfg = PullerConfig(mariadb.uri(), str(root), (f"{mydb}.*",), chunked_snapshot=True)
+    Puller(cfg).run(lambda s: load_state(root) is not None)
+    monkeypatch.setattr(chunk_reader, "SPANS_PER_QUERY", 2)  # two queries for three tables
+    snapshots = load_state(root).snapshots
+    upstream = parse_uri(cfg.upstream_uri)
+    together = chunk_reader.plan_tables(upstream, str(root), snapshots, parallelism=4,
+                                        chunk_rows=200)  # fmt: skip
+    ids = {name: table_id(root, name) for name in ("s1", "s2", "s3", "s4")}
+    log, conn = ChangeLog(root), mariadb.connect()
+    try:
+        for name, tid in ids.items():
+            schema = chunk_reader._schema(log, tid)[0]
+            alone = chunk_reader._plan(conn, schema, tid, snapshots[tid], 4, 200,
+                                       together[tid].rows)  # fmt: skip
+            assert together[tid].ranges == alone.ranges, name
+    finally:
+        conn.close()
+    assert len(together[ids["s2"]].ranges) == 4 and len(together[ids["s4"]].ranges) == 1
+    cuts = [lo for lo, _ in together[ids["s2"]].ranges[1:]]
+    assert all(type(c[0]) is int for c in cuts) and cuts[0][0] > 2**63  # no DECIMAL, no float
+    assert together[ids["s3"]].ranges == ((None, None),)  # empty: one open range
+    assert all(chunk_reader.read_plan(root, tid, snapshots[tid]) == together[tid]
+               for tid in ids.values())  # written, each  # fmt: skip
