@@ -346,8 +346,8 @@ def plan_tables(
     try:
         schemas = {tid: _schema(log, tid)[0] for tid in todo}
         estimates = _estimates(conn, [(s.database, s.table) for s in schemas.values()])
-        split = [tid for tid in todo if parallelism > 1 and _split_key(schemas[tid])]
-        spans = _key_spans(conn, {tid: schemas[tid] for tid in split})
+        keys = {tid: key for tid in todo if parallelism > 1 and (key := _split_key(schemas[tid]))}
+        spans = _key_spans(conn, {tid: (schemas[tid], key) for tid, key in keys.items()})
         new = []
         for tid in todo:
             schema = schemas[tid]
@@ -375,18 +375,18 @@ def _split_key(schema: TableSchema) -> str | None:
 SPANS_PER_QUERY = 200  # tables whose key spans one UNION ALL reads
 
 
-def _key_spans(conn: Any, schemas: dict[int, TableSchema]) -> dict[int, tuple[Any, Any]]:
-    """Each table's (MIN, MAX) of its integer key (None, None: empty), a few hundred tables a
-    query (a round trip each was ~2-4 ms of a 100-table plan here, more under load)."""
+def _key_spans(conn: Any, tables: dict[int, tuple[TableSchema, str]]) -> dict[int, tuple[Any, Any]]:
+    """Each table's (MIN, MAX) of its integer key column (``tables``: id -> (schema, key));
+    (None, None): empty. A few hundred tables a query (a round trip each was ~2-4 ms of a
+    100-table plan here, more under load)."""
     out: dict[int, tuple[Any, Any]] = {}
-    items = sorted(schemas.items())
+    items = sorted(tables.items())
     with conn.cursor() as cur:
         for i in range(0, len(items), SPANS_PER_QUERY):
             parts = []
-            for tid, schema in items[i : i + SPANS_PER_QUERY]:
-                name = _q(_split_key(schema) or "")
+            for tid, (schema, key) in items[i : i + SPANS_PER_QUERY]:
                 table = f"{_q(schema.database)}.{_q(schema.table)}"
-                parts.append(f"SELECT {tid}, MIN({name}), MAX({name}) FROM {table}")
+                parts.append(f"SELECT {tid}, MIN({_q(key)}), MAX({_q(key)}) FROM {table}")
             cur.execute(" UNION ALL ".join(parts))
             for tid, lo, hi in cur.fetchall():  # a union's type may be DECIMAL: ints again
                 out[int(tid)] = (None, None) if lo is None else (int(lo), int(hi))

@@ -9,7 +9,7 @@ snapshot/<table_id>/<gen>/plan.json                     the key ranges (chunk re
 snapshot/<table_id>/<gen>/chunks/<range>-<chunk>.parquet rows of one chunk, read at one binlog position
 snapshot/<table_id>/<gen>/done/<range>-<chunk>.json      the chunk is in the change log (or was empty)
 snapshot/<table_id>/<gen>/gtid-positions                the puller asks readers for GTID positions
-snapshot/chunks-written                                 touched after each chunk written (``ChunkBell``)
+snapshot/chunks-written                                 a byte appended after each chunk written (``ChunkBell``)
 ```
 
 A chunk is read in a short ``START TRANSACTION WITH CONSISTENT SNAPSHOT`` whose binlog

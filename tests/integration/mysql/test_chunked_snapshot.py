@@ -66,6 +66,13 @@ def _until(what, timeout: float = 60.0) -> None:
         time.sleep(0.2)
 
 
+def _snapshots_planned_by_a_puller(mariadb, mydb: str, root: Path) -> PullerConfig:
+    """A puller run until it has set up the change log with every table's snapshot pending."""
+    cfg = PullerConfig(mariadb.uri(), str(root), (f"{mydb}.*",), chunked_snapshot=True)
+    Puller(cfg).run(lambda s: load_state(root) is not None)
+    return cfg
+
+
 def _count_asks(p: Puller) -> list[tuple]:
     """The puller's ``gtid_at`` calls (coordinates it asked the upstream to turn into GTIDs)."""
     asked, real = [], p.gtid_at
@@ -309,8 +316,7 @@ def test_plans_count_rows_only_where_the_estimate_is_small_or_doubtful(
             "INSERT INTO tiny SELECT seq, seq FROM seq_1_to_50",
             "ANALYZE TABLE dense, sparse, tiny")  # fmt: skip
     root = tmp_path / "cl"
-    cfg = PullerConfig(mariadb.uri(), str(root), (f"{mydb}.*",), chunked_snapshot=True)
-    Puller(cfg).run(lambda s: load_state(root) is not None)
+    cfg = _snapshots_planned_by_a_puller(mariadb, mydb, root)
     counted: list[str] = []
     real_connect = chunk_reader.connect
 
@@ -362,8 +368,7 @@ def test_key_spans_of_many_tables_are_read_together_and_plan_as_one_at_a_time(
             "CREATE TABLE s4 (a INT, b INT, PRIMARY KEY (a, b))",
             "INSERT INTO s4 SELECT seq, seq FROM seq_1_to_100")  # fmt: skip
     root = tmp_path / "cl"
-    cfg = PullerConfig(mariadb.uri(), str(root), (f"{mydb}.*",), chunked_snapshot=True)
-    Puller(cfg).run(lambda s: load_state(root) is not None)
+    cfg = _snapshots_planned_by_a_puller(mariadb, mydb, root)
     monkeypatch.setattr(chunk_reader, "SPANS_PER_QUERY", 2)  # two queries for three tables
     snapshots = load_state(root).snapshots
     upstream = parse_uri(cfg.upstream_uri)
