@@ -258,11 +258,29 @@ def read_spec(
                       client=spec.get("client", "auto"), session=session)  # fmt: skip
 
 
-def read_group(specs: list[dict[str, Any]], task: int) -> list[dict[str, Any]]:
-    """Read the specs one after another (one session per change log); a ``RESULT`` row each."""
+def claim(claims: str | os.PathLike[str], spec: dict[str, Any]) -> bool:
+    """Whether this reader takes the spec's (table, generation, range): the first to create
+    its file in ``claims`` (one directory per job, shared by the job's tasks) does."""
+    name = f"{spec['table_id']}-{spec['generation']}-{spec['range']}"
+    try:
+        os.close(os.open(Path(claims) / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
+    except FileExistsError:
+        return False
+    return True
+
+
+def read_group(
+    specs: list[dict[str, Any]], task: int, claims: str | None = None
+) -> list[dict[str, Any]]:
+    """Read the specs one after another (one session per change log); a ``RESULT`` row each.
+    ``claims``: a directory the job's tasks share; each of them is given every spec and reads
+    those it claims first (``claim``), so a task whose reads went faster takes more of them
+    and none waits at the end for another's last ones (None: all of ``specs``)."""
     out, sessions = [], {}
     try:
         for spec in specs:
+            if claims is not None and not claim(claims, spec):
+                continue  # another task's
             key = (spec["upstream_uri"], spec["root"])
             if key not in sessions:
                 sessions[key] = ReadSession(parse_uri(key[0]), key[1])
@@ -277,14 +295,16 @@ def read_group(specs: list[dict[str, Any]], task: int) -> list[dict[str, Any]]:
     return out
 
 
-def read_groups(groups: list[str], batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+def read_groups(
+    groups: list[str], batches: Iterator[pa.RecordBatch], claims: str | None = None
+) -> Iterator[pa.RecordBatch]:
     """``mapInArrow`` body over ``spark.range``: group ``id``'s specs, one after another
-    (at a lower CPU priority: ``yield_cpu``)."""
+    (at a lower CPU priority: ``yield_cpu``); ``claims``: as ``read_group``'s."""
     yield_cpu()
     out = []
     for batch in batches:
         for gid in batch.column("id").to_pylist():
-            out += read_group(json.loads(groups[gid]), gid)
+            out += read_group(json.loads(groups[gid]), gid, claims)
     yield pa.RecordBatch.from_pylist(out, schema=RESULT)
 
 
@@ -460,6 +480,7 @@ __all__ = [
     "SNAPSHOT_NICE",
     "ChunkWriter",
     "ReadSession",
+    "claim",
     "plan_table",
     "plan_tables",
     "read_group",

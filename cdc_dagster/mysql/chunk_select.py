@@ -12,10 +12,10 @@ snapshot's binlog file and offset as session status (``binlog_snapshot_file/posi
 given with the server's id (``Selected.binlog``; the puller turns them into GTIDs) or, for a
 client made with ``gtid_positions``, turned into GTIDs by ``BINLOG_GTID_POS`` (which reads the
 binlog file up to the offset: ~0.1 s per chunk at 380 MB into a file). connectorx runs statements before its query on
-the query's own connection (``pre_execution_query``) but returns no result of theirs, so the
-position is kept in a session variable and selected as the first column (``_pos``) of the
-chunk's own SELECT; the rows and the position are one transaction's. Only the first row
-the server sends carries it (a second variable marks it sent; the others are NULL): as a
+the query's own connection (``pre_execution_query``: the snapshot's start) but returns no
+result of theirs, so the chunk's own SELECT reads the position, as its first column
+(``_pos``); the rows and the position are one transaction's. Only the first row the server
+sends carries it (a session variable marks it sent; the others are NULL): as a
 string on every row it cost the client ~20-30% more CPU per row (0.58 -> 0.69-0.84 s per
 million sysbench rows) and the server as much again to send.
 
@@ -60,18 +60,15 @@ Bounds = tuple[tuple[Any, ...] | None, tuple[Any, ...] | None]  # keys after lo,
 # bounds are such values: chunk ends, JSON-encoded in the chunk records)
 _ARROW_KEY_TYPES = {"int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
                     "string", "binary"}  # fmt: skip
-_POSITION_SQL = f"SET @cdc_snapshot_pos = ({GTIDS_SQL})"
-_COORDS_SQL = f"SET @cdc_snapshot_pos = ({COORDS_SQL})"
-
-
-def _snapshot_sql(gtid_positions: bool) -> list[str]:
-    return [
-        "SET SESSION time_zone = '+00:00'",
-        "SET @cdc_snapshot_pos_sent = NULL",  # arrow_select's first row carries the position
-        "SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ",
-        "START TRANSACTION WITH CONSISTENT SNAPSHOT",
-        _POSITION_SQL if gtid_positions else _COORDS_SQL,
-    ]
+# Two statements before a snapshot chunk's SELECT, each a round trip (five were: under the
+# stack's load a round trip took ~10 ms, a table of 100k rows ~0.2 s): the session's settings
+# in one SET (the marker of the position's first row reset: ``arrow_select``), then the
+# snapshot; its position is read by the SELECT itself.
+_SNAPSHOT_SQL = [
+    "SET SESSION time_zone = '+00:00', @cdc_snapshot_pos_sent = NULL, "
+    "SESSION tx_isolation = 'REPEATABLE-READ'",
+    "START TRANSACTION WITH CONSISTENT SNAPSHOT",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -186,19 +183,24 @@ def _arrow_expr(table: str, name: str, logical: str) -> str:
     return c
 
 
-# The snapshot's position on the first row sent, NULL on the others (``_snapshot_sql``).
-_FIRST_ROW_POSITION = (
-    "CASE WHEN @cdc_snapshot_pos_sent IS NULL AND (@cdc_snapshot_pos_sent := 1) "
-    "THEN CAST(@cdc_snapshot_pos AS CHAR) END AS `_pos`"
-)
+def _first_row_position(gtids: bool) -> str:
+    """The snapshot's position (``_SNAPSHOT_SQL``'s transaction's) on the first row sent,
+    NULL on the others: as GTIDs (``gtids``) or binlog coordinates."""
+    return (
+        "CASE WHEN @cdc_snapshot_pos_sent IS NULL AND (@cdc_snapshot_pos_sent := 1) "
+        f"THEN CAST(({GTIDS_SQL if gtids else COORDS_SQL}) AS CHAR) END AS `_pos`"
+    )
 
 
-def arrow_select(schema: TableSchema, bounds: Bounds, limit: int | None, position: bool) -> str:
-    """connectorx's SELECT of a chunk (key values inlined as literals)."""
+def arrow_select(
+    schema: TableSchema, bounds: Bounds, limit: int | None, position: bool, gtids: bool = False
+) -> str:
+    """connectorx's SELECT of a chunk (key values inlined as literals); ``position``: the
+    snapshot's on its first row, as GTIDs (``gtids``) or binlog coordinates."""
     t = "`_t`"
     cols = [f"{_arrow_expr(t, c.name, c.type)} AS `c{c.id}`" for c in schema.columns]
     if position:
-        cols.insert(0, _FIRST_ROW_POSITION)
+        cols.insert(0, _first_row_position(gtids))
     keys = [f"{t}.{_q(schema.column(k).name)}" for k in schema.primary_key]
     where, _ = keyset_where(keys, bounds, sql_literal)
     sql = f"SELECT {', '.join(cols)} FROM {_q(schema.database)}.{_q(schema.table)} AS {t}{where}"
@@ -306,10 +308,10 @@ class ArrowClient(_Client):
 
     def _open(self, upstream: UpstreamConfig) -> None:
         self.url = connectorx_url(upstream)
-        self.snapshot_sql = _snapshot_sql(self.gtid_positions)
+        self.snapshot_sql = _SNAPSHOT_SQL
 
     def select(self, bounds: Bounds, limit: int | None, snapshot: bool) -> Selected:
-        sql = arrow_select(self.schema, bounds, limit, position=snapshot)
+        sql = arrow_select(self.schema, bounds, limit, snapshot, self.gtid_positions)
         try:
             got = connectorx.read_sql(
                 self.url,

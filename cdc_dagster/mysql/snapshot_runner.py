@@ -1,10 +1,10 @@
 """Run a change log's pending chunked snapshots: plan each table, read its ranges in
 parallel (Spark tasks on the given session, else one after another here), write chunks.
 
-The (table, range) reads are spread over at most ``tasks`` Spark tasks as the capture jobs
-spread tables (``pipeline.job.balance``: largest first onto the least loaded; a task reads
-its ranges one after another): a changefeed of many small
-tables is a few tasks, not one per range. The puller places the chunks as it follows the
+The (table, range) reads are shared by at most ``tasks`` Spark tasks as a queue: each task
+is given every range, largest first, and reads one after another those it claims first
+(``chunk_reader.claim``): a changefeed of many small tables is a few tasks, not one per
+range, and no slot idles at the end while another task works through a fixed share. The puller places the chunks as it follows the
 binlog and releases each table when its plan is covered (``mysql.adoption``); a run killed
 midway resumes at each range's first chunk not read (``snapshots.next_read``).
 """
@@ -16,7 +16,9 @@ import functools
 import importlib
 import json
 import os
+import shutil
 import time
+import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,8 +30,8 @@ from cdc_dagster.mysql.chunk_reader import (
     read_groups,
     yield_cpu,
 )
+from cdc_dagster.mysql.snapshots import claims_dir
 from cdc_dagster.mysql.state import load_state
-from cdc_dagster.pipeline.job import balance
 from cdc_dagster.secrets import resolve_uri
 from cdc_dagster.upstream.uri import parse_uri
 
@@ -117,11 +119,21 @@ def run_snapshot_reads(
         rows = read_group(specs, 0)
     else:
         n = max(1, min(tasks or len(specs), len(specs)))
-        texts = [json.dumps(g) for g in balance(specs, n)]
-        # one partition per group, no shuffle; the groups travel in the task's closure
-        df = spark.range(0, len(texts), 1, len(texts))
-        body = functools.partial(read_groups, texts)
-        rows = [r.asDict() for r in df.mapInArrow(body, RESULT_DDL).collect()]
+        # Every task is given every range, largest first, and reads those it claims first
+        # (``chunk_reader.claim``): a task free takes the next range, as a queue, so the job
+        # does not end waiting for one task's share while the other slots are idle (4 fixed
+        # shares of 25 tables on 2 slots ended 0.5-1.3 s apart). The claims' directory is
+        # this call's own.
+        text = json.dumps(sorted(specs, key=lambda s: -int(s["weight"])))
+        claims = claims_dir(root, uuid.uuid4().hex)
+        claims.mkdir(parents=True)
+        try:
+            # one partition per task, no shuffle; the ranges travel in the task's closure
+            df = spark.range(0, n, 1, n)
+            body = functools.partial(read_groups, [text] * n, claims=str(claims))
+            rows = [r.asDict() for r in df.mapInArrow(body, RESULT_DDL).collect()]
+        finally:
+            shutil.rmtree(claims, ignore_errors=True)
     per_task: dict[int, float] = {}
     tables: dict[int, tuple[int, int]] = {}
     for r in rows:

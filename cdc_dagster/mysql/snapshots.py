@@ -168,6 +168,14 @@ class Chunk:
         )
 
 
+# ``snapshot/claims/<job>/``: which task of a snapshot job reads which range (``chunk_reader.claim``)
+CLAIMS = "claims"
+
+
+def claims_dir(root: str | os.PathLike[str], job: str) -> Path:
+    return Path(root) / "snapshot" / CLAIMS / job
+
+
 def generation_dir(root: str | os.PathLike[str], table_id: int, generation: int) -> Path:
     return Path(root) / "snapshot" / str(table_id) / str(generation)
 
@@ -204,6 +212,8 @@ def sweep_generations(root: str | os.PathLike[str], snapshots: dict[int, int]) -
         return 0
     removed = 0
     for table_dir in base.iterdir():
+        if table_dir.name == CLAIMS:
+            continue  # the snapshot jobs' claims (``chunk_reader.claim``): theirs to remove
         for gen_dir in table_dir.iterdir() if table_dir.is_dir() else ():
             keep = (
                 table_dir.name.isdigit()
@@ -520,6 +530,7 @@ __all__ = [
     "Plan",
     "SnapshotProgress",
     "ask_gtid_positions",
+    "claims_dir",
     "covered",
     "decode_key",
     "done_chunks",

@@ -237,6 +237,7 @@ def test_a_many_row_chunk_carries_its_position_once_and_every_chunk_has_one(
             assert got.position == {} and got.binlog is not None
         last = got.last_key
     assert last == (500,)
-    raw = connectorx.read_sql(client.url, arrow_select(schema, (None, None), 100, position=True),
+    raw = connectorx.read_sql(client.url, arrow_select(schema, (None, None), 100, position=True,
+                                                      gtids=gtid_positions),
                               return_type="arrow", pre_execution_query=sql)  # fmt: skip
     assert raw.column("_pos").null_count == 99
