@@ -198,6 +198,11 @@ class Adopter:
                 return _WAIT
             gtids = ctx.gtid_at(server_id, log_file, offset)  # a quiet binlog, or forgotten
             found = None if gtids is None else {d: _seq(g) for d, g in gtids.items()}
+            if gtids is not None:
+                # remembered as an end: in a quiet binlog every chunk is read at the same
+                # coordinates, and asking once for each (a connection, and MariaDB reading
+                # the binlog file up to there) made 100 tables' snapshot 50% slower
+                self.ended(log_file, offset, gtids)
         self.resolved[path] = found
         return found
 

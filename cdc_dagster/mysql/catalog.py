@@ -66,19 +66,27 @@ def list_tables(conn, flt: TableFilter) -> list[tuple[str, str]]:
         return [(d, t) for d, t in cur.fetchall() if flt(d, t)]
 
 
-def read_columns(conn, database: str, table: str) -> list[tuple[str, str, bool, str | None]]:
+def read_columns(
+    conn, database: str, table: str, lock: bool = False
+) -> list[tuple[str, str, bool, str | None]]:
     """The table's columns now: (name, logical type, nullable, default) each, in order
-    (none if it does not exist). One query: ``read_table`` without the keys."""
+    (none if it does not exist). One query: ``read_table`` without the keys. ``lock``: the
+    query opens the table too (an error if it does not exist), so a transaction it is part
+    of holds the table's metadata lock from before its columns were read (DDL waits for
+    the transaction's end; writes do not)."""
+    sql = (
+        "SELECT COLUMN_NAME, DATA_TYPE, COLUMN_TYPE, IS_NULLABLE, COLUMN_DEFAULT, "
+        "ORDINAL_POSITION FROM information_schema.COLUMNS "
+        "WHERE TABLE_SCHEMA = %s AND TABLE_NAME = %s"
+    )
+    if lock:  # every table of a statement is opened before any of it runs
+        sql = (f"({sql}) UNION ALL (SELECT NULL, NULL, NULL, NULL, NULL, NULL FROM "
+               f"{quote_ident(database)}.{quote_ident(table)} LIMIT 0)")  # fmt: skip
     with conn.cursor() as cur:
-        cur.execute(
-            "SELECT COLUMN_NAME, DATA_TYPE, COLUMN_TYPE, IS_NULLABLE, COLUMN_DEFAULT "
-            "FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = %s AND TABLE_NAME = %s "
-            "ORDER BY ORDINAL_POSITION",
-            (database, table),
-        )
+        cur.execute(sql + " ORDER BY 6", (database, table))
         rows = cur.fetchall()
     cols = []
-    for name, dtype, ctype, nullable, default in rows:
+    for name, dtype, ctype, nullable, default, _ in rows:
         lt = logical_type(dtype, ctype)
         cols.append((name, lt, nullable == "YES", default_text(lt, default)))
     return cols

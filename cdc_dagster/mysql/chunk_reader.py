@@ -233,10 +233,9 @@ def _lock_and_check(lock: Any, log: ChangeLog, table_id: int) -> tuple[TableSche
     deadline = time.monotonic() + SCHEMA_WAIT_S
     while True:
         schema, version = _schema(log, table_id)
-        table = f"{_q(schema.database)}.{_q(schema.table)}"
-        with lock.cursor() as cur:  # begins the transaction (``ReadSession.lock``)
-            cur.execute(f"SELECT 1 FROM {table} LIMIT 0")  # the metadata lock
-        columns = read_columns(lock, schema.database, schema.table)
+        # one statement: it begins the transaction (``ReadSession.lock``), takes the table's
+        # metadata lock, then reads its columns
+        columns = read_columns(lock, schema.database, schema.table, lock=True)
         want = [(c.name, c.type) for c in schema.columns]
         if [(n, t) for n, t, _, _ in columns] == want:
             return schema, version

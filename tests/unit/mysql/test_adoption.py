@@ -150,6 +150,31 @@ def test_coordinates_are_placed_at_the_gtids_of_the_transaction_that_ends_there(
     assert ctx.state.snapshots == {}
 
 
+def test_chunks_read_at_the_same_coordinates_of_a_quiet_binlog_ask_the_upstream_once(
+    tmp_path: Path,
+) -> None:
+    """In a quiet binlog every chunk is read at its end, which the stream saw end before this
+    run began remembering: the upstream is asked once for those coordinates, not once per
+    chunk (each ask a connection, and MariaDB reading the binlog file up to there)."""
+    ctx, adopter = _start(tmp_path, ranges=2, stream_at=8)
+    ctx.binlog_at = ("binlog.000003", 700)
+    ctx.upstream_gtids[("binlog.000003", 700)] = {0: "0-1-8"}
+    _read_at(tmp_path, 0, None, server=1, offset=700)
+    adopter.adopt(ctx)
+    adopter.after_save(fsync=False)
+    _read_at(tmp_path, 1, [100], server=1, offset=700)  # read later, at the same end
+    adopter.adopt(ctx)
+    adopter.after_save(fsync=False)
+    assert ctx.asked == [(1, "binlog.000003", 700)]
+    assert [p[2] for p in ctx.writer.placed] == ["0000-000000.parquet", "0001-000000.parquet"]
+    assert ctx.state.snapshots == {}
+    adopter.forget_ends()  # a reconnect (maybe to another server): asked again
+    chunk = _read_at(tmp_path, 0, None, server=1, offset=700)
+    path = generation_dir(tmp_path, TID, GEN) / "chunks" / f"{chunk.name}.parquet"
+    assert adopter._position(ctx, path, chunk) == {0: 8}
+    assert len(ctx.asked) == 2
+
+
 def test_coordinates_of_another_server_or_from_before_the_stream_are_read_again(
     tmp_path: Path,
 ) -> None:
