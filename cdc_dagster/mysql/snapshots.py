@@ -38,6 +38,7 @@ import json
 import os
 import re
 import shutil
+import time
 import uuid
 from dataclasses import dataclass
 from decimal import Decimal
@@ -283,6 +284,18 @@ def _ring(gen_dir: Path) -> None:
             os.close(fd)
 
 
+READING_S = 3.0  # a change log's snapshot is being read: a chunk written this recently
+
+
+def snapshot_reading(root: str | os.PathLike[str], within_s: float = READING_S) -> bool:
+    """Whether a snapshot reader wrote a chunk under ``root`` in the last ``within_s``
+    seconds (the bell's mtime: its reads are going on)."""
+    try:
+        return time.time() - os.stat(Path(root) / "snapshot" / CHUNKS_WRITTEN).st_mtime < within_s
+    except OSError:
+        return False
+
+
 class ChunkBell:
     """Whether a reader wrote a chunk under ``root`` since the last ``rang`` that said so
     (the size of ``snapshot/chunks-written``), looked at no more than every ``look_s``.
@@ -524,6 +537,7 @@ def snapshot_progress(root: str | os.PathLike[str]) -> list[SnapshotProgress]:
 
 __all__ = [
     "CHUNKS_WRITTEN",
+    "READING_S",
     "Chunk",
     "ChunkBell",
     "NextRead",
@@ -543,6 +557,7 @@ __all__ = [
     "read_plan",
     "release_generation",
     "snapshot_progress",
+    "snapshot_reading",
     "sweep_generations",
     "table_progress",
     "write_chunk",

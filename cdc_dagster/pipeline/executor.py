@@ -70,6 +70,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from cdc_dagster.mysql.snapshots import snapshot_reading
 from cdc_dagster.pipeline import job
 from cdc_dagster.pipeline.spark_tasks import RESTAGE
 from cdc_dagster.pipeline.staging import StagedFile, Staging, TableRecord
@@ -85,6 +86,10 @@ from scheduler_core.model import Checkpoint, TableState, TableStatus
 from scheduler_core.ts import MAX_TS, physical_ms
 
 log = logging.getLogger(__name__)
+# Per change log root: when its bulk pulls began to wait for its snapshot's reads (this
+# process: a capture run's ticks), and the wait last logged (``_reads_first``)
+_READS_HELD_SINCE: dict[str, float] = {}
+_READS_HELD_SINCE_LOGGED: dict[str, float] = {}
 
 T = TableState
 _PULLING = (T.PREPARING, T.PREPARED, T.REPLICATING)
@@ -119,6 +124,7 @@ class SparkTableExecutor:
         bulk_rows: int = 0,
         defer_rows: int = 0,
         sink_duty: float = 0.0,
+        snapshot_first_s: float = 0.0,
     ) -> None:
         self.capture_id = capture_id
         # The share of the changefeed's time its sink writes may take on this capture (0 or
@@ -132,6 +138,10 @@ class SparkTableExecutor:
         # none waits): a capture run's first tick, whose ops tick every changefeed together,
         # leaves bulk work to the follow loop's lanes (cdc_dagster/defs/capture/job.py).
         self.defer_rows = defer_rows
+        # While the change log's snapshot is being read, its tables' bulk pulls (a released
+        # table's rows) wait, for at most this long from the first such wait (0: never):
+        # ``_reads_first``.
+        self.snapshot_first_s = snapshot_first_s
         self.tick_rows = tick_rows  # row changes per phase and tick (0: no limit)
         self.local_max_rows = local_max_rows  # ... and moving fewer rows (0: any)
         self.bulk_rows = bulk_rows  # an in-process phase moving this many runs niced (0: never)
@@ -173,6 +183,7 @@ class SparkTableExecutor:
         bulk_rows: int = 0,
         defer_rows: int = 0,
         sink_duty: float = 0.0,
+        snapshot_first_s: float = 0.0,
     ) -> SparkTableExecutor:
         """The executor as the last :meth:`save` left it (empty if none), reconciled with the sink."""
         ex = cls(
@@ -192,6 +203,7 @@ class SparkTableExecutor:
             bulk_rows,
             defer_rows,
             sink_duty,
+            snapshot_first_s,
         )
         loaded = ex.staging.load()
         if loaded is None:
@@ -395,6 +407,7 @@ class SparkTableExecutor:
                 for p in pending
                 if p[1].state == T.STOPPING or self._rows_of(p[3]) < self.defer_rows
             ]
+        pending = self._reads_first(pending)
         if not self.tick_rows:
             return [(t, rec, res, res, self._rows_of(files)) for t, rec, res, files in pending]
         out, left, sliced = [], self.tick_rows, False
@@ -414,6 +427,37 @@ class SparkTableExecutor:
             out.append((table_id, rec, resolved, resolved if whole else upto, rows))
             sliced = True
         return out
+
+    def _reads_first(
+        self, pending: list[tuple[int, TableRecord, int, list[Any]]]
+    ) -> list[tuple[int, TableRecord, int, list[Any]]]:
+        """``pending`` without the bulk pulls (``bulk_rows`` or more rows: a snapshot's
+        released table) that wait for the change log's snapshot reads: on 2 cores a 100 x 100k
+        snapshot's released tables, sunk while the others were read, took the CPU of the
+        reads (read 15.5 s, not 21; readable as soon: bench/throughput_bench.py). They wait
+        while a reader wrote a chunk in the last ``snapshots.READING_S``, for at most
+        ``snapshot_first_s`` from the first wait of those reads (a long snapshot's early
+        tables are then sunk as they come); a stopping table's pull never waits."""
+        if not (self.snapshot_first_s and self.bulk_rows and pending):
+            return pending
+        root = str(self.changelog.root)
+        if not snapshot_reading(root):
+            _READS_HELD_SINCE.pop(root, None)
+            return pending
+        held = [p for p in pending
+                if p[1].state != T.STOPPING and self._rows_of(p[3]) >= self.bulk_rows]  # fmt: skip
+        if not held:
+            return pending
+        since = _READS_HELD_SINCE.setdefault(root, time.monotonic())
+        if time.monotonic() - since >= self.snapshot_first_s:
+            return pending
+        if _READS_HELD_SINCE_LOGGED.get(root) != since:  # once a wait
+            _READS_HELD_SINCE_LOGGED[root] = since
+            log.info("changefeed %s: %d released snapshot table(s) wait for the snapshot's reads "
+                     "(at most %.0f s)", self.changefeed_id, len(held),
+                     self.snapshot_first_s)  # fmt: skip
+        ids = {p[0] for p in held}
+        return [p for p in pending if p[0] not in ids]
 
     def _rows_of(self, files: list[Any]) -> int:
         """Rows of change-log ``files`` (their Parquet footers, each read once a phase)."""

@@ -20,6 +20,7 @@ def spark_executor_factory(
     bulk_rows: int = 0,
     defer_rows: int = 0,
     sink_duty: float = 0.0,
+    snapshot_first_s: float = 0.0,
 ) -> ExecutorFactory:
     """A factory of SparkTableExecutors on ``spark`` (a local session or Spark Connect, or a
     function returning one when a job runs); a tick phase reading at most
@@ -29,7 +30,8 @@ def spark_executor_factory(
     older than ``batch_behind_s`` commits at most that often; a changefeed's tick phase
     moves at most ``tick_rows`` row changes (0: no limit), and a table whose phase would
     move ``defer_rows`` or more waits for a later tick (0: none waits); a table's sink
-    writes take at most ``sink_duty`` of its time (0: no pacing)."""
+    writes take at most ``sink_duty`` of its time (0: no pacing); a bulk pull waits for its
+    change log's snapshot reads at most ``snapshot_first_s`` (0: never waits)."""
 
     def make(spec: ExecutorSpec) -> RuntimeExecutor:
         return SparkTableExecutor.load(  # type: ignore[return-value]
@@ -48,6 +50,7 @@ def spark_executor_factory(
             bulk_rows=bulk_rows,
             defer_rows=defer_rows,
             sink_duty=sink_duty,
+            snapshot_first_s=snapshot_first_s,
         )
 
     return make

@@ -175,6 +175,7 @@ def capture_tick(
             bulk_rows=settings.bulk_tick_rows,
             defer_rows=defer,
             sink_duty=settings.sink_duty,
+            snapshot_first_s=settings.snapshot_first_s,
         ),
         lease_ttl_s=settings.capture_ttl_s,
     )
