@@ -10,9 +10,8 @@ from cdc_dagster.mysql.catalog import (
     TableFilter,
     build_schema,
     list_tables,
-    read_table,
+    read_tables,
 )
-from cdc_dagster.mysql.types import UnsupportedTypeError
 from cdc_dagster.mysql.upstream import check_upstream, connect
 from cdc_dagster.upstream.uri import UpstreamError, parse_uri
 
@@ -30,13 +29,11 @@ def validate_changefeed(upstream_uri: str, filters: Sequence[str] = ()) -> list[
         check_upstream(conn)
         names, keyless, untyped = [], [], []
         ids = IdRegistry()
-        for db, table in list_tables(conn, TableFilter(tuple(filters))):
-            try:
-                raw = read_table(conn, db, table)
-            except UnsupportedTypeError as exc:
-                untyped.append(f"{db}.{table}: {exc}")
-                continue
-            if raw is None:
+        listed = list_tables(conn, TableFilter(tuple(filters)))
+        raws = read_tables(conn, listed, lambda db, t, exc: untyped.append(f"{db}.{t}: {exc}"))
+        for db, table in listed:
+            raw = raws.get((db, table))
+            if raw is None:  # gone meanwhile, or a type not supported (``untyped``)
                 continue
             try:
                 build_schema(

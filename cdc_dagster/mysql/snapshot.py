@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from cdc_dagster.mysql.catalog import build_schema, list_tables, read_table
+from cdc_dagster.mysql.catalog import build_schema, list_tables, read_tables
 from cdc_dagster.mysql.catalog import quote_ident as _q
 from cdc_dagster.mysql.changelog_io import change_rows
 from cdc_dagster.mysql.context import PullerContext
@@ -40,15 +40,14 @@ def bootstrap(puller: PullerContext) -> PullerState:
                 state = mysql_snapshot_state(cur)
         alloc = TsAllocator(0)
         now = time.time()
-        for db, name in list_tables(snap, puller.filter):
-            raw = read_table(snap, db, name)
-            if raw is None:
-                continue
+        names = list_tables(snap, puller.filter)
+        found = read_tables(snap, names)
+        for raw in (found[n] for n in names if n in found):
             tid = state.ids.new_table_id()
             schema = build_schema(raw, tid, state.ids, None,
                                   force_replicate=puller.upstream.force_replicate)  # fmt: skip
             ts = alloc.issue(now)
-            query = f"CREATE TABLE {_q(db)}.{_q(name)} /* existing at changefeed start */"
+            query = f"CREATE TABLE {_q(raw.database)}.{_q(raw.table)} /* existing at changefeed start */"
             puller.writer.write_ddl(DdlRecord(ts, DDLKind.CREATE_TABLE, "create_table", query,
                                               creates=(tid,), tables={tid: schema}))  # fmt: skip
             state.set_table(tid, schema, ts)
@@ -76,6 +75,9 @@ def bootstrap(puller: PullerContext) -> PullerState:
     return state
 
 
+LOCK_BATCH = 200  # tables whose metadata locks one statement takes (``bootstrap_chunked``)
+
+
 def bootstrap_chunked(puller: PullerContext) -> PullerState:
     """First start, chunked (MariaDB): create records and the start position, no rows.
 
@@ -89,9 +91,15 @@ def bootstrap_chunked(puller: PullerContext) -> PullerState:
         names = list_tables(lock, puller.filter)
         with lock.cursor() as cur:
             cur.execute("START TRANSACTION")
-            for db, name in names:
-                cur.execute(f"SELECT 1 FROM {_q(db)}.{_q(name)} LIMIT 0")
-        raws = [r for r in (read_table(lock, db, name) for db, name in names) if r is not None]
+            # the tables' metadata locks, a statement per LOCK_BATCH tables (every table
+            # of a statement is opened before any of it runs)
+            for i in range(0, len(names), LOCK_BATCH):
+                cur.execute(" UNION ALL ".join(
+                    f"(SELECT 1 FROM {_q(db)}.{_q(name)} LIMIT 0)"
+                    for db, name in names[i : i + LOCK_BATCH]
+                ))  # fmt: skip
+        found = read_tables(lock, names)
+        raws = [found[n] for n in names if n in found]
         with lock.cursor() as cur:
             cur.execute("SELECT @@GLOBAL.gtid_binlog_pos")
             state = PullerState(parse_gtid_pos(cur.fetchone()[0] or ""), 0)

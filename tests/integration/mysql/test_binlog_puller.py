@@ -567,6 +567,34 @@ def test_validate_changefeed_names_every_keyless_table(mariadb, mydb):
     assert len(validate_changefeed(forced, [f"{mydb}.*"])) == 5
 
 
+def test_the_catalog_of_many_tables_is_read_in_a_few_queries_as_table_by_table(mariadb, mydb):
+    """``read_tables``: two queries per database for all its tables, each table as its own
+    ``read_columns`` plus keys reads it; a table gone is left out; an unsupported type is
+    named for its table alone (or raised)."""
+    from cdc_dagster.mysql.catalog import read_columns, read_tables
+    from cdc_dagster.mysql.types import UnsupportedTypeError
+
+    execute(mariadb, mydb, "CREATE TABLE a (id INT PRIMARY KEY, s VARCHAR(5) DEFAULT 'x', "
+            "d DECIMAL(10,2) NULL, KEY ks (s, d))",
+            "CREATE TABLE b (u BIGINT UNSIGNED NOT NULL, t DATETIME(3), UNIQUE KEY uk (u))",
+            "CREATE TABLE g (id INT PRIMARY KEY, p POINT)",
+            "CREATE TABLE c (x INT)")  # fmt: skip
+    conn = mariadb.connect()
+    try:
+        names = [(mydb, "a"), (mydb, "b"), (mydb, "nope"), (mydb, "c")]
+        bad: list[str] = []
+        got = read_tables(conn, [*names, (mydb, "g")], lambda d, t, e: bad.append(f"{d}.{t}"))
+        assert bad == [f"{mydb}.g"] and set(got) == {(mydb, "a"), (mydb, "b"), (mydb, "c")}
+        for db, t in got:
+            assert got[(db, t)].columns == read_columns(conn, db, t), t
+        assert got[(mydb, "a")].keys == {"PRIMARY": (True, ["id"]), "ks": (False, ["s", "d"])}
+        assert got[(mydb, "b")].keys == {"uk": (True, ["u"])} and got[(mydb, "c")].keys == {}
+        with pytest.raises(UnsupportedTypeError):
+            read_tables(conn, [(mydb, "g")])
+    finally:
+        conn.close()
+
+
 def test_snapshot_of_a_composite_key_table_in_chunks(mariadb, mydb, tmp_path):
     rows = [f"({a}, '{b}', {a * 10 + len(b)})" for a in range(7) for b in ("", "a", "b", "ü")]
     execute(mariadb, mydb, "CREATE TABLE ck (a INT, b VARCHAR(3), v INT, PRIMARY KEY (a, b))",
