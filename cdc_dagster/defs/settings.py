@@ -43,8 +43,10 @@ DEFAULT_BULK_TICK_ROWS = 50_000
 # While a changefeed's snapshot is being read (a chunk written in the last 3 s), the bulk
 # pulls of its change log (a released table's rows, bulk_tick_rows or more) wait, for at most
 # this many seconds from the first wait: the reads come first (pipeline/executor.py
-# ``_reads_first``). On 2 cores a 100 x 100k snapshot read in 15.5 s instead of 21 and was
-# readable as soon; a long snapshot's early tables are sunk as they come after it. 0: never.
+# ``_reads_first``). On 2 cores a 100 x 100k snapshot read in 17.5-17.7 s instead of 21-23 s
+# and was readable about as soon (68-72 s against 68 s; a run each): what its released tables'
+# sinking took is then the reads'. A long snapshot's early tables are sunk as they come after
+# it. 0: never.
 DEFAULT_SNAPSHOT_FIRST_S = 120.0
 # While a table's changes are a backlog older than this, it commits at most this often: a
 # Delta MERGE costs about the same for 1k rows as for 100k (it rewrites the files the keys

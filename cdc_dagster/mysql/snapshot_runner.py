@@ -4,9 +4,10 @@ parallel (Spark tasks on the given session, else one after another here), write 
 The (table, range) reads are shared by at most ``tasks`` Spark tasks as a queue: each task
 is given every range, largest first, and reads one after another those it claims first
 (``chunk_reader.claim``): a changefeed of many small tables is a few tasks, not one per
-range, and no slot idles at the end while another task works through a fixed share. The puller places the chunks as it follows the
-binlog and releases each table when its plan is covered (``mysql.adoption``); a run killed
-midway resumes at each range's first chunk not read (``snapshots.next_read``).
+range, and no slot idles at the end while another task works through a fixed share. The
+puller places the chunks as it follows the binlog and releases each table when its plan is
+covered (``mysql.adoption``); a run killed midway resumes at each range's first chunk not
+read (``snapshots.next_read``).
 """
 
 from __future__ import annotations

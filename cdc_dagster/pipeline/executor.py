@@ -434,7 +434,8 @@ class SparkTableExecutor:
         """``pending`` without the bulk pulls (``bulk_rows`` or more rows: a snapshot's
         released table) that wait for the change log's snapshot reads: on 2 cores a 100 x 100k
         snapshot's released tables, sunk while the others were read, took the CPU of the
-        reads (read 15.5 s, not 21; readable as soon: bench/throughput_bench.py). They wait
+        reads (read in 17.5-17.7 s, not 21-23 s; readable after 68-72 s, not 68 s:
+        bench/throughput_bench.py, a run each). They wait
         while a reader wrote a chunk in the last ``snapshots.READING_S``, for at most
         ``snapshot_first_s`` from the first wait of those reads (a long snapshot's early
         tables are then sunk as they come); a stopping table's pull never waits."""
