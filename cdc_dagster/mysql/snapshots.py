@@ -38,7 +38,6 @@ import json
 import os
 import re
 import shutil
-import time
 import uuid
 from dataclasses import dataclass
 from decimal import Decimal
@@ -49,7 +48,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from cdc_dagster.mysql.state import load_state
-from cdc_dagster.upstream.changelog import write_json
+from cdc_dagster.upstream.changelog import CHUNKS_WRITTEN, READING_S, snapshot_reading, write_json
 
 CHUNK_KEY = b"cdc_dagster.chunk"
 GTID_POSITIONS = "gtid-positions"
@@ -270,7 +269,6 @@ def write_chunk(gen_dir: Path, chunk: Chunk, rows: pa.Table) -> None:
 # between transactions and places what was written without waiting for its flush interval.
 # (Its size, not its mtime: two chunks written within one tick of the kernel's coarse file
 # clock, ~4 ms, leave the same mtime.) A byte per chunk of up to ``CHUNK_ROWS`` rows.
-CHUNKS_WRITTEN = "chunks-written"
 BELL_LOOK_S = 0.1  # the puller looks at the bell at most this often (one stat)
 
 
@@ -282,18 +280,6 @@ def _ring(gen_dir: Path) -> None:
             os.write(fd, b".")
         finally:
             os.close(fd)
-
-
-READING_S = 3.0  # a change log's snapshot is being read: a chunk written this recently
-
-
-def snapshot_reading(root: str | os.PathLike[str], within_s: float = READING_S) -> bool:
-    """Whether a snapshot reader wrote a chunk under ``root`` in the last ``within_s``
-    seconds (the bell's mtime: its reads are going on)."""
-    try:
-        return time.time() - os.stat(Path(root) / "snapshot" / CHUNKS_WRITTEN).st_mtime < within_s
-    except OSError:
-        return False
 
 
 class ChunkBell:

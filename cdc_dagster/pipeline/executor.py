@@ -70,7 +70,6 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from cdc_dagster.mysql.snapshots import snapshot_reading
 from cdc_dagster.pipeline import job
 from cdc_dagster.pipeline.spark_tasks import RESTAGE
 from cdc_dagster.pipeline.staging import StagedFile, Staging, TableRecord
@@ -78,7 +77,7 @@ from cdc_dagster.schema import SchemaError, TableSchema
 from cdc_dagster.sinks.base import Sink
 from cdc_dagster.sinks.uri import open_sink
 from cdc_dagster.text import shorten
-from cdc_dagster.upstream.changelog import ChangeLog, ChangeLogError
+from cdc_dagster.upstream.changelog import ChangeLog, ChangeLogError, snapshot_reading
 from scheduler_core.ddl import is_syncpoint, syncpoints_between
 from scheduler_core.errors import ExecutorContractError
 from scheduler_core.messages import Barrier, TableStatusBatch
@@ -436,7 +435,7 @@ class SparkTableExecutor:
         snapshot's released tables, sunk while the others were read, took the CPU of the
         reads (read in 17.5-17.7 s, not 21-23 s; readable after 68-72 s, not 68 s:
         bench/throughput_bench.py, a run each). They wait
-        while a reader wrote a chunk in the last ``snapshots.READING_S``, for at most
+        while a reader wrote a chunk in the last ``changelog.READING_S``, for at most
         ``snapshot_first_s`` from the first wait of those reads (a long snapshot's early
         tables are then sunk as they come); a stopping table's pull never waits."""
         if not (self.snapshot_first_s and self.bulk_rows and pending):

@@ -23,6 +23,7 @@ import json
 import os
 import re
 import socket
+import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -53,9 +54,11 @@ from cdc_dagster.upstream.binlog_rows import (
 from scheduler_core.ts import LOGICAL_BITS, MAX_TS, physical_ms
 
 __all__ = [
+    "CHUNKS_WRITTEN",
     "OP_DELETE",
     "OP_INSERT",
     "OP_UPDATE",
+    "READING_S",
     "ChangeLog",
     "ChangeLogError",
     "ChangeLogLockedError",
@@ -73,6 +76,7 @@ __all__ = [
     "UnknownTableError",
     "arrow_type",
     "data_file_schema",
+    "snapshot_reading",
     "write_json",
 ]
 
@@ -908,6 +912,19 @@ def _try_flock(f: io.BufferedRandom) -> str:
 # writer opening removed a snapshot run's temp file between its write and its rename, and
 # that run failed (a generation's removal takes a killed reader's temp files with it).
 _NOT_THE_WRITERS = {"snapshot"}
+# ``snapshot/<this>``: a byte a snapshot reader appends after each chunk it wrote (the
+# puller's bell: cdc_dagster/mysql/snapshots.py ``ChunkBell``)
+CHUNKS_WRITTEN = "chunks-written"
+READING_S = 3.0  # a change log's snapshot is being read: a chunk written this recently
+
+
+def snapshot_reading(root: str | os.PathLike[str], within_s: float = READING_S) -> bool:
+    """Whether a snapshot reader wrote a chunk under ``root`` in the last ``within_s``
+    seconds (the bell's mtime: its reads are going on)."""
+    try:
+        return time.time() - os.stat(Path(root) / "snapshot" / CHUNKS_WRITTEN).st_mtime < within_s
+    except OSError:
+        return False
 
 
 def _remove_temp_files(root: Path) -> int:

@@ -43,8 +43,6 @@ SIDEWAYS: set[tuple[str, str]] = {
     # A changefeed's sink URI is validated where it is stored; the URI module is a leaf.
     ("cdc_dagster.metastore", "cdc_dagster.sinks.uri"),
     ("cdc_dagster.metastore", "cdc_dagster.sinks.base"),
-    # Snapshot reads are spread over Spark tasks as the capture jobs spread tables.
-    ("cdc_dagster.mysql", "cdc_dagster.pipeline.job"),
 }
 
 
