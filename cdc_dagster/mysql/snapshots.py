@@ -48,7 +48,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from cdc_dagster.mysql.state import load_state
-from cdc_dagster.upstream.changelog import CHUNKS_WRITTEN, READING_S, snapshot_reading, write_json
+from cdc_dagster.upstream.changelog import (
+    CHUNKS_WRITTEN,
+    READING_S,
+    snapshot_bell,
+    snapshot_reading,
+    write_json,
+)
 
 CHUNK_KEY = b"cdc_dagster.chunk"
 GTID_POSITIONS = "gtid-positions"
@@ -273,7 +279,7 @@ BELL_LOOK_S = 0.1  # the puller looks at the bell at most this often (one stat)
 
 
 def _ring(gen_dir: Path) -> None:
-    bell = gen_dir.parent.parent / CHUNKS_WRITTEN  # snapshot/chunks-written
+    bell = snapshot_bell(gen_dir.parent.parent.parent)  # <root>/snapshot/<table>/<gen>
     with contextlib.suppress(OSError):  # else the puller places it at its next flush
         fd = os.open(bell, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         try:
@@ -289,7 +295,7 @@ class ChunkBell:
     chunk waited ~0.5 s on average for it, and each table's release as long."""
 
     def __init__(self, root: str | os.PathLike[str], look_s: float = BELL_LOOK_S) -> None:
-        self.path = Path(root) / "snapshot" / CHUNKS_WRITTEN
+        self.path = snapshot_bell(root)
         self.look_s = look_s
         self.next_look = 0.0
         self.seen = 0

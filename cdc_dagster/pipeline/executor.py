@@ -86,9 +86,8 @@ from scheduler_core.ts import MAX_TS, physical_ms
 
 log = logging.getLogger(__name__)
 # Per change log root: when its bulk pulls began to wait for its snapshot's reads (this
-# process: a capture run's ticks), and the wait last logged (``_reads_first``)
+# process: a capture run's ticks; ``_reads_first``)
 _READS_HELD_SINCE: dict[str, float] = {}
-_READS_HELD_SINCE_LOGGED: dict[str, float] = {}
 
 T = TableState
 _PULLING = (T.PREPARING, T.PREPARED, T.REPLICATING)
@@ -434,10 +433,10 @@ class SparkTableExecutor:
         released table) that wait for the change log's snapshot reads: on 2 cores a 100 x 100k
         snapshot's released tables, sunk while the others were read, took the CPU of the
         reads (read in 17.5-17.7 s, not 21-23 s; readable after 68-72 s, not 68 s:
-        bench/throughput_bench.py, a run each). They wait
-        while a reader wrote a chunk in the last ``changelog.READING_S``, for at most
-        ``snapshot_first_s`` from the first wait of those reads (a long snapshot's early
-        tables are then sunk as they come); a stopping table's pull never waits."""
+        bench/throughput_bench.py, a run each). They wait while a reader wrote a chunk in
+        the last ``changelog.READING_S``, for at most ``snapshot_first_s`` from the first wait
+        of those reads (a long snapshot's early tables are then sunk as they come); a
+        stopping table's pull never waits."""
         if not (self.snapshot_first_s and self.bulk_rows and pending):
             return pending
         root = str(self.changelog.root)
@@ -448,14 +447,14 @@ class SparkTableExecutor:
                 if p[1].state != T.STOPPING and self._rows_of(p[3]) >= self.bulk_rows]  # fmt: skip
         if not held:
             return pending
-        since = _READS_HELD_SINCE.setdefault(root, time.monotonic())
-        if time.monotonic() - since >= self.snapshot_first_s:
-            return pending
-        if _READS_HELD_SINCE_LOGGED.get(root) != since:  # once a wait
-            _READS_HELD_SINCE_LOGGED[root] = since
+        since = _READS_HELD_SINCE.get(root)
+        if since is None:  # the first wait of these reads: logged once
+            since = _READS_HELD_SINCE[root] = time.monotonic()
             log.info("changefeed %s: %d released snapshot table(s) wait for the snapshot's reads "
                      "(at most %.0f s)", self.changefeed_id, len(held),
                      self.snapshot_first_s)  # fmt: skip
+        if time.monotonic() - since >= self.snapshot_first_s:
+            return pending
         ids = {p[0] for p in held}
         return [p for p in pending if p[0] not in ids]
 

@@ -76,6 +76,7 @@ __all__ = [
     "UnknownTableError",
     "arrow_type",
     "data_file_schema",
+    "snapshot_bell",
     "snapshot_reading",
     "write_json",
 ]
@@ -918,11 +919,16 @@ CHUNKS_WRITTEN = "chunks-written"
 READING_S = 3.0  # a change log's snapshot is being read: a chunk written this recently
 
 
+def snapshot_bell(root: str | os.PathLike[str]) -> Path:
+    """The change log's snapshot bell (``CHUNKS_WRITTEN``)."""
+    return Path(root) / "snapshot" / CHUNKS_WRITTEN
+
+
 def snapshot_reading(root: str | os.PathLike[str], within_s: float = READING_S) -> bool:
     """Whether a snapshot reader wrote a chunk under ``root`` in the last ``within_s``
     seconds (the bell's mtime: its reads are going on)."""
     try:
-        return time.time() - os.stat(Path(root) / "snapshot" / CHUNKS_WRITTEN).st_mtime < within_s
+        return time.time() - os.stat(snapshot_bell(root)).st_mtime < within_s
     except OSError:
         return False
 
