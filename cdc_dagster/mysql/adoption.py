@@ -96,6 +96,9 @@ class Adopter:
         self.ends: dict[tuple[str, int], dict[int, int]] = {}
         self._ends_order: deque[tuple[float, tuple[str, int]]] = deque()
         self.resolved: dict[Path, dict[int, int] | None] = {}  # chunk coordinates asked
+        # the lowest binlog coordinates (``binlog_order``) of a chunk the stream had not
+        # reached at the last ``adopt``: the puller flushes once it passes them (None: none)
+        self.waiting: tuple[int, int] | None = None
 
     def ended(self, log_file: str, offset: int, position: dict[int, str]) -> None:
         """A transaction ends (or one begins: where the one before ended) at
@@ -136,6 +139,7 @@ class Adopter:
     def adopt(self, ctx: AdoptionContext) -> None:
         """Before a flush's state save: place readable chunks, release covered tables (in
         the same save as their last chunks: no flush interval between)."""
+        self.waiting = None
         if not self.swept:
             self.swept = True
             sweep_generations(ctx.root, ctx.state.snapshots)
@@ -158,6 +162,11 @@ class Adopter:
                 log.info("table %d: snapshot complete; its resolved mark moves on", tid)
         if not self.history and self.ends:
             self.forget_ends()
+
+    def passed(self, at: tuple[str, int] | None) -> bool:
+        """Whether the stream, now past ``at``, has reached a chunk the last ``adopt`` left
+        waiting for it (the flush that places it is due now, not at the next interval)."""
+        return self.waiting is not None and at is not None and binlog_order(*at) >= self.waiting
 
     def after_save(self, fsync: bool) -> None:
         """After the state save: mark placed chunks done, remove released generations."""
@@ -195,6 +204,8 @@ class Adopter:
             at = ctx.binlog_at
             where = binlog_order(log_file, offset)
             if at is None or binlog_order(*at) < where:
+                if self.waiting is None or where < self.waiting:
+                    self.waiting = where
                 return _WAIT
             gtids = ctx.gtid_at(server_id, log_file, offset)  # a quiet binlog, or forgotten
             found = None if gtids is None else {d: _seq(g) for d, g in gtids.items()}

@@ -558,10 +558,15 @@ class Puller:
             self.flush()
 
     def _chunk_written(self, stream: BinlogStream) -> bool:
-        """Whether a snapshot reader wrote a chunk since the last look (``ChunkBell``) and
-        a flush may come now: BELL_GAP_S after the last, none held (``_holds``)."""
+        """Whether a flush that places snapshot chunks may come now, none held (``_holds``):
+        the stream has passed a chunk the last flush found ahead of it (a chunk is read at
+        the binlog's head, the puller a little behind: its placing waited a whole flush
+        interval, up to 1 s at a snapshot's end), or a reader wrote a chunk since the last
+        look (``ChunkBell``), BELL_GAP_S after the last flush."""
         if not self.state.snapshots:
             return False
+        if self.adopter.passed(self.binlog_at):
+            return not self._holds(stream)
         now = time.monotonic()
         return (
             now - self.last_flush >= BELL_GAP_S and not self._holds(stream) and self.bell.rang(now)

@@ -4,6 +4,7 @@ is released in the very flush that places its last chunk (not one flush interval
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -139,6 +140,10 @@ def test_coordinates_are_placed_at_the_gtids_of_the_transaction_that_ends_there(
         (first_after_10 - 1, "0000-000000.parquet")
     ]
     assert ctx.asked == [] and ctx.state.snapshots == {TID: GEN}
+    # the flush that places it is due as soon as the stream reaches its coordinates
+    assert adopter.waiting == (3, 2600)
+    assert not adopter.passed(("binlog.000003", 2599)) and not adopter.passed(None)
+    assert adopter.passed(("binlog.000003", 2600)) and adopter.passed(("binlog.000004", 4))
     adopter.after_save(fsync=False)
     ctx.state.position[0] = "0-1-12"  # seq 12 ends at 2600: the stream is there now
     adopter.ended("binlog.000004", 2600, ctx.state.position)  # another file: not the chunk's
@@ -147,7 +152,8 @@ def test_coordinates_are_placed_at_the_gtids_of_the_transaction_that_ends_there(
     adopter.adopt(ctx)  # not remembered, behind the stream: the upstream is asked
     assert ctx.asked == [(1, "binlog.000003", 2600)]
     assert [p[2] for p in ctx.writer.placed][1:] == ["0001-000000.parquet"]
-    assert ctx.state.snapshots == {}
+    assert ctx.state.snapshots == {} and adopter.waiting is None
+    assert not adopter.passed(("binlog.000009", 4))  # nothing waits: no early flush
 
 
 def test_chunks_read_at_the_same_coordinates_of_a_quiet_binlog_ask_the_upstream_once(
@@ -192,3 +198,36 @@ def test_coordinates_of_another_server_or_from_before_the_stream_are_read_again(
     assert ctx.writer.placed == [] and ctx.asked == [(1, "binlog.000003", 400)]
     assert not (gen_dir / "chunks").exists() or not any((gen_dir / "chunks").iterdir())
     assert gtid_positions(gen_dir)
+
+
+def test_the_puller_flushes_once_the_stream_passes_a_chunk_its_last_flush_left_waiting(
+    tmp_path: Path,
+) -> None:
+    """A chunk is read at the binlog's head and the puller runs a little behind: the flush the
+    reader's bell brought found it ahead of the stream. The next flush comes as soon as the
+    stream passes its coordinates (not a flush interval later, with no bell rung since); no
+    early flush while it is ahead, nor where nothing waits."""
+    from types import SimpleNamespace
+
+    from cdc_dagster.mysql.puller import Puller
+    from cdc_dagster.mysql.snapshots import ChunkBell
+
+    ctx, adopter = _start(tmp_path, ranges=1, stream_at=8)
+    ctx.binlog_at = ("binlog.000003", 2000)
+    _read_at(tmp_path, 0, None, server=1, offset=2600)
+    adopter.adopt(ctx)
+    assert ctx.writer.placed == [] and adopter.waiting == (3, 2600)
+    bell = ChunkBell(tmp_path)
+    bell.rang(time.monotonic())  # nothing rung since
+    puller = SimpleNamespace(state=ctx.state, adopter=adopter, bell=bell, buffered=0,
+                             last_flush=time.monotonic(), binlog_at=("binlog.000003", 2400))  # fmt: skip
+    puller._holds = lambda stream: Puller._holds(puller, stream)
+    assert not Puller._chunk_written(puller, None)
+    puller.binlog_at = ("binlog.000003", 2600)
+    assert Puller._chunk_written(puller, None)
+    ctx.binlog_at = puller.binlog_at
+    ctx.upstream_gtids[("binlog.000003", 2600)] = {0: "0-1-9"}
+    ctx.state.position[0] = "0-1-9"
+    adopter.adopt(ctx)
+    assert [p[2] for p in ctx.writer.placed] == ["0000-000000.parquet"]
+    assert not Puller._chunk_written(puller, None)  # placed: nothing waits any more
