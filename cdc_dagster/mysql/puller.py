@@ -156,6 +156,7 @@ class Puller:
         # The first flush comes FIRST_FLUSH_S after the start, not a whole interval: after a
         # restart or a resume the captures get the backlog's first rows while it is pulled.
         self.last_flush = time.monotonic() - config.flush_interval_s + FIRST_FLUSH_S
+        self.last_full_marks = 0.0  # when a flush last advanced every table's resolved mark
         self.event_time = 0.0  # the binlog time of the last transaction read
         self.flushed_event_time = 0.0  # ... when the last flush came (0: none yet)
         # where the server's binlog ended as the stream began, until read (None: read, or
@@ -455,7 +456,9 @@ class Puller:
                     elif time.monotonic() - self.last_flush >= interval and not self._holds(stream):
                         self.flush()
                     elif self._chunk_written(stream):
-                        self.flush()  # a snapshot chunk: placed (its table released) now
+                        self.flush(
+                            placing=True
+                        )  # a snapshot chunk: placed (its table released) now
             if (
                 self.buffered >= DRAINED_FLUSH_BYTES
                 and self.trx_gtid is None
@@ -645,15 +648,24 @@ class Puller:
 
     # -- flush ------------------------------------------------------------------------
 
-    def flush(self, force: bool = False) -> None:
-        """Data files, then state, then resolved marks (the durability order)."""
-        self.last_flush = time.monotonic()
+    def flush(self, force: bool = False, placing: bool = False) -> None:
+        """Data files, then state, then resolved marks (the durability order).
+
+        ``placing``: a flush for snapshot chunks (``_chunk_written``), several a second
+        while chunks are read. It advances the resolved marks of the tables it wrote rows
+        of or released, and the others' only if the last flush that did was a flush interval
+        ago: each mark is two fsyncs, and 100 tables' in every such flush (as their snapshots
+        completed) made a flush take 0.1-1.5 s under a snapshot's load, the puller falling
+        behind the chunks it placed (the last placed 7-14 s after the reads' end).
+        """
+        now = self.last_flush = time.monotonic()
         self.flushed_event_time = self.event_time or self.flushed_event_time
         snapshots = dict(self.state.snapshots)
         idle = not self.buffered and self.alloc.last == self.state.last_ts and not force
         if idle and not snapshots:
             return
         flavor = "mariadb" if self.state.flavor == "mariadb" else "mysql"
+        written = set(self.buffers)
         for tid, buf in self.buffers.items():
             version = self.state.versions[tid]
             self.writer.write_binlog_events(tid, 0, version, buf.events(version), flavor)
@@ -668,9 +680,18 @@ class Puller:
         failpoints.hit(failpoints.PULLER_AFTER_CHANGELOG_WRITE)
         save_state(self.root, self.state)
         self.adopter.after_save(self.writer.fsync)
+        every = (
+            not placing
+            or not self.state.snapshots
+            or now - self.last_full_marks >= self.config.flush_interval_s
+        )
+        if every:
+            self.last_full_marks = now
         for tid, t in self.state.tables.items():
             if tid in self.state.snapshots:
                 continue  # held until its snapshot is complete
+            if not every and tid not in written and tid not in snapshots:
+                continue  # neither written nor released now: at the next interval
             for shard in range(t.shards):
                 self.writer.advance_resolved(tid, shard, self.state.last_ts)
         self.writer.advance_ddl_resolved(self.state.last_ts)

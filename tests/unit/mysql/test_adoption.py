@@ -4,17 +4,21 @@ is released in the very flush that places its last chunk (not one flush interval
 
 from __future__ import annotations
 
+import functools
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pyarrow as pa
 
 from cdc_dagster.mysql.adoption import Adopter
 from cdc_dagster.mysql.context import PullerStats
+from cdc_dagster.mysql.puller import Puller
 from cdc_dagster.mysql.snapshots import (
     Chunk,
+    ChunkBell,
     Plan,
     done_chunks,
     generation_dir,
@@ -23,6 +27,7 @@ from cdc_dagster.mysql.snapshots import (
     write_plan,
 )
 from cdc_dagster.mysql.state import PullerState, TsAllocator
+from cdc_dagster.schema import ColumnSchema, TableSchema
 
 TID, GEN, VERSION = 1, 5, 7
 
@@ -207,11 +212,6 @@ def test_the_puller_flushes_once_the_stream_passes_a_chunk_its_last_flush_left_w
     reader's bell brought found it ahead of the stream. The next flush comes as soon as the
     stream passes its coordinates (not a flush interval later, with no bell rung since); no
     early flush while it is ahead, nor where nothing waits."""
-    from types import SimpleNamespace
-
-    from cdc_dagster.mysql.puller import Puller
-    from cdc_dagster.mysql.snapshots import ChunkBell
-
     ctx, adopter = _start(tmp_path, ranges=1, stream_at=8)
     ctx.binlog_at = ("binlog.000003", 2000)
     _read_at(tmp_path, 0, None, server=1, offset=2600)
@@ -231,3 +231,82 @@ def test_the_puller_flushes_once_the_stream_passes_a_chunk_its_last_flush_left_w
     adopter.adopt(ctx)
     assert [p[2] for p in ctx.writer.placed] == ["0000-000000.parquet"]
     assert not Puller._chunk_written(puller, None)  # placed: nothing waits any more
+
+
+class _Marks:
+    """A change-log writer that records which tables' resolved marks a flush advanced."""
+
+    fsync = False
+
+    def __init__(self) -> None:
+        self.advanced: list[int] = []
+
+    def write_binlog_events(self, *args: Any) -> None:
+        pass
+
+    def advance_resolved(self, table_id: int, shard: int, ts: int) -> None:
+        self.advanced.append(table_id)
+
+    def advance_ddl_resolved(self, ts: int) -> None:
+        pass
+
+
+class _Releases:
+    """An adopter whose ``adopt`` places the last chunks of the tables in ``release``."""
+
+    def __init__(self) -> None:
+        self.release: set[int] = set()
+        self.placed: list[Any] = []
+
+    def adopt(self, ctx: Any) -> None:
+        for tid in self.release:
+            ctx.state.snapshots.pop(tid, None)
+        self.placed = list(self.release)
+        self.release = set()
+
+    def after_save(self, fsync: bool) -> None:
+        self.placed = []
+
+
+def test_a_flush_for_snapshot_chunks_advances_the_marks_it_must_and_the_rest_each_interval(
+    tmp_path: Path,
+) -> None:
+    """Each resolved mark is two fsyncs: a flush for chunks (several a second while they are
+    read) advances those of the tables it released or wrote rows of, every other table's
+    at most once a flush interval -- and all of them once no snapshot is left."""
+
+    def schema(tid: int) -> TableSchema:
+        return TableSchema(tid, "db", f"t{tid}", (ColumnSchema(1, "id", "int64", False),), (1,))
+
+    tables = {tid: schema(tid) for tid in range(1, 7)}
+    state = PullerState({0: "0-1-8"}, 1, tables=tables, versions=dict.fromkeys(tables, 1),
+                        snapshots={1: 1, 2: 1, 3: 1})  # fmt: skip
+    alloc = TsAllocator(1 << 40)
+    puller = SimpleNamespace(
+        state=state, alloc=alloc, buffers={}, buffered=0, event_time=0.0,
+        flushed_event_time=0.0, last_flush=0.0, last_full_marks=0.0, root=str(tmp_path),
+        writer=_Marks(), adopter=_Releases(), stats=PullerStats(),
+        config=SimpleNamespace(flush_interval_s=60.0),
+    )  # fmt: skip
+    flush = functools.partial(Puller.flush, puller)
+
+    def flushed(placing: bool, release: set[int] = frozenset(), rows: set[int] = frozenset()):
+        puller.adopter.release = set(release)
+        puller.buffers = {tid: _NoRows() for tid in rows}
+        puller.buffered = len(rows)
+        alloc.issue(time.time())
+        puller.writer.advanced = []
+        flush(placing=placing)
+        return sorted(puller.writer.advanced)
+
+    assert flushed(False) == [4, 5, 6]  # not for chunks: every table not held
+    assert flushed(True, release={1}) == [1]  # its last chunk placed: released with its mark
+    assert flushed(True, rows={5}) == [5]  # rows of 5 written
+    puller.last_full_marks -= 60.0  # a flush interval later: all of them again
+    assert flushed(True) == [1, 4, 5, 6]
+    assert flushed(True, release={2, 3}) == [1, 2, 3, 4, 5, 6]  # no snapshot left: all
+
+
+class _NoRows:
+    def events(self, version: int) -> list[Any]:
+        return []
