@@ -34,6 +34,7 @@ from typing import Protocol
 
 from cdc_dagster.mysql.context import PullerContext
 from cdc_dagster.mysql.snapshots import (
+    BellLog,
     Chunk,
     ask_gtid_positions,
     covered,
@@ -52,6 +53,10 @@ log = logging.getLogger(__name__)
 ENDS_KEEP_S = 120.0  # transactions' ends remembered this long (wall seconds) ...
 ENDS_MAX = 400_000  # ... and at most this many
 _WAIT = object()  # the stream has not reached the chunk's position
+# A flush looks again at the tables rung for (``BellLog``) and those with chunks waiting for
+# the stream; at every table being snapshotted on the first and then at least this often
+# (a table left out by mistake would be placed this much later, not never).
+LOOK_ALL_S = 5.0
 
 
 class AdoptionContext(PullerContext, Protocol):
@@ -99,6 +104,11 @@ class Adopter:
         # the lowest binlog coordinates (``binlog_order``) of a chunk the stream had not
         # reached at the last ``adopt``: the puller flushes once it passes them (None: none)
         self.waiting: tuple[int, int] | None = None
+        # (table, generation) looked at with no chunk left to place and not covered: not
+        # looked at again until a reader rings for the table (``BellLog``)
+        self.quiet: set[tuple[int, int]] = set()
+        self._bell: BellLog | None = None
+        self._looked_all = 0.0
 
     def ended(self, log_file: str, offset: int, position: dict[int, str]) -> None:
         """A transaction ends (or one begins: where the one before ended) at
@@ -143,10 +153,15 @@ class Adopter:
         if not self.swept:
             self.swept = True
             sweep_generations(ctx.root, ctx.state.snapshots)
+        rung = self._rung(ctx.root)
         for tid, gen in list(ctx.state.snapshots.items()):
+            if rung is not None and (tid, gen) in self.quiet and tid not in rung:
+                continue  # nothing written for it since it was looked at (a file look each)
+            self.quiet.discard((tid, gen))
             gen_dir = generation_dir(ctx.root, tid, gen)
             plan = read_plan(ctx.root, tid, gen)
             done = done_chunks(gen_dir)
+            left = False
             if plan is None or not covered(plan, done):
                 self.track(ctx, tid)
                 for path, chunk in pending_chunks(gen_dir):
@@ -155,13 +170,29 @@ class Adopter:
                         path.unlink(missing_ok=True)  # marked done; a crash left the file
                     elif self._place(ctx, tid, path, chunk):
                         done[key] = chunk  # in the log with this save; marked done after it
+                    else:
+                        left = left or path.exists()  # waits for the stream (not dropped)
             if plan is not None and covered(plan, done):
                 del ctx.state.snapshots[tid]
                 self.history.pop(tid, None)
                 self.released.append(gen_dir)
                 log.info("table %d: snapshot complete; its resolved mark moves on", tid)
+            elif not left:
+                self.quiet.add((tid, gen))
         if not self.history and self.ends:
             self.forget_ends()
+
+    def _rung(self, root: str) -> set[int] | None:
+        """The tables rung for since the last flush; None: look at every table (the first
+        flush, a bell not read, or ``LOOK_ALL_S`` since the last look at all)."""
+        if self._bell is None:
+            self._bell = BellLog(root)
+        rung = self._bell.rung()
+        now = time.monotonic()
+        if rung is None or now - self._looked_all >= LOOK_ALL_S:
+            self._looked_all = now
+            return None
+        return rung
 
     def passed(self, at: tuple[str, int] | None) -> bool:
         """Whether the stream, now past ``at``, has reached a chunk the last ``adopt`` left

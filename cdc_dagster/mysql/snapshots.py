@@ -271,10 +271,11 @@ def write_chunk(gen_dir: Path, chunk: Chunk, rows: pa.Table) -> None:
     _ring(gen_dir)
 
 
-# A byte appended by a reader after each chunk it wrote; the puller looks at its size
-# between transactions and places what was written without waiting for its flush interval.
-# (Its size, not its mtime: two chunks written within one tick of the kernel's coarse file
-# clock, ~4 ms, leave the same mtime.) A byte per chunk of up to ``CHUNK_ROWS`` rows.
+# A reader appends its table's id (a line) after each chunk it wrote; the puller looks at
+# its size between transactions and places what was written without waiting for its flush
+# interval (its size, not its mtime: two chunks written within one tick of the kernel's
+# coarse file clock, ~4 ms, leave the same mtime), and reads which tables to look at again
+# (``BellLog``). A few bytes per chunk of up to ``CHUNK_ROWS`` rows.
 BELL_LOOK_S = 0.1  # the puller looks at the bell at most this often (one stat)
 
 
@@ -283,9 +284,46 @@ def _ring(gen_dir: Path) -> None:
     with contextlib.suppress(OSError):  # else the puller places it at its next flush
         fd = os.open(bell, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         try:
-            os.write(fd, b".")
+            os.write(fd, f"{gen_dir.parent.name}\n".encode())  # one write: whole or none
         finally:
             os.close(fd)
+
+
+class BellLog:
+    """The tables whose chunks were written since the last ``rung`` (the table ids the
+    readers append to the bell), so a puller's flush looks again only at those (and at
+    the tables it still waits on) instead of every table being snapshotted."""
+
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        self.path = snapshot_bell(root)
+        self.offset = 0
+
+    def rung(self) -> set[int] | None:
+        """The table ids rung for since the last call; None: not known (the first call,
+        a bell that shrank or was replaced, a record that is not a table id, an error):
+        look at every table."""
+        try:
+            with open(self.path, "rb") as f:
+                size = os.fstat(f.fileno()).st_size
+                if self.offset == 0 or size < self.offset:
+                    self.offset = size
+                    return None
+                f.seek(self.offset)
+                data = f.read(size - self.offset)
+        except FileNotFoundError:
+            if self.offset:
+                self.offset = 0
+                return None
+            return set()  # no chunk written yet
+        except OSError:
+            self.offset = 0
+            return None
+        end = data.rfind(b"\n") + 1  # a record being written is taken at the next call
+        self.offset += end
+        try:
+            return {int(t) for t in data[:end].split()}
+        except ValueError:
+            return None
 
 
 class ChunkBell:
@@ -530,6 +568,7 @@ def snapshot_progress(root: str | os.PathLike[str]) -> list[SnapshotProgress]:
 __all__ = [
     "CHUNKS_WRITTEN",
     "READING_S",
+    "BellLog",
     "Chunk",
     "ChunkBell",
     "NextRead",

@@ -13,10 +13,11 @@ from typing import Any
 
 import pyarrow as pa
 
-from cdc_dagster.mysql.adoption import Adopter
+from cdc_dagster.mysql.adoption import LOOK_ALL_S, Adopter
 from cdc_dagster.mysql.context import PullerStats
 from cdc_dagster.mysql.puller import Puller
 from cdc_dagster.mysql.snapshots import (
+    BellLog,
     Chunk,
     ChunkBell,
     Plan,
@@ -310,3 +311,60 @@ def test_a_flush_for_snapshot_chunks_advances_the_marks_it_must_and_the_rest_eac
 class _NoRows:
     def events(self, version: int) -> list[Any]:
         return []
+
+
+def test_the_bell_log_names_the_tables_rung_for_and_says_when_it_cannot(tmp_path: Path) -> None:
+    bell = BellLog(tmp_path)
+    assert bell.rung() == set()  # no chunk written yet
+    _read(tmp_path, 0, None, at_seq=9)  # rings for the table
+    assert bell.rung() is None  # the first look at an existing bell: every table
+    _read(tmp_path, 1, [100], at_seq=9)
+    assert bell.rung() == {TID} and bell.rung() == set()
+    path = tmp_path / "snapshot" / "chunks-written"
+    with open(path, "ab") as f:
+        f.write(b"7\n12")  # a record being written: taken once whole
+    assert bell.rung() == {7}
+    with open(path, "ab") as f:
+        f.write(b"\n")
+    assert bell.rung() == {12}
+    with open(path, "ab") as f:
+        f.write(b".\n")  # not a table id (an older reader's byte): every table
+    assert bell.rung() is None
+    path.write_bytes(b"1\n")  # shrank (replaced): every table
+    assert bell.rung() is None
+
+
+def test_a_flush_looks_again_only_at_tables_rung_for_or_waiting_and_at_all_now_and_then(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    """A table looked at with nothing left to place is skipped until a reader rings for it
+    (a chunk written without a ring is not seen), or until ``LOOK_ALL_S`` has passed."""
+    import cdc_dagster.mysql.snapshots as snapshots
+
+    ctx, adopter = _start(tmp_path, ranges=2, stream_at=10)
+    adopter.adopt(ctx)  # the first: every table (nothing to place yet)
+    assert adopter.quiet == {(TID, GEN)}
+    monkeypatch.setattr(snapshots, "_ring", lambda gen_dir: None)
+    _read(tmp_path, 0, None, at_seq=9)  # written, not rung for
+    adopter.adopt(ctx)
+    assert ctx.writer.placed == []  # not looked at
+    monkeypatch.undo()
+    _read(tmp_path, 1, [100], at_seq=12)  # rung for; ahead of the stream
+    adopter.adopt(ctx)
+    assert [p[2] for p in ctx.writer.placed] == ["0000-000000.parquet"]
+    assert adopter.quiet == set()  # a chunk waits for the stream: looked at each flush
+    adopter.after_save(fsync=False)
+    ctx.state.position[0] = "0-1-12"
+    adopter.adopt(ctx)
+    assert [p[2] for p in ctx.writer.placed][1:] == ["0001-000000.parquet"]
+    assert ctx.state.snapshots == {}
+    # the safety net: a table skipped by mistake is looked at within LOOK_ALL_S
+    ctx2, adopter2 = _start(tmp_path / "b", ranges=1, stream_at=10)
+    adopter2.adopt(ctx2)
+    monkeypatch.setattr(snapshots, "_ring", lambda gen_dir: None)
+    _read(tmp_path / "b", 0, None, at_seq=9)
+    adopter2.adopt(ctx2)
+    assert ctx2.writer.placed == []
+    adopter2._looked_all -= LOOK_ALL_S
+    adopter2.adopt(ctx2)
+    assert [p[2] for p in ctx2.writer.placed] == ["0000-000000.parquet"]
