@@ -154,6 +154,7 @@ class Adopter:
             self.swept = True
             sweep_generations(ctx.root, ctx.state.snapshots)
         rung = self._rung(ctx.root)
+        self.quiet &= set(ctx.state.snapshots.items())  # released or re-snapshotted: gone
         for tid, gen in list(ctx.state.snapshots.items()):
             if rung is not None and (tid, gen) in self.quiet and tid not in rung:
                 continue  # nothing written for it since it was looked at (a file look each)
