@@ -456,9 +456,8 @@ class Puller:
                     elif time.monotonic() - self.last_flush >= interval and not self._holds(stream):
                         self.flush()
                     elif self._chunk_written(stream):
-                        self.flush(
-                            placing=True
-                        )  # a snapshot chunk: placed (its table released) now
+                        # a snapshot chunk: placed (its table released) now
+                        self.flush(placing=True)
             if (
                 self.buffered >= DRAINED_FLUSH_BYTES
                 and self.trx_gtid is None
