@@ -867,7 +867,8 @@ class ChangeLogWriter:
         """``advance_resolved`` of each (table, shard) in ``marks``; where there are many, in
         a few threads: each is a small file written and two fsyncs, and concurrent fsyncs
         share the file system's journal commits (100 marks: 70-88 ms one after another,
-        33-38 ms in 8 threads here). The first error is raised once all are done."""
+        33-38 ms in 8 threads here). The first error is raised (marks not begun by then are
+        not written: each mark is a promise of its own)."""
         marks = list(marks)
         if len(marks) < PARALLEL_MARKS:
             for table_id, shard in marks:
@@ -891,6 +892,14 @@ class ChangeLogWriter:
 PARALLEL_MARKS = 16  # ``advance_resolved_all`` writes this many marks or more in threads
 _MARKS_POOL: tuple[int, ThreadPoolExecutor] | None = None
 _MARKS_LOCK = threading.Lock()
+
+
+def _new_marks_lock() -> None:
+    global _MARKS_LOCK
+    _MARKS_LOCK = threading.Lock()  # a fork while another thread held it: not held here
+
+
+os.register_at_fork(after_in_child=_new_marks_lock)
 
 
 def _marks_pool() -> ThreadPoolExecutor:

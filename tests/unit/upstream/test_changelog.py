@@ -175,7 +175,7 @@ def test_many_resolved_marks_advance_together_in_threads_and_errors_are_raised(
 ) -> None:
     """``advance_resolved_all``: below ``PARALLEL_MARKS`` one after another, above in the
     process's pool (a new one in a forked child); every mark advanced, or the first error
-    raised (the other marks still written: each is a promise on its own)."""
+    raised (marks not begun by then are not written: each is a promise of its own)."""
     import dataclasses
 
     import cdc_dagster.upstream.changelog as changelog
