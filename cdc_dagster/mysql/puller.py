@@ -686,17 +686,13 @@ class Puller:
         )
         if every:
             self.last_full_marks = now
-        self.writer.advance_resolved_all(
-            (
-                (tid, shard)
-                for tid, t in self.state.tables.items()
-                # held until its snapshot is complete; neither written nor released now: at
-                # the next interval
-                if tid not in self.state.snapshots and (every or tid in written or tid in snapshots)
-                for shard in range(t.shards)
-            ),
-            self.state.last_ts,
-        )
+        for tid, t in self.state.tables.items():
+            if tid in self.state.snapshots:
+                continue  # held until its snapshot is complete
+            if not every and tid not in written and tid not in snapshots:
+                continue  # neither written nor released now: at the next interval
+            for shard in range(t.shards):
+                self.writer.advance_resolved(tid, shard, self.state.last_ts)
         self.writer.advance_ddl_resolved(self.state.last_ts)
         self.stats.flushes += 1
         self.stats.resolved_ts = self.state.last_ts

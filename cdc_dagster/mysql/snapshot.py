@@ -68,8 +68,9 @@ def bootstrap(puller: PullerContext) -> PullerState:
         snap.close()
     state.last_ts = snapshot_ts
     save_state(puller.root, state)
-    marks = ((tid, shard) for tid, t in state.tables.items() for shard in range(t.shards))
-    puller.writer.advance_resolved_all(marks, snapshot_ts)
+    for tid, t in state.tables.items():
+        for shard in range(t.shards):
+            puller.writer.advance_resolved(tid, shard, snapshot_ts)
     puller.writer.advance_ddl_resolved(snapshot_ts)
     return state
 
@@ -121,8 +122,9 @@ def bootstrap_chunked(puller: PullerContext) -> PullerState:
     state.snapshots = dict.fromkeys(state.tables, start_ts)
     state.last_ts = start_ts
     save_state(puller.root, state)
-    marks = ((tid, shard) for tid, t in state.tables.items() for shard in range(t.shards))
-    puller.writer.advance_resolved_all(marks, start_ts)
+    for tid, t in state.tables.items():
+        for shard in range(t.shards):
+            puller.writer.advance_resolved(tid, shard, start_ts)
     puller.writer.advance_ddl_resolved(start_ts)
     return state
 

@@ -23,11 +23,9 @@ import json
 import os
 import re
 import socket
-import threading
 import time
 import uuid
-from collections.abc import Iterable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -863,19 +861,6 @@ class ChangeLogWriter:
         path = self.log._resolved_path(table_id, shard)
         self._advance_mark(path, ts, f"table {table_id} shard {shard}", self.fsync)
 
-    def advance_resolved_all(self, marks: Iterable[tuple[int, int]], ts: int) -> None:
-        """``advance_resolved`` of each (table, shard) in ``marks``; where there are many, in
-        a few threads: each is a small file written and two fsyncs, and concurrent fsyncs
-        share the file system's journal commits (100 marks: 70-88 ms one after another,
-        33-38 ms in 8 threads here). The first error is raised (marks not begun by then are
-        not written: each mark is a promise of its own)."""
-        marks = list(marks)
-        if len(marks) < PARALLEL_MARKS:
-            for table_id, shard in marks:
-                self.advance_resolved(table_id, shard, ts)
-            return
-        list(_marks_pool().map(lambda m: self.advance_resolved(m[0], m[1], ts), marks))
-
     @staticmethod
     def _advance_mark(path: Path, ts: int, what: str, fsync: bool) -> None:
         _check_ts_arg("resolved ts", ts)
@@ -887,29 +872,6 @@ class ChangeLogWriter:
             )
         if ts > current:
             write_json(path, {"resolved_ts": ts}, fsync=fsync)
-
-
-PARALLEL_MARKS = 16  # ``advance_resolved_all`` writes this many marks or more in threads
-_MARKS_POOL: tuple[int, ThreadPoolExecutor] | None = None
-_MARKS_LOCK = threading.Lock()
-
-
-def _new_marks_lock() -> None:
-    global _MARKS_LOCK
-    _MARKS_LOCK = threading.Lock()  # a fork while another thread held it: not held here
-
-
-os.register_at_fork(after_in_child=_new_marks_lock)
-
-
-def _marks_pool() -> ThreadPoolExecutor:
-    """The process's pool for resolved marks (a new one in a forked child, whose copy of
-    the parent's has no threads)."""
-    global _MARKS_POOL
-    with _MARKS_LOCK:
-        if _MARKS_POOL is None or _MARKS_POOL[0] != os.getpid():
-            _MARKS_POOL = (os.getpid(), ThreadPoolExecutor(8, thread_name_prefix="resolved-marks"))
-        return _MARKS_POOL[1]
 
 
 def _acquire_lock(root: Path) -> io.BufferedRandom:

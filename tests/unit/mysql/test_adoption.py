@@ -245,8 +245,8 @@ class _Marks:
     def write_binlog_events(self, *args: Any) -> None:
         pass
 
-    def advance_resolved_all(self, marks: Any, ts: int) -> None:
-        self.advanced += [table_id for table_id, _ in marks]
+    def advance_resolved(self, table_id: int, shard: int, ts: int) -> None:
+        self.advanced.append(table_id)
 
     def advance_ddl_resolved(self, ts: int) -> None:
         pass

@@ -170,43 +170,6 @@ def test_resolved_marks_never_go_back(log: tuple[ChangeLogWriter, ChangeLog]) ->
     assert r.ddl_resolved_ts() == ts(10)
 
 
-def test_many_resolved_marks_advance_together_in_threads_and_errors_are_raised(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """``advance_resolved_all``: below ``PARALLEL_MARKS`` one after another, above in the
-    process's pool (a new one in a forked child); every mark advanced, or the first error
-    raised (marks not begun by then are not written: each is a promise of its own)."""
-    import dataclasses
-
-    import cdc_dagster.upstream.changelog as changelog
-
-    w = ChangeLogWriter(tmp_path / "cl")
-    ids = range(10, 10 + changelog.PARALLEL_MARKS + 4)
-    for i, tid in enumerate(ids):
-        w.write_ddl(
-            create(ts(0, i), dataclasses.replace(accounts(), table_id=tid, table=f"t{tid}"))
-        )
-    r = ChangeLog(tmp_path / "cl")
-    marks = [(tid, shard) for tid in ids for shard in (0, 1)]
-    w.advance_resolved_all(marks[:4], ts(5))  # few: no pool
-    assert [r.shard_resolved_ts(t, s) for t, s in marks[:4]] == [ts(5)] * 4
-    monkeypatch.setattr(changelog, "_MARKS_POOL", (-1, None))  # as a forked child sees it
-    threads: set[str] = set()
-    real = w.advance_resolved
-
-    def advance(table_id: int, shard: int, at: int) -> None:
-        threads.add(threading.current_thread().name)
-        real(table_id, shard, at)
-
-    monkeypatch.setattr(w, "advance_resolved", advance)
-    w.advance_resolved_all(marks, ts(10))
-    assert all(r.shard_resolved_ts(t, s) == ts(10) for t, s in marks)
-    assert threads and all(n.startswith("resolved-marks") for n in threads)
-    assert changelog._MARKS_POOL[0] == os.getpid()  # the child's own pool
-    with pytest.raises(ResolvedRegressionError, match="go back"):
-        w.advance_resolved_all(marks, ts(9))
-
-
 def test_table_resolved_is_min_over_shards_missing_is_zero(
     log: tuple[ChangeLogWriter, ChangeLog],
 ) -> None:
