@@ -567,7 +567,7 @@ class Puller:
         look (``ChunkBell``), BELL_GAP_S after the last flush."""
         if not self.state.snapshots:
             return False
-        if self.adopter.passed(self.binlog_at):
+        if self.adopter.waiting is not None and self.adopter.passed(self.binlog_at):
             return not self._holds(stream)
         now = time.monotonic()
         return (

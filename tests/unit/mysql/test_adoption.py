@@ -252,6 +252,13 @@ class _Marks:
         pass
 
 
+class _NoRows:
+    """A puller buffer with no rows (the table was written in this flush)."""
+
+    def events(self, version: int) -> list[Any]:
+        return []
+
+
 class _Releases:
     """An adopter whose ``adopt`` places the last chunks of the tables in ``release``."""
 
@@ -306,11 +313,6 @@ def test_a_flush_for_snapshot_chunks_advances_the_marks_it_must_and_the_rest_eac
     puller.last_full_marks -= 60.0  # a flush interval later: all of them again
     assert flushed(True) == [1, 4, 5, 6]
     assert flushed(True, release={2, 3}) == [1, 2, 3, 4, 5, 6]  # no snapshot left: all
-
-
-class _NoRows:
-    def events(self, version: int) -> list[Any]:
-        return []
 
 
 def test_the_bell_log_names_the_tables_rung_for_and_says_when_it_cannot(tmp_path: Path) -> None:
