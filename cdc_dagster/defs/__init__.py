@@ -48,6 +48,13 @@ def build_definitions(catalog: Catalog) -> dg.Definitions:
     )
 
 
+def warm_up() -> None:
+    """What a warm run worker does ahead of its run (``services.run_worker``), besides its
+    imports: the dbt models' assets once (dagster-dbt's manifest caches: 0.12-0.15 s of the
+    run's definitions, 0.02 s after)."""
+    dbt_assets_for()
+
+
 @dg.definitions
 def defs() -> dg.Definitions:
     """The code location's definitions (the catalog is read when the location loads)."""

@@ -221,7 +221,8 @@ def test_the_puller_flushes_once_the_stream_passes_a_chunk_its_last_flush_left_w
     bell = ChunkBell(tmp_path)
     bell.rang(time.monotonic())  # nothing rung since
     puller = SimpleNamespace(state=ctx.state, adopter=adopter, bell=bell, buffered=0,
-                             last_flush=time.monotonic(), binlog_at=("binlog.000003", 2400))  # fmt: skip
+                             last_flush=time.monotonic(), flush_took=0.0,
+                             binlog_at=("binlog.000003", 2400))  # fmt: skip
     puller._holds = lambda stream: Puller._holds(puller, stream)
     assert not Puller._chunk_written(puller, None)
     puller.binlog_at = ("binlog.000003", 2600)
@@ -232,6 +233,39 @@ def test_the_puller_flushes_once_the_stream_passes_a_chunk_its_last_flush_left_w
     adopter.adopt(ctx)
     assert [p[2] for p in ctx.writer.placed] == ["0000-000000.parquet"]
     assert not Puller._chunk_written(puller, None)  # placed: nothing waits any more
+
+
+def test_after_a_long_flush_chunks_gather_for_the_next_one(tmp_path: Path) -> None:
+    """A flush that places chunks is fsyncs (0.05-1.5 s under a snapshot's load); one per
+    chunk, back to back, left the stream behind the chunks read at its head. After a flush
+    that took d, the next placing flush (the stream passing a waiting chunk, or the bell)
+    begins no sooner than PLACING_SPAN x d after it began; after a short one, at once."""
+    from cdc_dagster.mysql.puller import PLACING_SPAN
+
+    ctx, adopter = _start(tmp_path, ranges=1, stream_at=8)
+    ctx.binlog_at = ("binlog.000003", 2000)
+    _read_at(tmp_path, 0, None, server=1, offset=2600)
+    adopter.adopt(ctx)
+    assert adopter.waiting == (3, 2600)
+    bell = ChunkBell(tmp_path, look_s=0.0)  # looks at each call
+    bell.rang(time.monotonic())
+    now = time.monotonic()
+    puller = SimpleNamespace(state=ctx.state, adopter=adopter, bell=bell, buffered=0,
+                             last_flush=now - 0.5, flush_took=0.4,
+                             binlog_at=("binlog.000003", 2600))  # fmt: skip
+    puller._holds = lambda stream: Puller._holds(puller, stream)
+    assert not Puller._chunk_written(puller, None)  # passed, but 0.5 s < PLACING_SPAN x 0.4 s
+    puller.last_flush = now - PLACING_SPAN * 0.4 - 0.01
+    assert Puller._chunk_written(puller, None)
+    puller.last_flush, puller.flush_took = now - 0.05, 0.01  # a short flush: no wait
+    assert Puller._chunk_written(puller, None)
+    # the bell's flush too: the stream has not passed a chunk, one was written since
+    puller.binlog_at = ("binlog.000003", 2400)
+    _read_at(tmp_path, 0, None, server=1, offset=2700)
+    puller.last_flush, puller.flush_took = time.monotonic() - 0.5, 0.4
+    assert not Puller._chunk_written(puller, None)
+    puller.last_flush = time.monotonic() - PLACING_SPAN * 0.4 - 0.01
+    assert Puller._chunk_written(puller, None)
 
 
 class _Marks:
@@ -296,6 +330,7 @@ def test_a_flush_for_snapshot_chunks_advances_the_marks_it_must_and_the_rest_eac
         writer=_Marks(), adopter=_Releases(), stats=PullerStats(),
         config=SimpleNamespace(flush_interval_s=60.0),
     )  # fmt: skip
+    puller._flush = functools.partial(Puller._flush, puller)
     flush = functools.partial(Puller.flush, puller)
 
     def flushed(placing: bool, release: set[int] = frozenset(), rows: set[int] = frozenset()):
