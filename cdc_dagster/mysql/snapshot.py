@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from cdc_dagster.mysql.catalog import build_schema, list_tables, read_tables
@@ -22,6 +23,7 @@ from cdc_dagster.mysql.state import PullerState, TsAllocator, parse_gtid_pos, sa
 from cdc_dagster.mysql.types import converter
 from cdc_dagster.mysql.upstream import connect
 from cdc_dagster.schema import DdlRecord, TableSchema
+from cdc_dagster.upstream.changelog import META_WRITERS
 from scheduler_core.ddl import DDLKind
 
 Progress = Callable[[str, int, int], None]  # (db.table, rows done, rows total)
@@ -107,6 +109,7 @@ def bootstrap_chunked(puller: PullerContext) -> PullerState:
     finally:
         lock.close()
     alloc, now = TsAllocator(0), time.time()
+    records = []
     for raw in raws:
         tid = state.ids.new_table_id()
         schema = build_schema(raw, tid, state.ids, None,
@@ -115,16 +118,18 @@ def bootstrap_chunked(puller: PullerContext) -> PullerState:
         query = (
             f"CREATE TABLE {_q(raw.database)}.{_q(raw.table)} /* existing at changefeed start */"
         )
-        puller.writer.write_ddl(DdlRecord(ts, DDLKind.CREATE_TABLE, "create_table", query,
-                                          creates=(tid,), tables={tid: schema}))  # fmt: skip
+        records.append(DdlRecord(ts, DDLKind.CREATE_TABLE, "create_table", query,
+                                 creates=(tid,), tables={tid: schema}))  # fmt: skip
         state.set_table(tid, schema, ts)
+    puller.writer.write_ddls(records)
     start_ts = puller.stats.start_ts = alloc.issue(now)
     state.snapshots = dict.fromkeys(state.tables, start_ts)
     state.last_ts = start_ts
     save_state(puller.root, state)
-    for tid, t in state.tables.items():
-        for shard in range(t.shards):
-            puller.writer.advance_resolved(tid, shard, start_ts)
+    marks = [(tid, shard) for tid, t in state.tables.items() for shard in range(t.shards)]
+    # each table's own file (two fsyncs): a few threads, as the meta files
+    with ThreadPoolExecutor(max(1, min(META_WRITERS, len(marks)))) as pool:
+        list(pool.map(lambda m: puller.writer.advance_resolved(*m, start_ts), marks))
     puller.writer.advance_ddl_resolved(start_ts)
     return state
 

@@ -220,6 +220,36 @@ def test_ddl_records_of_one_commit_ts_keep_their_order(tmp_path: Path) -> None:
     assert ChangeLog(tmp_path).shards(8) == 1
 
 
+def test_many_tables_created_at_once_are_written_as_one_by_one(tmp_path: Path) -> None:
+    """``write_ddls`` (a changefeed's start: many tables' create records, their meta files
+    by a few threads): the same files as ``write_ddl`` of each record in order; a batch out
+    of commit-ts order, or below the log's DDL mark, is refused with nothing written."""
+    tables = [TableSchema(tid, "bank", f"t{tid}", accounts().columns, (1,), shards=1 + tid % 3)
+              for tid in range(10, 30)]  # fmt: skip
+    batch = ChangeLogWriter(tmp_path / "batch")
+    batch.write_ddls([create(ts(i), t) for i, t in enumerate(tables)])
+    one_by_one = ChangeLogWriter(tmp_path / "one")
+    for i, t in enumerate(tables):
+        one_by_one.write_ddl(create(ts(i), t))
+
+    def files(root: Path) -> dict[str, bytes]:
+        return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*"))
+                if p.is_file() and p.name != ".lock"}  # fmt: skip
+
+    assert files(tmp_path / "batch") == files(tmp_path / "one")
+    log = ChangeLog(tmp_path / "batch")
+    assert [log.shards(t.table_id) for t in tables] == [t.shards for t in tables]
+    assert [d.creates for d in log.ddl_records()] == [(t.table_id,) for t in tables]
+
+    fresh = ChangeLogWriter(tmp_path / "refused")
+    with pytest.raises(DdlOrderError, match="commit-ts order"):
+        fresh.write_ddls([create(ts(5), tables[0]), create(ts(4), tables[1])])
+    fresh.advance_ddl_resolved(ts(10))
+    with pytest.raises(DdlOrderError, match="resolved"):  # the first one, at the mark
+        fresh.write_ddls([create(ts(10), tables[0]), create(ts(11), tables[1])])
+    assert not list((tmp_path / "refused").rglob("meta.json"))  # none of a refused batch
+
+
 def test_reader_sees_ddls_written_after_it_was_opened(
     log: tuple[ChangeLogWriter, ChangeLog],
 ) -> None:
