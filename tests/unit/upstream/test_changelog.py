@@ -237,6 +237,8 @@ def test_many_tables_created_at_once_are_written_as_one_by_one(tmp_path: Path) -
                 if p.is_file() and p.name != ".lock"}  # fmt: skip
 
     assert files(tmp_path / "batch") == files(tmp_path / "one")
+    batch.write_ddls([create(ts(i), t) for i, t in enumerate(tables)])  # again: idempotent
+    assert files(tmp_path / "batch") == files(tmp_path / "one")
     log = ChangeLog(tmp_path / "batch")
     assert [log.shards(t.table_id) for t in tables] == [t.shards for t in tables]
     assert [d.creates for d in log.ddl_records()] == [(t.table_id,) for t in tables]
