@@ -8,7 +8,7 @@ the worker then does exactly what ``dagster api execute_run`` does, and exits wh
 ends. End of input without a run (the launcher retired it, or its process died): it exits.
 
 One run per worker, as Dagster's own run workers: a run never shares a process, so a run's
-crash, leak or ``os._exit`` is its own. Done ahead: the imports, each imported module's
+crash, leak or ``os._exit`` is its own. Done ahead: the imports, the code module's
 ``warm_up()`` (the dbt manifest's caches) and the instance (``warm_instance``: the run gets
 it when its ref is the same); the definitions (``defs()``: the table catalog from etcd, the
 dbt models) are built by the run, so they are as current as with a cold worker.
@@ -86,8 +86,8 @@ _warm: dict[str, Any] = {}
 
 
 def warm_up(modules: list[str]) -> str:
-    """Each imported module's ``warm_up()``, where it has one (work its runs repeat, done
-    once ahead: ``cdc_dagster.defs.warm_up``); a failure leaves it to the run."""
+    """Each of ``modules``' ``warm_up()``, where it has one (work its runs repeat, done once
+    ahead: ``cdc_dagster.defs.warm_up``); a failure leaves it to the run."""
     done = []
     for name in modules:
         fn = getattr(sys.modules.get(name), "warm_up", None)
@@ -171,7 +171,8 @@ def main(argv: list[str]) -> int:
     """Preload ``argv``'s modules, then execute the run given on standard input."""
     base = lower_priority()
     restore_on_input(base)
-    line = preload(argv) + warm_up(argv) + warm_instance()
+    # the run's code module (the first) only: a preloaded library's ``warm_up`` is not ours
+    line = preload(argv) + warm_up(argv[:1]) + warm_instance()
     payload = sys.stdin.read()
     if not payload.strip():
         return 0  # retired before it got a run

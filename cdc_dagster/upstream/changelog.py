@@ -666,10 +666,15 @@ class ChangeLogWriter:
     # ------------------------------------------------------------------ DDL
     def write_ddl(self, record: DdlRecord) -> Path:
         """Append a DDL record (idempotent for an identical record); create tables' meta.json."""
+        return self._write_ddl(record, check=True)
+
+    def _write_ddl(self, record: DdlRecord, check: bool) -> Path:
+        """``write_ddl``; ``check``: its order checked here (False: checked by the caller)."""
         same_ts = self.log.ddl_records(record.commit_ts - 1, record.commit_ts)
         if record in same_ts:
             return self.root / "ddl" / _ddl_name(record.commit_ts, same_ts.index(record))
-        self._check_ddl_order(record)
+        if check:
+            self._check_ddl_order(record)
         for table_id in record.creates:
             self._write_meta(record, table_id)
         path = self.root / "ddl" / _ddl_name(record.commit_ts, len(same_ts))
@@ -695,7 +700,7 @@ class ChangeLogWriter:
         if len(creates) > 1:
             with ThreadPoolExecutor(min(META_WRITERS, len(creates))) as pool:
                 list(pool.map(lambda c: self._write_meta(*c), creates))
-        return [self.write_ddl(record) for record in records]
+        return [self._write_ddl(record, check=False) for record in records]
 
     def _write_meta(self, record: DdlRecord, table_id: int) -> None:
         """A created table's ``meta.json`` (its shards), unless it has one."""

@@ -59,7 +59,9 @@ def test_a_run_of_another_instance_opens_its_own(home: Path, tmp_path_factory) -
 
 def test_a_payload_not_read_leaves_the_run_to_open_its_own(home: Path) -> None:
     run_worker.warm_instance()
+    original = dg.DagsterInstance.__dict__["from_ref"]
     run_worker.adopt_instance("not a run")
+    assert dg.DagsterInstance.__dict__["from_ref"] is original  # nothing handed over
     got = dg.DagsterInstance.from_ref(InstanceRef.from_dir(str(home)))
     assert got is not None and run_worker._warm == {}
     got.dispose()
