@@ -84,6 +84,15 @@ BELL_GAP_S = 0.2
 # 93 flushes took 15.6 of its 18 s of reads, the stream fell 1 s behind the chunks read at
 # its head, and the last 17 tables were placed one flush each after the reads' end.
 PLACING_SPAN = 3.0
+# While some of the change log's tables are still snapshotted, a table this run released
+# (its snapshot complete) that a flush wrote no rows of has its resolved mark advanced at
+# most every RELEASED_MARKS_S, not every flush: the changefeed's checkpoint waits for the
+# tables still read anyway, and a released table's bulk waits for the reads
+# (``executor._reads_first``). 100 released tables' marks (two fsyncs each) made every
+# regular flush of a 100-table snapshot take 0.2-1.0 s under its load: the puller spent half
+# of the reads in them, and chunks read meanwhile waited for the next one (PLACING_SPAN).
+# Once no table is snapshotted, every flush advances every mark again.
+RELEASED_MARKS_S = 5.0
 # Row-event bytes buffered when the stream has nothing more to send (a backlog's end) that
 # are flushed at once, not at the interval's end: a drained backlog's last rows waited up
 # to a second (or the next heartbeat) for it. A trickle flushes once per interval as before.
@@ -165,6 +174,9 @@ class Puller:
         self.last_flush = time.monotonic() - config.flush_interval_s + FIRST_FLUSH_S
         self.flush_took = 0.0  # the last flush's duration (s)
         self.last_full_marks = 0.0  # when a flush last advanced every table's resolved mark
+        # tables this run released while others are still snapshotted -> when their resolved
+        # mark was last advanced (RELEASED_MARKS_S); emptied once none is snapshotted
+        self.released_marks: dict[int, float] = {}
         self.event_time = 0.0  # the binlog time of the last transaction read
         self.flushed_event_time = 0.0  # ... when the last flush came (0: none yet)
         # where the server's binlog ended as the stream began, until read (None: read, or
@@ -709,12 +721,32 @@ class Puller:
                 continue  # held until its snapshot is complete
             if not every and tid not in written and tid not in snapshots:
                 continue  # neither written nor released now: at the next interval
+            if tid not in written and not self._released_mark_due(tid, tid in snapshots, now):
+                continue  # released earlier, others still snapshotted: RELEASED_MARKS_S
             for shard in range(t.shards):
                 self.writer.advance_resolved(tid, shard, self.state.last_ts)
         self.writer.advance_ddl_resolved(self.state.last_ts)
         self.stats.flushes += 1
         self.stats.resolved_ts = self.state.last_ts
         self.stats.position = self.state.gtid
+
+    def _released_mark_due(self, tid: int, released_now: bool, now: float) -> bool:
+        """Whether a flush that wrote no rows of table ``tid`` advances its resolved mark:
+        always, unless this run released the table (``released_now``: in this flush) while
+        others are still snapshotted and advanced its mark less than RELEASED_MARKS_S ago."""
+        if not self.state.snapshots:
+            self.released_marks.clear()
+            return True
+        if released_now:
+            self.released_marks[tid] = now
+            return True
+        last = self.released_marks.get(tid)
+        if last is None:
+            return True  # not released by this run: its stream's checkpoint moves each flush
+        if now - last < RELEASED_MARKS_S:
+            return False
+        self.released_marks[tid] = now
+        return True
 
 
 def lock_path(root: str | Path) -> Path:

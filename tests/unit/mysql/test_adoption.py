@@ -15,7 +15,7 @@ import pyarrow as pa
 
 from cdc_dagster.mysql.adoption import LOOK_ALL_S, Adopter
 from cdc_dagster.mysql.context import PullerStats
-from cdc_dagster.mysql.puller import Puller
+from cdc_dagster.mysql.puller import RELEASED_MARKS_S, Puller
 from cdc_dagster.mysql.snapshots import (
     BellLog,
     Chunk,
@@ -328,9 +328,25 @@ def test_a_flush_for_snapshot_chunks_advances_the_marks_it_must_and_the_rest_eac
         state=state, alloc=alloc, buffers={}, buffered=0, event_time=0.0,
         flushed_event_time=0.0, last_flush=0.0, last_full_marks=0.0, root=str(tmp_path),
         writer=_Marks(), adopter=_Releases(), stats=PullerStats(),
-        config=SimpleNamespace(flush_interval_s=60.0),
+        config=SimpleNamespace(flush_interval_s=60.0), released_marks={},
     )  # fmt: skip
+    flushed = _flusher(puller, alloc)
+
+    assert flushed(False) == [4, 5, 6]  # not for chunks: every table not held
+    assert flushed(True, release={1}) == [1]  # its last chunk placed: released with its mark
+    assert flushed(True, rows={5}) == [5]  # rows of 5 written
+    puller.last_full_marks -= 60.0  # a flush interval later: all of them again
+    puller.released_marks[1] -= RELEASED_MARKS_S  # (1's: test_released_tables_marks_...)
+    assert flushed(True) == [1, 4, 5, 6]
+    assert flushed(True, release={2, 3}) == [1, 2, 3, 4, 5, 6]  # no snapshot left: all
+
+
+def _flusher(puller: Any, alloc: TsAllocator) -> Any:
+    """``flushed(placing, release, rows)``: a flush of ``puller`` (a namespace with the
+    attributes ``Puller._flush`` uses) releasing tables ``release`` and writing rows of
+    ``rows``; the tables whose resolved marks it advanced."""
     puller._flush = functools.partial(Puller._flush, puller)
+    puller._released_mark_due = functools.partial(Puller._released_mark_due, puller)
     flush = functools.partial(Puller.flush, puller)
 
     def flushed(placing: bool, release: set[int] = frozenset(), rows: set[int] = frozenset()):
@@ -342,12 +358,44 @@ def test_a_flush_for_snapshot_chunks_advances_the_marks_it_must_and_the_rest_eac
         flush(placing=placing)
         return sorted(puller.writer.advanced)
 
-    assert flushed(False) == [4, 5, 6]  # not for chunks: every table not held
-    assert flushed(True, release={1}) == [1]  # its last chunk placed: released with its mark
-    assert flushed(True, rows={5}) == [5]  # rows of 5 written
-    puller.last_full_marks -= 60.0  # a flush interval later: all of them again
-    assert flushed(True) == [1, 4, 5, 6]
-    assert flushed(True, release={2, 3}) == [1, 2, 3, 4, 5, 6]  # no snapshot left: all
+    return flushed
+
+
+def test_released_tables_marks_advance_every_few_seconds_while_others_are_snapshotted(
+    tmp_path: Path,
+) -> None:
+    """While some tables are still snapshotted, a table released by this run with no rows
+    written has its resolved mark advanced when released and then every RELEASED_MARKS_S
+    (100 released tables' marks in every flush held the puller for most of a snapshot's
+    reads); the tables it did not release, and those with rows, every flush as before; once
+    no table is snapshotted, every mark every flush."""
+
+    def schema(tid: int) -> TableSchema:
+        return TableSchema(tid, "db", f"t{tid}", (ColumnSchema(1, "id", "int64", False),), (1,))
+
+    tables = {tid: schema(tid) for tid in range(1, 6)}
+    state = PullerState({0: "0-1-8"}, 1, tables=tables, versions=dict.fromkeys(tables, 1),
+                        snapshots={1: 1, 2: 1, 3: 1})  # fmt: skip
+    alloc = TsAllocator(1 << 40)
+    puller = SimpleNamespace(
+        state=state, alloc=alloc, buffers={}, buffered=0, event_time=0.0,
+        flushed_event_time=0.0, last_flush=0.0, last_full_marks=0.0, root=str(tmp_path),
+        writer=_Marks(), adopter=_Releases(), stats=PullerStats(),
+        config=SimpleNamespace(flush_interval_s=1.0), released_marks={},
+    )  # fmt: skip
+    flushed = _flusher(puller, alloc)
+
+    assert flushed(False) == [4, 5]  # 4 and 5 stream (never snapshotted by this run)
+    assert flushed(False, release={1}) == [1, 4, 5]  # released: its mark moves with it
+    assert flushed(False) == [4, 5]  # 1 released a moment ago, 2 and 3 still read
+    assert flushed(False, release={2}) == [2, 4, 5]
+    assert flushed(False, rows={1}) == [1, 4, 5]  # rows of 1 written: its mark moves
+    puller.released_marks[1] -= RELEASED_MARKS_S
+    assert flushed(False) == [1, 4, 5]  # RELEASED_MARKS_S since 1's last mark
+    assert flushed(False) == [4, 5]
+    assert flushed(False, release={3}) == [1, 2, 3, 4, 5]  # none snapshotted now: all
+    assert flushed(False) == [1, 2, 3, 4, 5]
+    assert puller.released_marks == {}
 
 
 def test_the_bell_log_names_the_tables_rung_for_and_says_when_it_cannot(tmp_path: Path) -> None:
