@@ -376,10 +376,10 @@ def plan_tables(
             new.append(plans[tid])
     finally:
         conn.close()
-    # each written (and fsynced: no chunk is read against a plan a crash could lose) in a
-    # few threads: 100 tables' two fsyncs each one after another were most of their planning
-    with ThreadPoolExecutor(max(1, min(8, len(new)))) as pool:
-        list(pool.map(lambda plan: write_plan(root, plan), new))
+    # each written, flushed to disk by the first chunk read against it (``plan_durable``):
+    # 100 tables' plans, two fsyncs each, took 0.8 s here under a snapshot's load
+    for plan in new:
+        write_plan(root, plan, durable=False)
     return plans
 
 

@@ -35,6 +35,7 @@ import base64
 import contextlib
 import datetime as dt
 import json
+import logging
 import os
 import re
 import shutil
@@ -55,6 +56,8 @@ from cdc_dagster.upstream.changelog import (
     snapshot_reading,
     write_json,
 )
+
+log = logging.getLogger(__name__)
 
 CHUNK_KEY = b"cdc_dagster.chunk"
 GTID_POSITIONS = "gtid-positions"
@@ -236,22 +239,63 @@ def sweep_generations(root: str | os.PathLike[str], snapshots: dict[int, int]) -
     return removed
 
 
-def write_plan(root: str | os.PathLike[str], plan: Plan) -> None:
-    path = generation_dir(root, plan.table_id, plan.generation) / "plan.json"
-    write_json(path, plan.to_json())
+PLAN_NAME = "plan.json"
+_DURABLE_PLANS: set[Path] = set()  # generation dirs whose plan this process made durable
+
+
+def write_plan(root: str | os.PathLike[str], plan: Plan, durable: bool = True) -> None:
+    """The table generation's plan (atomically). ``durable=False``: not flushed to disk
+    here -- the first chunk written against it flushes it first (``plan_durable``), so no
+    chunk or done mark is ever on disk without its plan: 100 tables' plans, two fsyncs
+    each, took 0.8 s of a snapshot run's start under its load, its reads not yet begun."""
+    path = generation_dir(root, plan.table_id, plan.generation) / PLAN_NAME
+    write_json(path, plan.to_json(), fsync=durable)
+    if durable:
+        _DURABLE_PLANS.add(path.parent)
+
+
+def plan_durable(gen_dir: Path) -> None:
+    """Flush the generation's plan (its file, then its directory) to disk, once a process
+    (a plan that was on disk stays there: each later call is a set lookup)."""
+    if gen_dir in _DURABLE_PLANS:
+        return
+    try:
+        fd = os.open(gen_dir / PLAN_NAME, os.O_RDONLY)
+    except FileNotFoundError:
+        return  # none to flush (a test's chunk written without one)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    fd = os.open(gen_dir, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    _DURABLE_PLANS.add(gen_dir)
 
 
 def read_plan(root: str | os.PathLike[str], table_id: int, generation: int) -> Plan | None:
-    path = generation_dir(root, table_id, generation) / "plan.json"
+    """The generation's plan; None: not planned -- or its file was written and never flushed
+    (``write_plan(durable=False)``) before the machine stopped, left empty or cut short:
+    then no chunk was written against it either (``plan_durable``), and it is planned again."""
+    path = generation_dir(root, table_id, generation) / PLAN_NAME
     try:
-        return Plan.from_json(json.loads(path.read_text()))
+        text = path.read_text()
     except FileNotFoundError:
+        return None
+    try:
+        return Plan.from_json(json.loads(text))
+    except (ValueError, KeyError, TypeError):
+        log.warning("snapshot plan %s is not whole (a machine stop before it was flushed; no "
+                    "chunk was written against it): the table is planned again", path)  # fmt: skip
         return None
 
 
 def write_chunk(gen_dir: Path, chunk: Chunk, rows: pa.Table) -> None:
     """A chunk's rows (or, empty, its done mark directly: nothing to place); then the
     puller's bell (``ChunkBell``)."""
+    plan_durable(gen_dir)  # the plan on disk before anything read against it
     if chunk.rows == 0:
         write_json(gen_dir / "done" / f"{chunk.name}.json", chunk.to_json())
         _ring(gen_dir)
@@ -585,6 +629,7 @@ __all__ = [
     "mark_done",
     "next_read",
     "pending_chunks",
+    "plan_durable",
     "read_plan",
     "release_generation",
     "snapshot_progress",

@@ -113,3 +113,60 @@ def test_the_bell_rings_once_per_chunk_written_and_is_looked_at_no_more_than_ask
     assert not bell.rang(102.0)  # two rings at once (the same clock tick) seen at one look
     assert (tmp_path / "snapshot" / snapshots.CHUNKS_WRITTEN).is_file()
     assert snapshots.sweep_generations(tmp_path, {3: 1}) == 0  # the bell is no generation
+
+
+def _fsyncs(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The paths fsynced from now on, in order (a file's or a directory's)."""
+    import os
+
+    done: list[str] = []
+    real = os.fsync
+
+    def fsync(fd: int) -> None:
+        done.append(os.readlink(f"/proc/self/fd/{fd}"))
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    return done
+
+
+def test_a_plan_written_lazily_is_on_disk_before_the_first_chunk_read_against_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``write_plan(durable=False)`` flushes nothing; the first chunk (or empty chunk's done
+    mark) written against the plan flushes the plan and its directory first, once."""
+    from cdc_dagster.mysql.snapshots import Plan, write_plan
+
+    fsynced = _fsyncs(monkeypatch)
+    plans = {}
+    for tid in (3, 4):
+        plans[tid] = snapshots.generation_dir(tmp_path, tid, 9)
+        write_plan(tmp_path, Plan(tid, 9, ((None, None),), rows=10, chunk_rows=5), durable=False)
+    assert fsynced == []
+    gen = plans[3]
+    write_chunk(gen, _chunk(0), pa.table({"c1": [0]}))
+    plan, directory, chunk = fsynced[:3]
+    assert (plan, directory) == (str(gen / "plan.json"), str(gen))
+    assert Path(chunk).parent == gen / "chunks"  # the chunk's own, after its plan's
+    fsynced.clear()
+    write_chunk(gen, _chunk(1), pa.table({"c1": [1]}))
+    assert str(gen / "plan.json") not in fsynced and str(gen) not in fsynced  # once
+    fsynced.clear()
+    empty = Chunk(0, 0, {0: "0-1-5"}, None, None, True, 0, 7)  # table 4 read empty
+    write_chunk(plans[4], empty, pa.table({"c1": pa.array([], pa.int64())}))
+    assert fsynced[:2] == [str(plans[4] / "plan.json"), str(plans[4])]
+    assert (plans[4] / "done" / f"{empty.name}.json").exists()
+
+
+def test_a_plan_left_empty_by_a_machine_stop_reads_as_not_planned(tmp_path: Path) -> None:
+    """A plan never flushed (no chunk read against it) may be empty or cut short after the
+    machine stops: it reads as not planned, and the table is planned again."""
+    from cdc_dagster.mysql.snapshots import Plan, read_plan, write_plan
+
+    write_plan(tmp_path, Plan(3, 9, ((None, None),), rows=10, chunk_rows=5), durable=False)
+    assert read_plan(tmp_path, 3, 9) == Plan(3, 9, ((None, None),), rows=10, chunk_rows=5)
+    path = snapshots.generation_dir(tmp_path, 3, 9) / "plan.json"
+    for cut in ("", '{"table_id": 3, "gener', "{}"):
+        path.write_text(cut)
+        assert read_plan(tmp_path, 3, 9) is None
+    assert read_plan(tmp_path, 4, 1) is None  # never planned
