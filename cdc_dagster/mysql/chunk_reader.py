@@ -42,6 +42,7 @@ from cdc_dagster.mysql.snapshots import (
     next_read,
     pending_chunks,
     read_plan,
+    ring_reads_ended,
     write_chunk,
     write_plan,
 )
@@ -289,8 +290,12 @@ def read_group(
                         "chunks": len(chunks), "task": task, "began": began,
                         "ended": time.time()})  # fmt: skip
     finally:
-        for session in sessions.values():
-            session.close()
+        try:
+            for session in sessions.values():
+                session.close()
+        finally:
+            for _, root in sessions:  # its last chunks written: the puller places them now
+                ring_reads_ended(root)
     return out
 
 

@@ -585,12 +585,13 @@ class Puller:
         the binlog's head, the puller a little behind: its placing waited a whole flush
         interval, up to 1 s at a snapshot's end), or a reader wrote a chunk since the last
         look (``ChunkBell``), BELL_GAP_S after the last flush; either no sooner than
-        PLACING_SPAN x the last flush's duration after it began."""
+        PLACING_SPAN x the last flush's duration after it began -- unless a reader has
+        written its last chunk since (``ChunkBell.ended``): nothing more to gather."""
         if not self.state.snapshots:
             return False
         now = time.monotonic()
         since = now - self.last_flush
-        if since < PLACING_SPAN * self.flush_took:
+        if since < PLACING_SPAN * self.flush_took and not self.bell.ended(now):
             return False  # the last flush was long: chunks gather for the next (PLACING_SPAN)
         if self.adopter.waiting is not None and self.adopter.passed(self.binlog_at):
             return not self._holds(stream)
@@ -672,6 +673,8 @@ class Puller:
     def flush(self, force: bool = False, placing: bool = False) -> None:
         """``_flush``, timed (``flush_took``: how soon a placing flush may follow)."""
         began = time.monotonic()
+        if self.state.snapshots:
+            self.bell.flushed()
         try:
             self._flush(force, placing)
         finally:

@@ -321,6 +321,10 @@ def write_chunk(gen_dir: Path, chunk: Chunk, rows: pa.Table) -> None:
 # coarse file clock, ~4 ms, leave the same mtime), and reads which tables to look at again
 # (``BellLog``). A few bytes per chunk of up to ``CHUNK_ROWS`` rows.
 BELL_LOOK_S = 0.1  # the puller looks at the bell at most this often (one stat)
+# A reader (a Spark task, or the snapshot run reading in its own process) appends a byte
+# here once it has no range left to read and its last chunk is written: the puller places
+# what is left at once instead of gathering chunks (``puller.PLACING_SPAN``) for more.
+READS_ENDED = "reads-ended"
 
 
 def _ring(gen_dir: Path) -> None:
@@ -331,6 +335,24 @@ def _ring(gen_dir: Path) -> None:
             os.write(fd, f"{gen_dir.parent.name}\n".encode())  # one write: whole or none
         finally:
             os.close(fd)
+
+
+def ring_reads_ended(root: str | os.PathLike[str]) -> None:
+    """Say that a reader has written its last chunk under ``root`` (``READS_ENDED``)."""
+    with contextlib.suppress(OSError):  # else its last chunks gather as any others
+        fd = os.open(snapshot_bell(root).with_name(READS_ENDED),
+                     os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)  # fmt: skip
+        try:
+            os.write(fd, b".")
+        finally:
+            os.close(fd)
+
+
+def _size(path: Path) -> int:
+    try:
+        return os.stat(path).st_size
+    except OSError:
+        return 0
 
 
 class BellLog:
@@ -381,6 +403,21 @@ class ChunkBell:
         self.look_s = look_s
         self.next_look = 0.0
         self.seen = 0
+        self.ends = self.path.with_name(READS_ENDED)
+        self.ends_seen = 0  # its size as the last flush began
+        self.next_end_look = 0.0
+
+    def flushed(self) -> None:
+        """A flush begins: the readers that ended so far have their chunks placed by it."""
+        self.ends_seen = _size(self.ends)
+
+    def ended(self, now: float) -> bool:
+        """Whether a reader wrote its last chunk (``ring_reads_ended``) since the last flush
+        began, looked at no more than every ``look_s``; ``now``: ``time.monotonic()``."""
+        if now < self.next_end_look:
+            return False
+        self.next_end_look = now + self.look_s
+        return _size(self.ends) > self.ends_seen
 
     def rang(self, now: float) -> bool:
         """``now``: ``time.monotonic()``."""
@@ -631,6 +668,7 @@ __all__ = [
     "pending_chunks",
     "plan_durable",
     "read_plan",
+    "ring_reads_ended",
     "release_generation",
     "snapshot_progress",
     "snapshot_reading",

@@ -286,6 +286,9 @@ def test_ranges_of_several_tables_read_as_a_few_spark_tasks_equal_the_upstream(
     assert (reads.rows, reads.ranges) == (3000 + 1951 + 1001, 9) and reads.tasks in (1, 2)
     assert reads.first_began <= reads.last_ended and reads.task_seconds > 0
     assert not any((root / "snapshot" / "claims").iterdir())  # the job's claims removed
+    # each task that read said so once its last chunk was written (the puller places at once)
+    ended = (root / "snapshot" / "reads-ended").read_bytes()
+    assert ended == b"." * reads.tasks, ended
     target = gtid_now(mariadb)
     _until(lambda: p.stats.position == target and not p.state.snapshots)
     done.set()

@@ -20,6 +20,7 @@ from cdc_dagster.mysql.snapshots import (
     BellLog,
     Chunk,
     ChunkBell,
+    ring_reads_ended,
     Plan,
     done_chunks,
     generation_dir,
@@ -268,6 +269,31 @@ def test_after_a_long_flush_chunks_gather_for_the_next_one(tmp_path: Path) -> No
     assert Puller._chunk_written(puller, None)
 
 
+def test_a_readers_last_chunks_are_placed_at_once_not_gathered(tmp_path: Path) -> None:
+    """Chunks gather after a long flush (PLACING_SPAN) while more are being read; once a
+    reader says it has written its last chunk (``ring_reads_ended``), the placing flush
+    comes at once, and only until the next flush begins."""
+    from cdc_dagster.mysql.puller import PLACING_SPAN
+
+    ctx, adopter = _start(tmp_path, ranges=1, stream_at=8)
+    bell = ChunkBell(tmp_path, look_s=0.0)
+    puller = SimpleNamespace(state=ctx.state, adopter=adopter, bell=bell, buffered=0,
+                             last_flush=time.monotonic(), flush_took=0.0,
+                             binlog_at=("binlog.000003", 2600))  # fmt: skip
+    puller._holds = lambda stream: Puller._holds(puller, stream)
+    Puller.flush(SimpleNamespace(state=ctx.state, bell=bell, _flush=lambda *a: None,
+                                 flush_took=0.0), False)  # fmt: skip
+    _read_at(tmp_path, 0, None, server=1, offset=2600)  # rings the bell
+    puller.last_flush, puller.flush_took = time.monotonic() - 0.5, 0.4
+    assert not Puller._chunk_written(puller, None)  # 0.5 s < PLACING_SPAN x 0.4 s: gathers
+    assert 0.5 < PLACING_SPAN * 0.4
+    ring_reads_ended(tmp_path)
+    assert Puller._chunk_written(puller, None)  # the reader's last: placed at once
+    bell.flushed()  # that flush began
+    _read_at(tmp_path, 0, [5], server=1, offset=2700)  # another reader's chunk
+    assert not Puller._chunk_written(puller, None)  # gathers again
+
+
 class _Marks:
     """A change-log writer that records which tables' resolved marks a flush advanced."""
 
@@ -327,7 +353,7 @@ def test_a_flush_for_snapshot_chunks_advances_the_marks_it_must_and_the_rest_eac
     puller = SimpleNamespace(
         state=state, alloc=alloc, buffers={}, buffered=0, event_time=0.0,
         flushed_event_time=0.0, last_flush=0.0, last_full_marks=0.0, root=str(tmp_path),
-        writer=_Marks(), adopter=_Releases(), stats=PullerStats(),
+        writer=_Marks(), adopter=_Releases(), stats=PullerStats(), bell=ChunkBell(tmp_path),
         config=SimpleNamespace(flush_interval_s=60.0), released_marks={},
     )  # fmt: skip
     flushed = _flusher(puller, alloc)
@@ -380,7 +406,7 @@ def test_released_tables_marks_advance_every_few_seconds_while_others_are_snapsh
     puller = SimpleNamespace(
         state=state, alloc=alloc, buffers={}, buffered=0, event_time=0.0,
         flushed_event_time=0.0, last_flush=0.0, last_full_marks=0.0, root=str(tmp_path),
-        writer=_Marks(), adopter=_Releases(), stats=PullerStats(),
+        writer=_Marks(), adopter=_Releases(), stats=PullerStats(), bell=ChunkBell(tmp_path),
         config=SimpleNamespace(flush_interval_s=1.0), released_marks={},
     )  # fmt: skip
     flushed = _flusher(puller, alloc)

@@ -115,6 +115,20 @@ def test_the_bell_rings_once_per_chunk_written_and_is_looked_at_no_more_than_ask
     assert snapshots.sweep_generations(tmp_path, {3: 1}) == 0  # the bell is no generation
 
 
+def test_a_reader_that_ended_is_seen_until_the_next_flush_begins(tmp_path: Path) -> None:
+    (tmp_path / "snapshot").mkdir()  # its readers' chunks' place
+    bell = snapshots.ChunkBell(tmp_path, look_s=0.5)
+    assert not bell.ended(100.0)  # none yet
+    snapshots.ring_reads_ended(tmp_path)
+    assert not bell.ended(100.2)  # looked at 100.0: not again before 100.5
+    assert bell.ended(100.5) and bell.ended(101.0)  # until a flush begins
+    bell.flushed()
+    assert not bell.ended(101.5)
+    snapshots.ring_reads_ended(tmp_path)  # the second task's
+    assert bell.ended(102.0)
+    assert snapshots.sweep_generations(tmp_path, {}) == 0  # no generation either
+
+
 def _fsyncs(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """The paths fsynced from now on, in order (a file's or a directory's)."""
     import os
