@@ -5,6 +5,8 @@ settings and privileges and says exactly what to change. URIs: :mod:`cdc_dagster
 from __future__ import annotations
 
 import re
+import ssl
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -13,12 +15,33 @@ import pymysql
 from cdc_dagster.secrets import redact_uri
 from cdc_dagster.upstream.uri import UpstreamConfig, UpstreamError
 
+_TLS_LOCK = threading.Lock()
+_PREFERRED_TLS: ssl.SSLContext | None = None
+
+
+class Connection(pymysql.connections.Connection):
+    """pymysql's connection, with one TLS context a process for connections given no TLS
+    option: pymysql then prefers TLS (used where the server offers it) and made a default
+    context for each connection, reading the system's CA bundle (~17 ms of CPU each: a fifth
+    of a 100-table changefeed's create here, and every chunk reader's and planner's
+    connection). The context pymysql makes is made once and shared (an ``SSLContext`` serves
+    any number of connections); explicit TLS options get their own, as before."""
+
+    def _create_ssl_ctx(self, sslp: Any) -> ssl.SSLContext:
+        if sslp:
+            return super()._create_ssl_ctx(sslp)  # type: ignore[no-any-return]
+        global _PREFERRED_TLS
+        with _TLS_LOCK:
+            if _PREFERRED_TLS is None:
+                _PREFERRED_TLS = super()._create_ssl_ctx(sslp)
+            return _PREFERRED_TLS
+
 
 def connect(cfg: UpstreamConfig, **kw: Any) -> pymysql.connections.Connection:
     """A pymysql connection to the upstream (autocommit, utf8mb4); UpstreamError if refused."""
     args = cfg.connect_kwargs()
     try:
-        return pymysql.connect(**args, autocommit=True, charset="utf8mb4", **kw)
+        return Connection(**args, autocommit=True, charset="utf8mb4", **kw)
     except pymysql.MySQLError as exc:
         msg = str(exc)
         if args["password"]:
