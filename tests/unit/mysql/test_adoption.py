@@ -343,20 +343,7 @@ def test_a_flush_for_snapshot_chunks_advances_the_marks_it_must_and_the_rest_eac
     read) advances those of the tables it released or wrote rows of, every other table's
     at most once a flush interval -- and all of them once no snapshot is left."""
 
-    def schema(tid: int) -> TableSchema:
-        return TableSchema(tid, "db", f"t{tid}", (ColumnSchema(1, "id", "int64", False),), (1,))
-
-    tables = {tid: schema(tid) for tid in range(1, 7)}
-    state = PullerState({0: "0-1-8"}, 1, tables=tables, versions=dict.fromkeys(tables, 1),
-                        snapshots={1: 1, 2: 1, 3: 1})  # fmt: skip
-    alloc = TsAllocator(1 << 40)
-    puller = SimpleNamespace(
-        state=state, alloc=alloc, buffers={}, buffered=0, event_time=0.0,
-        flushed_event_time=0.0, last_flush=0.0, last_full_marks=0.0, root=str(tmp_path),
-        writer=_Marks(), adopter=_Releases(), stats=PullerStats(), bell=ChunkBell(tmp_path),
-        config=SimpleNamespace(flush_interval_s=60.0), released_marks={},
-    )  # fmt: skip
-    flushed = _flusher(puller, alloc)
+    puller, flushed = _flusher(tmp_path, tables=6, flush_interval_s=60.0)
 
     assert flushed(False) == [4, 5, 6]  # not for chunks: every table not held
     assert flushed(True, release={1}) == [1]  # its last chunk placed: released with its mark
@@ -367,10 +354,25 @@ def test_a_flush_for_snapshot_chunks_advances_the_marks_it_must_and_the_rest_eac
     assert flushed(True, release={2, 3}) == [1, 2, 3, 4, 5, 6]  # no snapshot left: all
 
 
-def _flusher(puller: Any, alloc: TsAllocator) -> Any:
-    """``flushed(placing, release, rows)``: a flush of ``puller`` (a namespace with the
-    attributes ``Puller._flush`` uses) releasing tables ``release`` and writing rows of
-    ``rows``; the tables whose resolved marks it advanced."""
+def _flusher(tmp_path: Path, tables: int, flush_interval_s: float) -> tuple[Any, Any]:
+    """A puller (a namespace with the attributes ``Puller._flush`` uses) of tables 1 to
+    ``tables``, 1-3 snapshotted, and ``flushed(placing, release, rows)``: a flush of it
+    releasing tables ``release`` and writing rows of ``rows``; the tables whose resolved
+    marks it advanced."""
+
+    def schema(tid: int) -> TableSchema:
+        return TableSchema(tid, "db", f"t{tid}", (ColumnSchema(1, "id", "int64", False),), (1,))
+
+    schemas = {tid: schema(tid) for tid in range(1, tables + 1)}
+    state = PullerState({0: "0-1-8"}, 1, tables=schemas, versions=dict.fromkeys(schemas, 1),
+                        snapshots={1: 1, 2: 1, 3: 1})  # fmt: skip
+    alloc = TsAllocator(1 << 40)
+    puller = SimpleNamespace(
+        state=state, alloc=alloc, buffers={}, buffered=0, event_time=0.0,
+        flushed_event_time=0.0, last_flush=0.0, last_full_marks=0.0, root=str(tmp_path),
+        writer=_Marks(), adopter=_Releases(), stats=PullerStats(), bell=ChunkBell(tmp_path),
+        config=SimpleNamespace(flush_interval_s=flush_interval_s), released_marks={},
+    )  # fmt: skip
     puller._flush = functools.partial(Puller._flush, puller)
     puller._released_mark_due = functools.partial(Puller._released_mark_due, puller)
     flush = functools.partial(Puller.flush, puller)
@@ -384,7 +386,7 @@ def _flusher(puller: Any, alloc: TsAllocator) -> Any:
         flush(placing=placing)
         return sorted(puller.writer.advanced)
 
-    return flushed
+    return puller, flushed
 
 
 def test_released_tables_marks_advance_every_few_seconds_while_others_are_snapshotted(
@@ -396,20 +398,7 @@ def test_released_tables_marks_advance_every_few_seconds_while_others_are_snapsh
     reads); the tables it did not release, and those with rows, every flush as before; once
     no table is snapshotted, every mark every flush."""
 
-    def schema(tid: int) -> TableSchema:
-        return TableSchema(tid, "db", f"t{tid}", (ColumnSchema(1, "id", "int64", False),), (1,))
-
-    tables = {tid: schema(tid) for tid in range(1, 6)}
-    state = PullerState({0: "0-1-8"}, 1, tables=tables, versions=dict.fromkeys(tables, 1),
-                        snapshots={1: 1, 2: 1, 3: 1})  # fmt: skip
-    alloc = TsAllocator(1 << 40)
-    puller = SimpleNamespace(
-        state=state, alloc=alloc, buffers={}, buffered=0, event_time=0.0,
-        flushed_event_time=0.0, last_flush=0.0, last_full_marks=0.0, root=str(tmp_path),
-        writer=_Marks(), adopter=_Releases(), stats=PullerStats(), bell=ChunkBell(tmp_path),
-        config=SimpleNamespace(flush_interval_s=1.0), released_marks={},
-    )  # fmt: skip
-    flushed = _flusher(puller, alloc)
+    puller, flushed = _flusher(tmp_path, tables=5, flush_interval_s=1.0)
 
     assert flushed(False) == [4, 5]  # 4 and 5 stream (never snapshotted by this run)
     assert flushed(False, release={1}) == [1, 4, 5]  # released: its mark moves with it
