@@ -189,8 +189,10 @@ def test_a_chunk_written_is_placed_without_waiting_for_the_pullers_flush_interva
         flushes = p.stats.flushes
         run_snapshot_reads(cfg.upstream_uri, str(root), parallelism=2, chunk_rows=1000)
         read = time.monotonic()
-        _until(lambda: not p.state.snapshots, timeout=10)
-        assert time.monotonic() - read < 10 and p.stats.flushes > flushes
+        # released (the puller's state) by a flush that has ended (its count): read from this
+        # thread, the state is released in the middle of the flush, before it is counted
+        _until(lambda: not p.state.snapshots and p.stats.flushes > flushes, timeout=10)
+        assert time.monotonic() - read < 10
     finally:
         writer.stop_.set()
         writer.join()
