@@ -52,6 +52,7 @@ from cdc_dagster.mysql.state import load_state
 from cdc_dagster.upstream.changelog import (
     CHUNKS_WRITTEN,
     READING_S,
+    fsync_path,
     snapshot_bell,
     snapshot_reading,
     write_json,
@@ -260,18 +261,10 @@ def plan_durable(gen_dir: Path) -> None:
     if gen_dir in _DURABLE_PLANS:
         return
     try:
-        fd = os.open(gen_dir / PLAN_NAME, os.O_RDONLY)
+        fsync_path(gen_dir / PLAN_NAME)
     except FileNotFoundError:
         return  # none to flush (a test's chunk written without one)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    fd = os.open(gen_dir, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    fsync_path(gen_dir)
     _DURABLE_PLANS.add(gen_dir)
 
 
@@ -305,12 +298,7 @@ def write_chunk(gen_dir: Path, chunk: Chunk, rows: pa.Table) -> None:
     tmp = path.parent / f".{path.name}.tmp-{uuid.uuid4().hex}"
     rows = rows.replace_schema_metadata({CHUNK_KEY: json.dumps(chunk.to_json()).encode()})
     pq.write_table(rows, tmp)
-    # on disk before the puller links it into the change log (as its own data files are)
-    fd = os.open(tmp, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    fsync_path(tmp)  # on disk before the puller links it into the change log (as its own files are)
     os.replace(tmp, path)
     _ring(gen_dir)
 
@@ -328,22 +316,22 @@ READS_ENDED = "reads-ended"
 
 
 def _ring(gen_dir: Path) -> None:
-    bell = snapshot_bell(gen_dir.parent.parent.parent)  # <root>/snapshot/<table>/<gen>
-    with contextlib.suppress(OSError):  # else the puller places it at its next flush
-        fd = os.open(bell, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        try:
-            os.write(fd, f"{gen_dir.parent.name}\n".encode())  # one write: whole or none
-        finally:
-            os.close(fd)
+    # <root>/snapshot/<table>/<gen>; not rung: the puller places it at its next flush
+    _append(snapshot_bell(gen_dir.parent.parent.parent), f"{gen_dir.parent.name}\n".encode())
 
 
 def ring_reads_ended(root: str | os.PathLike[str]) -> None:
-    """Say that a reader has written its last chunk under ``root`` (``READS_ENDED``)."""
-    with contextlib.suppress(OSError):  # else its last chunks gather as any others
-        fd = os.open(snapshot_bell(root).with_name(READS_ENDED),
-                     os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)  # fmt: skip
+    """Say that a reader has written its last chunk under ``root`` (``READS_ENDED``; not
+    said: its last chunks gather as any others)."""
+    _append(snapshot_bell(root).with_name(READS_ENDED), b".")
+
+
+def _append(path: Path, data: bytes) -> None:
+    """Append ``data`` in one write (whole or none); an error leaves it unwritten."""
+    with contextlib.suppress(OSError):
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         try:
-            os.write(fd, b".")
+            os.write(fd, data)
         finally:
             os.close(fd)
 

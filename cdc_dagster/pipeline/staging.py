@@ -23,6 +23,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+from cdc_dagster.upstream.changelog import fsync_path
 from scheduler_core.messages import Barrier
 from scheduler_core.model import TableState
 
@@ -156,7 +157,7 @@ class Staging:
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, self.manifest_path)
-        _fsync_dir(self.root)
+        fsync_path(self.root)
 
     def load(self) -> tuple[dict[int, TableRecord], Barrier] | None:
         """The manifest's tables and barrier, or None if there is none yet."""
@@ -202,11 +203,3 @@ class Staging:
         for f in files:
             with contextlib.suppress(FileNotFoundError):
                 os.remove(self.path(table_id, f))
-
-
-def _fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

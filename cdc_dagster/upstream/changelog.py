@@ -77,6 +77,7 @@ __all__ = [
     "UnknownTableError",
     "arrow_type",
     "data_file_schema",
+    "fsync_path",
     "snapshot_bell",
     "snapshot_reading",
     "write_json",
@@ -189,11 +190,12 @@ def _atomic_write(path: Path, data: bytes, *, fsync: bool = True) -> None:
         tmp.unlink(missing_ok=True)
         raise
     if fsync:
-        _fsync_dir(path.parent)
+        fsync_path(path.parent)
 
 
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
+def fsync_path(path: str | os.PathLike[str]) -> None:
+    """Flush a file's or a directory's data and metadata to disk."""
+    fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
     finally:
@@ -829,7 +831,7 @@ class ChangeLogWriter:
         else:
             os.replace(path, name)
         if self.fsync:
-            _fsync_dir(target)
+            fsync_path(target)
         self._max_row_ts[table_id] = max(self._max_row_ts.get(table_id, 0), ts)
         return DataFile(str(name), table_id, shard, ts, ts)
 

@@ -281,15 +281,14 @@ def test_a_readers_last_chunks_are_placed_at_once_not_gathered(tmp_path: Path) -
                              last_flush=time.monotonic(), flush_took=0.0,
                              binlog_at=("binlog.000003", 2600))  # fmt: skip
     puller._holds = lambda stream: Puller._holds(puller, stream)
-    Puller.flush(SimpleNamespace(state=ctx.state, bell=bell, _flush=lambda *a: None,
-                                 flush_took=0.0), False)  # fmt: skip
     _read_at(tmp_path, 0, None, server=1, offset=2600)  # rings the bell
     puller.last_flush, puller.flush_took = time.monotonic() - 0.5, 0.4
     assert not Puller._chunk_written(puller, None)  # 0.5 s < PLACING_SPAN x 0.4 s: gathers
     assert PLACING_SPAN * 0.4 > 0.5
     ring_reads_ended(tmp_path)
     assert Puller._chunk_written(puller, None)  # the reader's last: placed at once
-    bell.flushed()  # that flush began
+    flushing = SimpleNamespace(state=ctx.state, bell=bell, _flush=lambda *a: None, flush_took=0.0)
+    Puller.flush(flushing)  # a flush begins: the end it saw is its own
     _read_at(tmp_path, 0, [5], server=1, offset=2700)  # another reader's chunk
     assert not Puller._chunk_written(puller, None)  # gathers again
 
