@@ -35,9 +35,9 @@ captures. For each Spark core count:
     over the same number of Spark tasks on the stack's Spark Connect server (or, below the
     snapshot job's ``local_max_rows``, in one process as the job then reads), into Parquet
     (no snapshot positions, metadata lock, catalog check or puller), twice: while the same
-    stream (sysbench at ``--lag-rate``) is sunk by the stack, as the snapshot was (like for
-    like: on a small machine that stream's Delta MERGEs take much of the CPU), and on the
-    idle stack. The bench's Spark Connect session runs its first Python jobs before the
+    stream (sysbench at ``--lag-rate``) is sunk by the stack and its lag sampled, as beside
+    the snapshot (like for like: on a small machine that stream's Delta MERGEs take much of
+    the CPU, and the sampling is the bench's own load), and on the idle stack. The bench's Spark Connect session runs its first Python jobs before the
     bare reads are timed; the snapshot runs' own shared session was warmed by ``server
     start``. The snapshot's reads run at a lower CPU priority than the stream's captures
     (``chunk_reader.SNAPSHOT_NICE``); the bare reads do not.
@@ -59,6 +59,7 @@ the sensor tick, the run's launch, the Spark job's start, placing).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import json
 import multiprocessing as mp
@@ -70,6 +71,7 @@ import sys
 import tempfile
 import time
 import zlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -95,6 +97,7 @@ from scheduler_core.ts import MAX_TS
 
 DB = "sbtest"
 SINK_QUERY = [""]  # the Delta sink URI's query (--delta-compression)
+STATE_POLL_S = 0.5  # how often the snapshot changefeed's state is read while it is awaited
 STREAM_SETTLE_S = 5.0  # a stream started: the captures sink it this long before a measurement
 
 
@@ -124,17 +127,14 @@ def sysbench(my: PrivateMariaDB, sizes: Sizes, command: str, *extra: str) -> str
     return subprocess.run(args, capture_output=True, text=True, check=True).stdout
 
 
-def under_stream(my: PrivateMariaDB, sizes: Sizes, rate: int, fn: Any) -> Any:
-    """``fn()`` while sysbench writes at ``rate`` txn/s (the stream the lag is watched on, so
-    the stack's captures sink it meanwhile, as during the snapshot); its result."""
-    args = _sysbench_args(my, sizes, "run", "--threads=2", f"--rate={rate}", "--time=3600")
-    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
+def under_stream(sampler: LagSampler, fn: Any) -> Any:
+    """``fn()`` while ``sampler``'s sysbench writes (the stream the lag is watched on, so the
+    stack's captures sink it meanwhile, as during the snapshot) and it samples the stream's
+    lag, as it does beside the snapshot: the bare read runs beside the same processes; its
+    result."""
+    with sampler.streaming():
         time.sleep(STREAM_SETTLE_S)
         return fn()
-    finally:
-        proc.terminate()
-        proc.wait(30)
 
 
 def gtid_now(my: PrivateMariaDB) -> str:
@@ -524,6 +524,14 @@ class LagSampler:
         """Write at ``rate`` transactions/s while sampling, for ``seconds`` and, given an
         event ``until``, on until it is set (a snapshot readable downstream: its rows are
         sunk after they are placed, and the stream's lag shows that too)."""
+        with self.streaming():
+            time.sleep(seconds)
+            if until is not None:
+                until.wait(1800)
+
+    @contextlib.contextmanager
+    def streaming(self) -> Iterator[None]:
+        """Write at ``rate`` transactions/s and sample (the threads too) while inside."""
         self.t0 = time.time()
         for t in self.threads:
             t.start()
@@ -531,9 +539,7 @@ class LagSampler:
                               "--time=3600")  # fmt: skip
         proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
-            time.sleep(seconds)
-            if until is not None:
-                until.wait(1800)
+            yield
         finally:
             proc.terminate()
             proc.wait(30)
@@ -733,10 +739,17 @@ def stack_snapshot(
             f"{DB}.{prefix}*",), upstream_uri=uri, changelog_root=str(root))  # fmt: skip
         times["created"] = time.perf_counter() - t0
 
+        looked = [0.0]  # when the changefeed's state was last read
+
         def watched(cond: Any) -> Any:  # the changefeed's state as `changefeed query` says it
             def check() -> bool:
-                status = ms.changefeeds.get(cf).status
-                states.setdefault(status.state.value, status.last_error or "")
+                # the state (an etcd read) every STATE_POLL_S, the condition every poll:
+                # polling is the bench's own load beside the snapshot, none beside the bare
+                # read
+                if time.monotonic() - looked[0] >= STATE_POLL_S:
+                    looked[0] = time.monotonic()
+                    status = ms.changefeeds.get(cf).status
+                    states.setdefault(status.state.value, status.last_error or "")
                 return bool(cond())
 
             return check
@@ -787,7 +800,8 @@ def stack_snapshot(
         bare_s = _bare_read(spark, uri, work, pieces, tables * rows, parallelism(spark), local)
         # ... and again while the stream the snapshot ran beside is sunk (like for like)
         shutil.rmtree(work / "bare", ignore_errors=True)
-        bare_stream_s = under_stream(my, sizes, rate, lambda: _bare_read(
+        beside_bare = LagSampler(ms, my, sizes, rate, work / "changelog-drain")
+        bare_stream_s = under_stream(beside_bare, lambda: _bare_read(
             spark, uri, work, pieces, tables * rows, parallelism(spark), local))  # fmt: skip
     finally:
         # Release the Connect session while its server is up: a session left open kept the
@@ -796,19 +810,21 @@ def stack_snapshot(
         spark.stop()
     admin.remove_changefeed(ms, cf)
     n = tables * rows
-    q, b = quiet.summary(), busy.summary()
+    q, b, bb = quiet.summary(), busy.summary(), beside_bare.summary()
     say(f"[{cores} core(s)] stream lag p50/p90/max without a snapshot {q['p50']:.1f}/"
         f"{q['p90']:.1f}/{q['max']:.1f} s, from its create until readable ({b['seconds']:.0f} s) "
         f"{b['p50']:.1f}/{b['p90']:.1f}/{b['max']:.1f} s (the max {b['max_at']:.0f} s in; "
         f"placed at {times['placed']:.0f} s); the puller's part p50/max {q['pulled_p50']:.1f}/"
         f"{q['pulled_max']:.1f} s without, {b['pulled_p50']:.1f}/{b['pulled_max']:.1f} s "
-        f"during ({b['pulled_at_max']:.1f} s of the max)")  # fmt: skip
+        f"during ({b['pulled_at_max']:.1f} s of the max); beside the bare read under the "
+        f"stream {bb['p50']:.1f}/{bb['p90']:.1f}/{bb['max']:.1f} s")  # fmt: skip
     return {"cores": cores, "tables": tables, "rows": n,
             "snapshot_rows_per_s": n / times["placed"], "readable_rows_per_s": n / times["readable"],
             "bare_read_rows_per_s": n / bare_s, "bare_read_stream_rows_per_s": n / bare_stream_s,
             "ranges": len(pieces),
             "lag_p50_quiet": q["p50"], "lag_max_quiet": q["max"],
             "lag_p50_snapshot": b["p50"], "lag_max_snapshot": b["max"],
+            "lag_p50_bare": bb["p50"], "lag_max_bare": bb["max"],
             "breakdown": breakdown}  # fmt: skip
 
 
