@@ -37,9 +37,9 @@ captures. For each Spark core count:
     (no snapshot positions, metadata lock, catalog check or puller), twice: while the same
     stream (sysbench at ``--lag-rate``) is sunk by the stack and its lag sampled, as beside
     the snapshot (like for like: on a small machine that stream's Delta MERGEs take much of
-    the CPU, and the sampling is the bench's own load), and on the idle stack. The bench's Spark Connect session runs its first Python jobs before the
-    bare reads are timed; the snapshot runs' own shared session was warmed by ``server
-    start``. The snapshot's reads run at a lower CPU priority than the stream's captures
+    the CPU, and the sampling is the bench's own load), and on the idle stack. The bench's
+    Spark Connect session runs its first Python jobs before the bare reads are timed; the
+    snapshot runs' own shared session was warmed by ``server start``. The snapshot's reads run at a lower CPU priority than the stream's captures
     (``chunk_reader.SNAPSHOT_NICE``); the bare reads do not.
 
 ``--in-process`` adds the older figures (the in-process driver on ``local[N]``, the snapshot
