@@ -24,7 +24,7 @@ from cdc_dagster.schema import TableSchema
 from cdc_dagster.sinks.base import FencedError, SinkError
 from cdc_dagster.sinks.uri import open_sink
 from cdc_dagster.text import shorten
-from cdc_dagster.upstream.changelog import ChangeLog, ChangeLogError, DataFile
+from cdc_dagster.upstream.changelog import ChangeLog, ChangeLogError, DataFile, fsync_path
 
 OP_COLUMN = "_cdc_op"
 COMMIT_TS_COLUMN = "_cdc_commit_ts"
@@ -221,11 +221,7 @@ def _write_atomic(table: pa.Table, path: str) -> None:
     tmp = os.path.join(directory, f".{os.path.basename(path)}.tmp-{uuid.uuid4().hex[:8]}")
     # local and short-lived: speed over size (no dictionary tried on the row images)
     pq.write_table(table, tmp, compression="lz4", use_dictionary=False)
-    fd = os.open(tmp, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    fsync_path(tmp)
     os.replace(tmp, path)
 
 
