@@ -48,6 +48,13 @@ DEFAULT_BULK_TICK_ROWS = 50_000
 # sinking took is then the reads'. A long snapshot's early tables are sunk as they come after
 # it. 0: never.
 DEFAULT_SNAPSHOT_FIRST_S = 120.0
+# While a snapshot of a changefeed a capture serves is being read (a chunk written in the last
+# 3 s), the capture's ticks of its own on new data come at most this often (instead of every
+# 0.5 s): a Delta MERGE costs about the same for a second's changes as for a few seconds'
+# (it rewrites the files the keys touch), so fewer, larger ones leave the snapshot's reads
+# the CPU the stream's sinking took; the stream's lag rises by about this much while the
+# reads last (defs/capture/job.py ``_Follow``). 0: no yield.
+DEFAULT_SNAPSHOT_YIELD_S = 0.0
 # While a table's changes are a backlog older than this, it commits at most this often: a
 # Delta MERGE costs about the same for 1k rows as for 100k (it rewrites the files the keys
 # touch), so a drain commits few large batches (bench/throughput_bench.py). 0: every tick.
@@ -105,6 +112,7 @@ class Settings:
     local_tick_rows: int = DEFAULT_LOCAL_TICK_ROWS  # ... when they move fewer rows too
     bulk_tick_rows: int = DEFAULT_BULK_TICK_ROWS  # in-process phases this large run niced
     snapshot_first_s: float = DEFAULT_SNAPSHOT_FIRST_S  # bulk pulls wait for snapshot reads
+    snapshot_yield_s: float = DEFAULT_SNAPSHOT_YIELD_S  # data ticks this far apart meanwhile
     batch_behind_s: float = DEFAULT_BATCH_BEHIND_S  # a backlog commits at most this often
     tick_rows: int = DEFAULT_TICK_ROWS  # row changes per changefeed and tick phase
     sink_duty: float = DEFAULT_SINK_DUTY  # the share of a changefeed's time its writes take
@@ -140,6 +148,7 @@ class Settings:
             local_tick_rows=int(get("LOCAL_TICK_ROWS", str(DEFAULT_LOCAL_TICK_ROWS))),
             bulk_tick_rows=int(get("BULK_TICK_ROWS", str(DEFAULT_BULK_TICK_ROWS))),
             snapshot_first_s=float(get("SNAPSHOT_FIRST_S", str(DEFAULT_SNAPSHOT_FIRST_S))),
+            snapshot_yield_s=float(get("SNAPSHOT_YIELD_S", str(DEFAULT_SNAPSHOT_YIELD_S))),
             batch_behind_s=float(get("BATCH_BEHIND_S", str(DEFAULT_BATCH_BEHIND_S))),
             tick_rows=int(get("TICK_ROWS", str(DEFAULT_TICK_ROWS))),
             sink_duty=float(get("SINK_DUTY", str(DEFAULT_SINK_DUTY))),

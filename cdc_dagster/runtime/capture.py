@@ -51,7 +51,7 @@ from cdc_dagster.runtime.wire import (
     encode_dispatch,
     encode_message,
 )
-from cdc_dagster.upstream.changelog import ChangeLog, ChangeLogError
+from cdc_dagster.upstream.changelog import ChangeLog, ChangeLogError, snapshot_reading
 from cdc_dagster.upstream.uri import UpstreamError, changelog_path
 from scheduler_core.agent import Agent, AgentState, AgentStats
 from scheduler_core.messages import (
@@ -632,7 +632,8 @@ class FrontierWatch:
         self._logs: dict[str, ChangeLog | None] = {}
         self._seen: dict[str, int] = {}
 
-    def _frontier(self, changefeed_id: str) -> int:
+    def _log(self, changefeed_id: str) -> ChangeLog | None:
+        """The changefeed's change log (opened once; None: it has none to watch)."""
         if changefeed_id not in self._logs:
             try:
                 info = self._metastore.changefeeds.get(changefeed_id).info
@@ -640,7 +641,10 @@ class FrontierWatch:
             except (MetastoreError, ChangeLogError, UpstreamError, OSError) as exc:
                 log.info("changefeed %s: no change log to watch (%s)", changefeed_id, exc)
                 self._logs[changefeed_id] = None
-        changelog = self._logs[changefeed_id]
+        return self._logs[changefeed_id]
+
+    def _frontier(self, changefeed_id: str) -> int:
+        changelog = self._log(changefeed_id)
         if changelog is None:
             return 0
         try:
@@ -658,6 +662,15 @@ class FrontierWatch:
                 self._seen[cf] = now
                 out.append(cf)
         return out
+
+    def reading(self, changefeed_ids: Iterable[str]) -> list[str]:
+        """The changefeeds whose change log has a snapshot being read (a reader wrote a
+        chunk in the last ``changelog.READING_S``: ``snapshot_reading``)."""
+        return [
+            cf
+            for cf in sorted(set(changefeed_ids))
+            if (changelog := self._log(cf)) is not None and snapshot_reading(changelog.root)
+        ]
 
     def forget(self, changefeed_id: str) -> None:
         """Read the changefeed's change log again next time (it was removed or recreated)."""
