@@ -49,12 +49,15 @@ DEFAULT_BULK_TICK_ROWS = 50_000
 # it. 0: never.
 DEFAULT_SNAPSHOT_FIRST_S = 120.0
 # While a snapshot of a changefeed a capture serves is being read (a chunk written in the last
-# 3 s), the capture's ticks of its own on new data come at most this often (instead of every
-# 0.5 s): a Delta MERGE costs about the same for a second's changes as for a few seconds'
-# (it rewrites the files the keys touch), so fewer, larger ones leave the snapshot's reads
-# the CPU the stream's sinking took; the stream's lag rises by about this much while the
-# reads last (defs/capture/job.py ``_Follow``). 0: no yield.
-DEFAULT_SNAPSHOT_YIELD_S = 0.0
+# 3 s), each of the capture's ticks on new data starts this long after the changefeed's last
+# tick ended: a Delta MERGE rewrites every file its keys touch (0.4 CPU-s for a 250k-row
+# sysbench table here, 100 rows or 1), so a stream of a few changes a second keeps a capture
+# rewriting its tables back to back; resting between ticks leaves the snapshot's reads the
+# CPU that took, and the stream's lag rises by about this much while the reads last
+# (defs/capture/job.py ``_Follow.not_before``): with 2 s the captures of a 50 txn/s stream
+# took 0.7 core instead of 1.45, and a 100 x 100k snapshot read in 27-30 s instead of 32-36
+# (bench/throughput_bench.py, two runs against four). 0: no rest.
+DEFAULT_SNAPSHOT_YIELD_S = 2.0
 # While a table's changes are a backlog older than this, it commits at most this often: a
 # Delta MERGE costs about the same for 1k rows as for 100k (it rewrites the files the keys
 # touch), so a drain commits few large batches (bench/throughput_bench.py). 0: every tick.

@@ -70,11 +70,14 @@ class ChangefeedLanes(Generic[T]):
             if why == OWNER or cf not in self._due:
                 self._due[cf] = why
 
-    def start(self) -> list[str]:
-        """Start the due ticks whose lane is free; the changefeeds started."""
+    def start(self, not_before: Mapping[str, float] | None = None) -> list[str]:
+        """Start the due ticks whose lane is free; the changefeeds started. A changefeed in
+        ``not_before`` waits until ``time.monotonic()`` reaches its time (its messages wait,
+        merged, for that tick)."""
         started = []
+        now = time.monotonic()
         for cf in sorted(self._due):
-            if cf in self._running:
+            if cf in self._running or (not_before or {}).get(cf, 0.0) > now:
                 continue
             why = self._due.pop(cf)
             messages = self._messages.pop(cf, [])

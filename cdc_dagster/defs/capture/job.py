@@ -261,9 +261,11 @@ class _Follow:
         self.watch = FrontierWatch(self.ms)
         self.watch.moved(self.serving)  # what the first tick has seen already
         self.last_self_tick: dict[str, float] = {}
-        # data ticks this far apart while a snapshot of a served changefeed is read
-        self.yield_s = max(SELF_TICK_S, cdc.settings().snapshot_yield_s)
+        # while a snapshot of a served changefeed is read, a changefeed's tick starts this
+        # long after its last one ended
+        self.yield_s = cdc.settings().snapshot_yield_s
         self.yielding = False  # (logged when it begins and ends)
+        self.ended: dict[str, float] = {}  # when each changefeed's last tick ended
         self.idle: dict[str, bool] = {}  # the changefeed's last tick of its own sank nothing
         # The registration this run ticks under: a run frozen (SIGSTOP, a stalled VM) past
         # the lease that wakes once the capture is registered again must not tick beside
@@ -282,38 +284,43 @@ class _Follow:
             self.serving |= set(work)
             return work, OWNER
         now = time.monotonic()
-        least = self._least_gap()
         due = [
             cf
             for cf in self.serving - busy
             if now - self.last_self_tick.get(cf, 0.0)
-            >= (max(IDLE_TICK_S, least) if self.idle.get(cf) else least)
+            >= (IDLE_TICK_S if self.idle.get(cf) else SELF_TICK_S)
         ]
         moved = self.watch.moved(due)
         for cf in moved:
             self.last_self_tick[cf] = now
         return {cf: [] for cf in moved}, DATA
 
-    def _least_gap(self) -> float:
-        """The least time between two data ticks of a changefeed: ``SELF_TICK_S``, or
-        ``snapshot_yield_s`` while a snapshot of a changefeed this run serves is read."""
-        if self.yield_s <= SELF_TICK_S:
-            return SELF_TICK_S
+    def not_before(self) -> dict[str, float]:
+        """When each changefeed's next tick may start (``ChangefeedLanes.start``): while a
+        snapshot of a changefeed this run serves is read, ``snapshot_yield_s`` after its
+        last tick ended, whatever the tick is for (the owner's messages too: they came
+        after every tick, each a barrier further); else at once (empty)."""
+        if self.yield_s <= 0:
+            return {}
         reading = self.watch.reading(self.serving)
         if bool(reading) != self.yielding:
             self.yielding = bool(reading)
             if reading:
                 self.context.log.info(
-                    "changefeed(s) %s: a snapshot is being read; ticks on new data come at "
-                    "most every %.1f s until its reads end (CDC_DAGSTER_SNAPSHOT_YIELD_S)",
+                    "changefeed(s) %s: a snapshot is being read; each changefeed's tick starts "
+                    "%.1f s after its last one ended until the reads end "
+                    "(CDC_DAGSTER_SNAPSHOT_YIELD_S)",
                     ", ".join(reading), self.yield_s)  # fmt: skip
             else:
-                self.context.log.info("the snapshot's reads ended; ticks on new data as before")
-        return self.yield_s if reading else SELF_TICK_S
+                self.context.log.info("the snapshot's reads ended; ticks start at once again")
+        if not reading:
+            return {}
+        return {cf: end + self.yield_s for cf, end in self.ended.items()}
 
     def ticked(
         self, why: str, cf: str, capture: CaptureTick, progress: list[TableProgress], before: int
     ) -> None:
+        self.ended[cf] = time.monotonic()
         if why == DATA:
             # Idle: it sank nothing and holds nothing unsunk (a table gathering a backlog,
             # its checkpoint below what it staged, is busy, not idle).
@@ -498,7 +505,7 @@ def build_follow_op(catalog: Catalog) -> dg.OpDefinition:
                     report(done)
                 work, why = f.next_work(lanes.busy())
                 lanes.add(work, why)
-                if not lanes.start():
+                if not lanes.start(f.not_before()):
                     if lanes.busy():
                         for done in lanes.finished(timeout_s=POLL_S):
                             report(done)

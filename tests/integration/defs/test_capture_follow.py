@@ -630,3 +630,79 @@ def test_a_changefeed_ticks_on_while_another_ones_materializations_are_written_s
     during = [t for t in started if any(a + 0.2 < t < b for a, b in slow)]
     # cf ticked while cf2's events were being written, not only between the writes
     assert len(during) >= 3, (len(started), len(slow))
+
+
+@pytest.mark.slow
+def test_while_a_served_changefeeds_snapshot_is_read_each_tick_rests_after_the_last(
+    tmp_path: Path,
+    metastore: Metastore,
+    etcd_endpoints: list[str],
+    cluster_id: str,
+    monkeypatch: pytest.MonkeyPatch,
+    spark: object,  # noqa: F811 - the imported fixture
+) -> None:
+    """``CDC_DAGSTER_SNAPSHOT_YIELD_S`` (defs/capture/job.py ``_Follow``): while a snapshot
+    of a changefeed the run serves is being read (its change log's snapshot bell rung in the
+    last ``READING_S``, as a chunk reader rings it), each of a changefeed's ticks starts that
+    long after its last one ended; once the reads end, they come as often as before. The
+    upstream changes every half second throughout."""
+    from cdc_dagster.defs.capture import job as capture_job
+    from cdc_dagster.upstream.changelog import READING_S, snapshot_bell
+
+    yield_s = 2.5
+    monkeypatch.setenv("CDC_DAGSTER_SNAPSHOT_YIELD_S", str(yield_s))
+    one = _two_changefeeds(tmp_path, metastore, etcd_endpoints, cluster_id, monkeypatch, 40.0)
+    ticks: list[float] = []  # when cf's ticks started
+    real = capture_job._follow_tick
+
+    def tick(*args: Any) -> Any:
+        if args[3] == "cf":
+            ticks.append(time.monotonic())
+        return real(*args)
+
+    monkeypatch.setattr(capture_job, "_follow_tick", tick)
+    bell = snapshot_bell(one.changelog)
+    bell.parent.mkdir(parents=True, exist_ok=True)
+
+    def upstream_for(seconds: float, ring: bool) -> tuple[float, float]:
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < seconds:
+            one.step()
+            if ring:  # a reader wrote a chunk
+                with open(bell, "ab") as f:
+                    f.write(b".")
+            time.sleep(0.5)
+        return t0, time.monotonic()
+
+    with dg.instance_for_test() as instance:
+        daemon = _Daemon(one.defs, instance)
+        daemon.tick()
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline and len(ticks) < 3:  # the run follows
+            one.step()
+            time.sleep(0.5)
+            daemon.tick()
+        assert len(ticks) >= 3, "the run never followed"
+        before = upstream_for(6.0, ring=False)
+        reading = upstream_for(12.0, ring=True)
+        upstream_for(READING_S + 0.5, ring=False)  # the reads' last chunk ages out
+        after = upstream_for(6.0, ring=False)
+        daemon.join(timeout=90)
+        lines = [e.user_message or "" for out in daemon.results
+                 for e in instance.all_logs(out.run_id)]  # fmt: skip
+    assert all(out.success for out in daemon.results)
+
+    def gaps(window: tuple[float, float], margin: float = 0.0) -> list[float]:
+        starts = [t for t in ticks if window[0] + margin <= t <= window[1]]
+        return [b - a for a, b in itertools.pairwise(starts)]
+
+    quiet, read, again = gaps(before), gaps(reading, margin=1.0), gaps(after)
+    assert len(quiet) >= 3 and len(again) >= 3, (quiet, again)
+    assert len(read) >= 2, read
+    assert min(read) >= yield_s - 0.05, (read, quiet)
+    # before and after the reads, ticks came as often as the upstream changed
+    assert sorted(quiet)[len(quiet) // 2] < yield_s - 0.5, quiet
+    assert sorted(again)[len(again) // 2] < yield_s - 0.5, again
+    assert any("a snapshot is being read; each changefeed's tick starts 2.5 s after its last"
+               in line for line in lines), lines  # fmt: skip
+    assert any("the snapshot's reads ended" in line for line in lines)

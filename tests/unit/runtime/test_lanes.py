@@ -116,3 +116,26 @@ def test_close_waits_for_every_lane_and_ticks_waiting_owner_messages_only_when_a
     got = [(d.changefeed_id, d.why) for d in done]
     assert got == ([("a", DATA), ("a", OWNER)] if finish else [("a", DATA)])
     assert "b" not in [cf for cf, _ in ticks.calls]
+
+
+def test_a_changefeed_not_before_its_time_waits_with_its_messages_merged() -> None:
+    """``start(not_before)``: a changefeed resting (a capture's ticks while a snapshot is
+    read) starts no tick before its time; the owner's messages that came meanwhile wait and
+    merge; the other changefeeds start as ever."""
+    ticks = _Ticks()
+    lanes: ChangefeedLanes[str] = ChangefeedLanes(ticks)
+    hb = {"type": "heartbeat"}
+    lanes.add({"stream": [hb], "snap": []}, OWNER)
+    later = time.monotonic() + 0.6
+    assert lanes.start({"stream": later}) == ["snap"]
+    assert _until(lanes, 1)[0].changefeed_id == "snap"
+    lanes.add({"stream": [hb]}, OWNER)  # a newer heartbeat replaces the waiting one
+    lanes.add({"stream": []}, DATA)
+    assert lanes.start({"stream": later}) == []
+    assert lanes.waiting() == {"stream"}
+    time.sleep(max(0.0, later - time.monotonic()))
+    assert lanes.start({"stream": later}) == ["stream"]
+    (done,) = _until(lanes, 1)
+    assert (done.changefeed_id, done.why, done.result) == ("stream", OWNER, "stream:1")
+    assert [cf for cf, _ in ticks.calls] == ["snap", "stream"]
+    lanes.close(finish_owner_messages=False)
