@@ -48,9 +48,9 @@ DEFAULT_BULK_TICK_ROWS = 50_000
 # sinking took is then the reads'. A long snapshot's early tables are sunk as they come after
 # it. 0: never.
 DEFAULT_SNAPSHOT_FIRST_S = 120.0
-# While a snapshot of a changefeed a capture serves is being read (a chunk written in the last
-# 3 s), each of the capture's ticks on new data starts this long after the changefeed's last
-# tick ended: a Delta MERGE rewrites every file its keys touch (0.4 CPU-s for a 250k-row
+# While a snapshot of a changefeed a capture run serves is being read (a chunk written in the
+# last 3 s), each tick of each changefeed of the run (on new data or on the owner's messages)
+# starts this long after that changefeed's last tick ended: a Delta MERGE rewrites every file its keys touch (0.4 CPU-s for a 250k-row
 # sysbench table here, 100 rows or 1), so a stream of a few changes a second keeps a capture
 # rewriting its tables back to back; resting between ticks leaves the snapshot's reads the
 # CPU that took, and the stream's lag rises by about this much while the reads last
@@ -115,7 +115,7 @@ class Settings:
     local_tick_rows: int = DEFAULT_LOCAL_TICK_ROWS  # ... when they move fewer rows too
     bulk_tick_rows: int = DEFAULT_BULK_TICK_ROWS  # in-process phases this large run niced
     snapshot_first_s: float = DEFAULT_SNAPSHOT_FIRST_S  # bulk pulls wait for snapshot reads
-    snapshot_yield_s: float = DEFAULT_SNAPSHOT_YIELD_S  # data ticks this far apart meanwhile
+    snapshot_yield_s: float = DEFAULT_SNAPSHOT_YIELD_S  # ticks rest this long meanwhile
     batch_behind_s: float = DEFAULT_BATCH_BEHIND_S  # a backlog commits at most this often
     tick_rows: int = DEFAULT_TICK_ROWS  # row changes per changefeed and tick phase
     sink_duty: float = DEFAULT_SINK_DUTY  # the share of a changefeed's time its writes take
