@@ -511,6 +511,22 @@ def _two_changefeeds(
     return one
 
 
+def _tick_starts(monkeypatch: pytest.MonkeyPatch, changefeed_id: str) -> list[float]:
+    """A list that gets the time (monotonic) each follow tick of ``changefeed_id`` starts."""
+    from cdc_dagster.defs.capture import job as capture_job
+
+    starts: list[float] = []
+    real = capture_job._follow_tick
+
+    def tick(*args: Any) -> Any:
+        if args[3] == changefeed_id:
+            starts.append(time.monotonic())
+        return real(*args)
+
+    monkeypatch.setattr(capture_job, "_follow_tick", tick)
+    return starts
+
+
 @pytest.mark.slow
 def test_at_its_end_a_run_ticks_the_other_changefeeds_while_a_long_tick_finishes(
     tmp_path: Path,
@@ -588,19 +604,9 @@ def test_a_changefeed_ticks_on_while_another_ones_materializations_are_written_s
     tick with 50 tables whose event-log writes took ~2.5 s, and the loop, writing them
     itself, started no other changefeed's tick meanwhile (the stream's lag spikes). Here
     each write of cf2's materializations takes 3 s: cf's ticks still start meanwhile."""
-    from cdc_dagster.defs.capture import job as capture_job
-
     one = _two_changefeeds(tmp_path, metastore, etcd_endpoints, cluster_id, monkeypatch, 16.0)
-    started: list[float] = []  # when cf's ticks started
+    started = _tick_starts(monkeypatch, "cf")
     slow: list[tuple[float, float]] = []  # cf2's materialization writes, begin and end
-    real = capture_job._follow_tick
-
-    def tick(*args: Any) -> Any:
-        if args[3] == "cf":
-            started.append(time.monotonic())
-        return real(*args)
-
-    monkeypatch.setattr(capture_job, "_follow_tick", tick)
     with dg.instance_for_test() as instance:
         handle = instance.handle_new_event
 
@@ -646,21 +652,12 @@ def test_while_a_served_changefeeds_snapshot_is_read_each_tick_rests_after_the_l
     last ``READING_S``, as a chunk reader rings it), each of a changefeed's ticks starts that
     long after its last one ended; once the reads end, they come as often as before. The
     upstream changes every half second throughout."""
-    from cdc_dagster.defs.capture import job as capture_job
     from cdc_dagster.upstream.changelog import READING_S, snapshot_bell
 
     yield_s = 2.5
     monkeypatch.setenv("CDC_DAGSTER_SNAPSHOT_YIELD_S", str(yield_s))
     one = _two_changefeeds(tmp_path, metastore, etcd_endpoints, cluster_id, monkeypatch, 40.0)
-    ticks: list[float] = []  # when cf's ticks started
-    real = capture_job._follow_tick
-
-    def tick(*args: Any) -> Any:
-        if args[3] == "cf":
-            ticks.append(time.monotonic())
-        return real(*args)
-
-    monkeypatch.setattr(capture_job, "_follow_tick", tick)
+    ticks = _tick_starts(monkeypatch, "cf")
     bell = snapshot_bell(one.changelog)
     bell.parent.mkdir(parents=True, exist_ok=True)
 
