@@ -74,10 +74,9 @@ class ChangefeedLanes(Generic[T]):
         """Start the due ticks whose lane is free; the changefeeds started. A changefeed in
         ``not_before`` waits until ``time.monotonic()`` reaches its time (its messages wait,
         merged, for that tick)."""
-        started = []
-        now = time.monotonic()
+        started, waits, now = [], not_before or {}, time.monotonic()
         for cf in sorted(self._due):
-            if cf in self._running or (not_before or {}).get(cf, 0.0) > now:
+            if cf in self._running or waits.get(cf, 0.0) > now:
                 continue
             why = self._due.pop(cf)
             messages = self._messages.pop(cf, [])

@@ -511,17 +511,25 @@ def _two_changefeeds(
     return one
 
 
-def _tick_starts(monkeypatch: pytest.MonkeyPatch, changefeed_id: str) -> list[float]:
-    """A list that gets the time (monotonic) each follow tick of ``changefeed_id`` starts."""
+def _tick_starts(
+    monkeypatch: pytest.MonkeyPatch, changefeed_id: str, ends: list[float] | None = None
+) -> list[float]:
+    """A list that gets the time (monotonic) each follow tick of ``changefeed_id`` starts;
+    ``ends`` gets when each ended."""
     from cdc_dagster.defs.capture import job as capture_job
 
     starts: list[float] = []
     real = capture_job._follow_tick
 
     def tick(*args: Any) -> Any:
-        if args[3] == changefeed_id:
-            starts.append(time.monotonic())
-        return real(*args)
+        if args[3] != changefeed_id:
+            return real(*args)
+        starts.append(time.monotonic())
+        try:
+            return real(*args)
+        finally:
+            if ends is not None:
+                ends.append(time.monotonic())
 
     monkeypatch.setattr(capture_job, "_follow_tick", tick)
     return starts
@@ -657,7 +665,8 @@ def test_while_a_served_changefeeds_snapshot_is_read_each_tick_rests_after_the_l
     yield_s = 2.5
     monkeypatch.setenv("CDC_DAGSTER_SNAPSHOT_YIELD_S", str(yield_s))
     one = _two_changefeeds(tmp_path, metastore, etcd_endpoints, cluster_id, monkeypatch, 40.0)
-    ticks = _tick_starts(monkeypatch, "cf")
+    ended: list[float] = []
+    ticks = _tick_starts(monkeypatch, "cf", ended)
     bell = snapshot_bell(one.changelog)
     bell.parent.mkdir(parents=True, exist_ok=True)
 
@@ -697,6 +706,10 @@ def test_while_a_served_changefeeds_snapshot_is_read_each_tick_rests_after_the_l
     assert len(quiet) >= 3 and len(again) >= 3, (quiet, again)
     assert len(read) >= 2, read
     assert min(read) >= yield_s - 0.05, (read, quiet)
+    # ... and each of them started that long after the one before it ended
+    rests = [t - max(e for e in ended if e < t) for t in ticks
+             if reading[0] + 1.0 <= t <= reading[1]]  # fmt: skip
+    assert rests and min(rests) >= yield_s - 0.05, rests
     # before and after the reads, ticks came as often as the upstream changed
     assert sorted(quiet)[len(quiet) // 2] < yield_s - 0.5, quiet
     assert sorted(again)[len(again) // 2] < yield_s - 0.5, again
