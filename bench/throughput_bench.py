@@ -39,8 +39,10 @@ captures. For each Spark core count:
     the snapshot (like for like: on a small machine that stream's Delta MERGEs take much of
     the CPU, and the sampling is the bench's own load), and on the idle stack. The bench's
     Spark Connect session runs its first Python jobs before the bare reads are timed; the
-    snapshot runs' own shared session was warmed by ``server start``. The snapshot's reads run at a lower CPU priority than the stream's captures
-    (``chunk_reader.SNAPSHOT_NICE``); the bare reads do not.
+    snapshot runs' own shared session was warmed by ``server start``. Both reads run on the stack's Spark Connect server, whose session
+    yields to the daemon's (the stream's captures) by its autogroup niceness
+    (``CDC_DAGSTER_SPARK_NICE``, 10); within it the snapshot's readers run at
+    ``chunk_reader.SNAPSHOT_NICE``, the bare reads at the server's own.
 
 ``--in-process`` adds the older figures (the in-process driver on ``local[N]``, the snapshot
 runner in this process) as extra rows. ``--keep`` keeps the work directory (the stack's

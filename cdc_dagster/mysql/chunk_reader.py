@@ -317,8 +317,9 @@ def read_groups(
 # they leave -- among processes of one session: with Linux's autogroup scheduling (on here)
 # a niceness counts only within its session, and the stack's Spark Connect server (whose
 # workers these are) is a session of its own, the captures' run workers the daemon's (the
-# readers at 0 got no more CPU than at 10 here). The workers belong to the snapshot runs'
-# own Spark session (``SNAPSHOT_SESSION``).
+# readers at 0 got no more CPU than at 10 here). Against the daemon's session it is the
+# server's autogroup niceness that counts (``services.stack.spark_nice``). The workers
+# belong to the snapshot runs' own Spark session (``SNAPSHOT_SESSION``).
 # ``CDC_DAGSTER_SNAPSHOT_NICE`` (in the Spark server's environment) sets it, 0-19.
 # (not an integer: 10).
 _NICE = os.environ.get("CDC_DAGSTER_SNAPSHOT_NICE", "").strip()

@@ -90,12 +90,19 @@ def own_autogroup(nice: int) -> tuple[bool, bool]:
         os.setsid()
     except OSError:  # already a session (or group) leader
         return False, False
+    return True, set_autogroup_nice("self", nice)
+
+
+def set_autogroup_nice(pid: int | str, nice: int) -> bool:
+    """Give the autogroup (session) of process ``pid`` ("self": this one) niceness ``nice``,
+    every process of it and those it starts later alike; whether it was done (not where
+    autogroups are off, the process is another user's, or ``nice`` < 0 is not allowed)."""
     try:
-        with open("/proc/self/autogroup", "w") as f:
+        with open(f"/proc/{pid}/autogroup", "w") as f:
             f.write(str(nice))
-    except OSError:  # no autogroups, or not allowed
-        return True, False
-    return True, True
+    except OSError:
+        return False
+    return True
 
 
 def _get_pool() -> ProcessPoolExecutor:

@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from cdc_dagster.pipeline.background import set_autogroup_nice
 from cdc_dagster.pipeline.engine import connect_server_conf
 from cdc_dagster.services import procs
 from cdc_dagster.services.dagster_home import LOCATION_NAME, WORKSPACE_YAML, grpc_workspace
@@ -97,6 +98,34 @@ def _kill_leftovers(handle: Handle) -> None:
     handle.target().send(signal.SIGKILL)
 
 
+SPARK_NICE_ENV = "CDC_DAGSTER_SPARK_NICE"
+
+
+def spark_nice() -> int:
+    """The autogroup niceness of the embedded Spark Connect server's session:
+    ``CDC_DAGSTER_SPARK_NICE``, 0-19 (default 10; 0: as every other session).
+
+    Linux's autogroup scheduling shares the CPU between sessions first and applies a
+    niceness only within one. The server is a session of its own (``procs.launch``); at an
+    equal share with the daemon's session, whose capture runs tick the binlog stream, a
+    snapshot's Spark reads took as much CPU as the stream's Delta MERGEs on 2 cores, and
+    the stream lagged 6-10 s more while they ran (its ticks 3.8-5.0 s instead of 1.1-1.5).
+    At 10 the server's session gets about a tenth of what a busy session gets when the CPU
+    is short, and an idle CPU whole: the stream's captures come first, the Spark work --
+    snapshot reads, a backlog's Spark jobs -- takes what they leave (as the captures' own
+    bulk phases do: ``pipeline.background``)."""
+    raw = os.environ.get(SPARK_NICE_ENV, "").strip()
+    if not raw:
+        return 10
+    try:
+        value = int(raw)
+    except ValueError:
+        value = -1
+    if not 0 <= value <= 19:
+        raise procs.ServiceError(f"{SPARK_NICE_ENV}={raw!r}: expected an integer 0-19")
+    return value
+
+
 def spark_connect_part(state_dir: Path, port: int) -> Part:
     """A Spark Connect server on ``127.0.0.1:port``."""
     spark_dir = state_dir / "spark"
@@ -115,9 +144,18 @@ def spark_connect_part(state_dir: Path, port: int) -> Part:
     argv += ["--master", f"local[{int(os.environ.get('CDC_DAGSTER_SPARK_CORES', '2'))}]"]
     for key, value in connect_server_conf(port).items():
         argv += ["--conf", f"{key}={value}"]
+    nice = spark_nice()
+
+    def launch() -> Handle:
+        proc = procs.launch(SPARK, argv, log, env)
+        if nice and not set_autogroup_nice(proc.pid, nice):
+            say(f"spark-connect: its CPU share not lowered (autogroup niceness {nice} refused "
+                f"or no autogroups here; {SPARK_NICE_ENV})")  # fmt: skip
+        return ProcessHandle(proc)
+
     return Part(
         SPARK,
-        lambda: ProcessHandle(procs.launch(SPARK, argv, log, env)),
+        launch,
         ready=lambda _: procs.listening(port),
         address=f"sc://127.0.0.1:{port}",
         log=str(log),

@@ -91,8 +91,31 @@ def owner_ticks_since(state: Path, since: float) -> list[dict]:
     return [t for t in ticks if t["timestamp"] > since and t["status"] in ("SKIPPED", "SUCCESS")]
 
 
+def _autogroup_nice(pid: int) -> int | None:
+    """The niceness of process ``pid``'s autogroup (None: a kernel without autogroups)."""
+    try:
+        with open(f"/proc/{pid}/autogroup") as f:
+            return int(f.read().split()[-1])
+    except OSError:
+        return None
+
+
+def assert_spark_yields_to_the_daemon(state: Path) -> None:
+    """Spark Connect's session -- its wrapper and JVM -- has the autogroup niceness
+    ``stack.spark_nice()``; the daemon's session (the capture runs) keeps its own."""
+    spark, daemon = parts(state)[stack.SPARK], parts(state)[stack.DAEMON]
+    members = procs.group_members(spark.pgid)
+    assert len(members) >= 2, "the JVM under spark-connect's wrapper"
+    nice = {_autogroup_nice(p) for p in members}
+    if nice == {None}:
+        return  # no autogroups here: nothing to lower
+    assert nice == {stack.spark_nice()} == {10}
+    assert _autogroup_nice(daemon.pid) == 0  # a new session starts at 0
+
+
 def test_detached_server_runs_every_part_and_status_exits_0(state: Path) -> None:
     assert set(parts(state)) == {stack.ETCD, stack.SPARK, stack.CODE, stack.DAEMON, stack.WEB}
+    assert_spark_yields_to_the_daemon(state)
     status = cli(state, "server", "status")
     assert status.returncode == 0, status.stdout
     wait_until("the owner sensor to tick", lambda: owner_ticks_since(state, 0))
@@ -142,6 +165,7 @@ def test_killed_spark_connect_comes_back_on_its_port_and_runs_a_query(state: Pat
     # (create(), never a global default another test left behind).
     wait_until("a query on the restarted spark-connect", lambda: _count_on(before.address) == 5)
     assert "exit code 137 (128+SIGKILL)" in (state / stack.SERVER_LOG).read_text()
+    assert_spark_yields_to_the_daemon(state)  # the relaunched server's session too
 
 
 def _count_on(address: str) -> int | None:

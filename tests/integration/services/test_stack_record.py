@@ -165,3 +165,19 @@ def test_reload_definitions_kills_the_supervised_code_server_only(tmp_path: Path
     while code.alive() and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not code.alive() and web.alive() and sup.alive()
+
+
+def test_spark_connects_niceness_defaults_to_10_and_a_bad_value_is_named(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``CDC_DAGSTER_SPARK_NICE``: the autogroup niceness ``server start`` gives the Spark
+    Connect server's session (0: none); a value that is not 0-19 stops the start, named."""
+    monkeypatch.delenv(stack.SPARK_NICE_ENV, raising=False)
+    assert stack.spark_nice() == 10
+    for raw, want in (("0", 0), (" 19 ", 19), ("", 10)):
+        monkeypatch.setenv(stack.SPARK_NICE_ENV, raw)
+        assert stack.spark_nice() == want
+    for raw in ("abc", "-1", "20", "1.5"):
+        monkeypatch.setenv(stack.SPARK_NICE_ENV, raw)
+        with pytest.raises(procs.ServiceError, match=f"CDC_DAGSTER_SPARK_NICE='{raw}'"):
+            stack.spark_nice()

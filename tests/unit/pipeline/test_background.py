@@ -5,6 +5,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import signal
+import subprocess
 import time
 from pathlib import Path
 
@@ -122,3 +123,33 @@ def _running(pid: int) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
     except OSError:
         return False
+
+
+def _autogroup(pid: int) -> str:
+    with open(f"/proc/{pid}/autogroup") as f:
+        return f.read().strip()
+
+
+def test_a_sessions_autogroup_niceness_reaches_every_process_it_starts_later() -> None:
+    """What the stack does to Spark Connect (``stack.spark_nice``): a process started in a
+    session of its own, then its autogroup given a niceness, and a child it starts after
+    that -- the wrapper's JVM -- shares it; this process's own group is untouched."""
+    if not os.path.exists("/proc/self/autogroup"):
+        pytest.skip("a kernel without autogroup scheduling")
+    ours = _autogroup(os.getpid())
+    proc = subprocess.Popen(["bash", "-c", "read _; sleep 30 & echo $!; wait"],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                            start_new_session=True)  # fmt: skip
+    try:
+        assert background.set_autogroup_nice(proc.pid, 7)
+        assert proc.stdin is not None and proc.stdout is not None
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
+        child = int(proc.stdout.readline())  # started after the write
+        assert _autogroup(proc.pid).endswith(" nice 7")
+        assert _autogroup(child) == _autogroup(proc.pid)
+        assert _autogroup(os.getpid()) == ours
+        assert not background.set_autogroup_nice(2**22 + 12345, 7)  # no such process
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
