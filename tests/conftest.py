@@ -79,3 +79,12 @@ def one_tick_per_capture_run(
     the default, and tests of the follow op set their own."""
     if "e2e" not in request.node.path.parts:
         monkeypatch.setenv("CDC_DAGSTER_CAPTURE_LOOP_S", "0")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Every test under tests/e2e is ``serial``: it runs the whole stack (daemon, Spark
+    Connect, MariaDB) against timed faults or a browser, so scripts/test.sh runs them alone
+    after the others, which it runs on two workers."""
+    for item in items:
+        if "e2e" in item.path.parts:
+            item.add_marker(pytest.mark.serial)

@@ -11,8 +11,10 @@ import datetime as dt
 import fcntl
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -153,15 +155,42 @@ def _project_mtime(project_dir: Path) -> float:
 
 
 def load_manifest(project_dir: Path, duckdb_path: str) -> dict[str, Any]:
-    """The project's manifest: ``dbt parse`` when it is missing or older than the project."""
+    """The project's manifest: ``dbt parse`` when it is missing or older than the project.
+
+    Processes that load it at once (the code server, run workers, two builds) parse one at
+    a time, each into a directory of its own whose manifest then replaces the project's
+    whole: dbt writes its target files in place, and a process reading the manifest while
+    another parse rewrote it read half a file."""
     path = project_dir / "target" / "manifest.json"
-    if not path.exists() or path.stat().st_mtime < _project_mtime(project_dir):
-        proc = run_dbt(project_dir, ["parse", "--vars", json.dumps({"duckdb_path": duckdb_path})])
+
+    def stale() -> bool:
+        return not path.exists() or path.stat().st_mtime < _project_mtime(project_dir)
+
+    if stale():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path.parent / ".parse-lock", "a+") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                if stale():  # (not if another process parsed while this one waited)
+                    _parse_into(project_dir, path, duckdb_path)
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def _parse_into(project_dir: Path, manifest: Path, duckdb_path: str) -> None:
+    """``dbt parse`` into a directory of its own; its manifest replaces ``manifest``."""
+    out = Path(tempfile.mkdtemp(prefix="parse-", dir=manifest.parent))
+    try:
+        proc = run_dbt(project_dir, ["parse", "--vars", json.dumps({"duckdb_path": duckdb_path})],
+                       env={"DBT_TARGET_PATH": str(out)})  # fmt: skip
         if proc.returncode != 0:
             raise BuildError(
                 f"dbt parse failed in {project_dir}; fix the project:\n{proc.stdout[-3000:]}"
             )
-    return json.loads(path.read_text(encoding="utf-8"))
+        os.replace(out / "manifest.json", manifest)
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
 
 
 def run_build(
