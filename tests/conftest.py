@@ -5,6 +5,7 @@ Each test gets its own cluster prefix, so tests never see each other's keys.
 
 from __future__ import annotations
 
+import os
 import uuid
 from collections.abc import Iterator
 
@@ -84,7 +85,22 @@ def one_tick_per_capture_run(
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Every test under tests/e2e is ``serial``: it runs the whole stack (daemon, Spark
     Connect, MariaDB) against timed faults or a browser, so scripts/test.sh runs them alone
-    after the others, which it runs on two workers."""
+    after the others, which it runs on two workers -- unless it is marked
+    ``beside_others`` (it asserts no timing: it may share the machine)."""
     for item in items:
-        if "e2e" in item.path.parts:
+        if "e2e" in item.path.parts and item.get_closest_marker("beside_others") is None:
             item.add_marker(pytest.mark.serial)
+
+
+@pytest.fixture(autouse=True)
+def no_spark_connect_mode_left_behind() -> Iterator[None]:
+    """A Spark Connect client made in this process switches PySpark into Connect mode for
+    good (``SPARK_CONNECT_MODE_ENABLED``): a local session any later test makes fails with
+    CONNECT_URL_NOT_SET. So a test leaves the mode as it found it, whatever order the
+    tests run in (pytest-xdist's workers each run their own share)."""
+    before = os.environ.get("SPARK_CONNECT_MODE_ENABLED")
+    yield
+    if before is None:
+        os.environ.pop("SPARK_CONNECT_MODE_ENABLED", None)
+    else:
+        os.environ["SPARK_CONNECT_MODE_ENABLED"] = before
