@@ -6,10 +6,9 @@
 #
 # Without arguments the suite runs in two parts: every test not marked ``serial`` on
 # CDC_DAGSTER_TEST_WORKERS pytest-xdist workers (default 2; each test file on one worker,
-# each worker with its own private servers), then the ``serial`` ones (tests/e2e but the
-# OLTP bench's, which checks no timing: the whole stack, timed faults, a browser) alone,
-# one after another. With arguments, pytest runs them as given (say, one file), on one
-# worker.
+# each worker with its own private servers), then the ``serial`` ones (tests/e2e: the
+# whole stack, timed faults, a browser) alone, one after another. With arguments, pytest
+# runs them as given (say, one file), on one worker.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/system-packages.sh test

@@ -85,10 +85,11 @@ def one_tick_per_capture_run(
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Every test under tests/e2e is ``serial``: it runs the whole stack (daemon, Spark
     Connect, MariaDB) against timed faults or a browser, so scripts/test.sh runs them alone
-    after the others, which it runs on two workers -- unless it is marked
-    ``beside_others`` (it asserts no timing: it may share the machine)."""
+    after the others, which it runs on two workers. (The OLTP bench's test, which times
+    nothing, ran beside the others once: the whole run took as long, the parallel part
+    that much longer.)"""
     for item in items:
-        if "e2e" in item.path.parts and item.get_closest_marker("beside_others") is None:
+        if "e2e" in item.path.parts:
             item.add_marker(pytest.mark.serial)
 
 

@@ -50,7 +50,6 @@ def _worst(figures: list[dict], key: str) -> float:
 
 
 @pytest.mark.slow
-@pytest.mark.beside_others  # its figures are checked for agreement, never for speed
 @pytest.mark.timeout(2400)
 def test_quick_bench_replicates_every_marker_and_its_figures_agree(tmp_path: Path) -> None:
     missing = _missing()
