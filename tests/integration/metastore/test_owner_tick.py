@@ -198,8 +198,8 @@ def _checkpoint_above_resolved() -> bytes:
         (
             status_codec._shuffled(np.diff(ids, prepend=np.int64(0))),
             bytes([int(TableState.REPLICATING)]),
-            status_codec._ts_column(np.array([200], np.int64)),
-            status_codec._ts_column(np.array([100], np.int64)),
+            status_codec._column(np.array([200], np.int64)),
+            status_codec._column(np.array([100], np.int64)),
         )
     )
     header = status_codec._HEADER.pack(b"TS", 1, int(Liveness.ALIVE), 1, 7, 1)
