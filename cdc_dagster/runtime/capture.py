@@ -164,7 +164,8 @@ def _prepare(ctx: CaptureContext, tick: _Tick, messages: Sequence[OwnerMessage])
             held.checkpoint_ts[live],
             held.resolved_ts[live],
         )
-    tick.persist(report=_report(tick.agent, held, (), tick.previous_report))
+    rows = tick.executor.rows_applied()
+    tick.persist(report=_report(tick.agent, held, (), tick.previous_report, rows))
     return PrepareOutcome(
         ctx.capture_id,
         ctx.changefeed_id,
@@ -190,7 +191,13 @@ def _commit(ctx: CaptureContext, tick: _Tick) -> CommitOutcome:
     tick.executor.sink_phase()
     failpoints.hit(failpoints.SINK_AFTER_WRITE)
     responses = tick.agent.end_tick()
-    report = _report(tick.agent, tick.executor.statuses(), responses, tick.previous_report)
+    report = _report(
+        tick.agent,
+        tick.executor.statuses(),
+        responses,
+        tick.previous_report,
+        tick.executor.rows_applied(),
+    )
     tick.persist(report=report)
     return CommitOutcome(
         ctx.capture_id,
@@ -365,9 +372,12 @@ def _report(
     held_now: TableStatusBatch,
     responses: Sequence[CaptureMessage],
     previous: TaskStatus | None,
+    rows: Mapping[int, int],
 ) -> TaskStatus | None:
     """The task status: the heartbeat response's tables, or every held table, plus the
-    statuses of tasks that finished.
+    statuses of tasks that finished; with each table's ``rows`` applied (the executor's
+    counters, in both halves alike: a count that flipped between the prepare half's report
+    and the commit half's would look like motion to the owner's health judgement).
 
     The report is one etcd key the owner reads when it ticks, and a later tick overwrites
     it: a state, not a message. So what the owner must learn survives until its next
@@ -400,7 +410,8 @@ def _report(
                 for n in ("table_ids", "states", "checkpoint_ts", "resolved_ts")
             )
         )
-    return TaskStatus(agent.owner_rev, agent.changefeed_epoch, agent.liveness, base)
+    applied = np.fromiter((rows.get(t, 0) for t in base.table_ids.tolist()), np.int64, len(base))
+    return TaskStatus(agent.owner_rev, agent.changefeed_epoch, agent.liveness, base, applied)
 
 
 def _gone_since(before: TableStatusBatch, listed: set[int]) -> list[TableStatus]:

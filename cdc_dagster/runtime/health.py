@@ -12,13 +12,17 @@ The sources of a message, in the order the message gives them:
    unless a chunked snapshot holds it and that snapshot has moved within ``stall_s`` (a
    table being snapshotted holds the resolved ts until its last chunk is placed: that is
    progress, not a stall); a snapshot that stood still as long is named instead. The
-   tables holding it moving (fewer of them left at it, or rows written to them) and a
-   snapshot's end are progress too, for ``stall_s``: after a large snapshot the captures
-   write its rows table after table, the resolved ts held until the last one is written;
+   tables holding it moving (fewer of them left at it, or rows written to them: the
+   counters their primaries report) and a snapshot's end are progress too, for
+   ``stall_s``: after a large snapshot the captures write its rows table after table, the
+   resolved ts held until the last one is written;
 5. a checkpoint that has not moved for ``stall_s`` while the resolved ts is ahead of it (a
    DDL every table reached is not applied: the message names it; else a table is stuck:
    the message names the slowest ones, their state and holder); as in 4, the tables
-   holding it moving is progress.
+   holding it moving is progress: a large table whose rows, all at one snapshot ts, are
+   written slice by slice over many ticks holds the checkpoint until its last slice while
+   its rows applied grow. A table whose counter stands still as long is named. Any change
+   of a counter is motion, a capture registered anew (its counters back to 0) included.
 
 No message: the changefeed is normal. The conditions of 1, 4 and 5 never fail it: they heal
 by themselves when their cause is gone, and they say what to do meanwhile.
@@ -59,8 +63,9 @@ class Motion:
     checkpoint_ts: int = 0
     checkpoint_moved_ms: int = 0
     # the tables at the resolved ts and at the checkpoint (those holding each): how many,
-    # and the rows written to them; when that last changed (they move while the ts waits
-    # for the last one: a large snapshot's tables are written a few at a time)
+    # and the rows written to them (``TableProgress.rows_applied``, as their primaries
+    # report it); when that last changed (they move while the ts waits for the last one: a
+    # large snapshot's tables are written a few at a time, a large table slice by slice)
     holding: tuple[int, int] = (0, 0)
     holding_moved_ms: int = 0
     behind: tuple[int, int] = (0, 0)

@@ -272,7 +272,7 @@ class _Feed:
             reg = alive.get(cid)
             if reg is None:
                 continue
-            unchanged = self.reports.get(cid) == (reg, status)
+            unchanged = _same_report(self.reports.get(cid), reg, status)
             if unchanged and self.ticks - self.fed_at.get(cid, 0) < REFEED_TICKS:
                 continue
             self.reports[cid] = (reg, status)
@@ -288,6 +288,37 @@ class _Feed:
                 HeartbeatResponse(header, cid, owner_id, status.tables, status.liveness, reg)
             )
         return out
+
+
+def _same_report(before: tuple[str, TaskStatus] | None, reg: str, status: TaskStatus) -> bool:
+    """Whether a capture's report says what it said when last fed, for the replication sets:
+    its rows applied do not count (they are for health; a table written slice by slice at
+    one ts changes only them, and the coordinator has nothing to do with that)."""
+    if before is None or before[0] != reg:
+        return False
+    fed = before[1]
+    return (fed.owner_rev, fed.changefeed_epoch, fed.liveness) == (
+        status.owner_rev,
+        status.changefeed_epoch,
+        status.liveness,
+    ) and fed.tables == status.tables
+
+
+class _ReportedRows:
+    """Each table's rows applied as a capture reports it (its counter since it took the
+    table), looked up per capture the first time one of its tables is asked for."""
+
+    def __init__(self, statuses: Mapping[str, TaskStatus]) -> None:
+        self._statuses = statuses
+        self._by_capture: dict[str, dict[int, int]] = {}
+
+    def of(self, capture_id: str, table_id: int) -> int:
+        """The rows ``capture_id`` reports applied to ``table_id`` (0: none, or no report)."""
+        rows = self._by_capture.get(capture_id)
+        if rows is None:
+            status = self._statuses.get(capture_id)
+            rows = self._by_capture[capture_id] = status.rows_by_table() if status else {}
+        return rows.get(table_id, 0)
 
 
 # ------------------------------------------------------------------------------ the loop
@@ -489,7 +520,7 @@ class OwnerLoop:
         step.ddls += self._ddls(feed, result)
         feed.note_ddls_done()
         step.syncs += self._syncpoint(feed, result)
-        tick = self._progress(feed, result, rebuilt)
+        tick = self._progress(feed, result, rebuilt, snapshot.tasks.get(cf_id, {}))
         health = self._health(feed, cf, result, tick, step)
         step.ticks[cf_id] = tick
         cp = result.checkpoint
@@ -643,12 +674,22 @@ class OwnerLoop:
         tables = tuple(feed.coordinator.current_tables.tolist())
         return [ReadySyncpoint(feed.changefeed_id, ts, tables)]
 
-    def _progress(self, feed: _Feed, result: TickResult, rebuilt: bool) -> ChangefeedTick:
+    def _progress(
+        self,
+        feed: _Feed,
+        result: TickResult,
+        rebuilt: bool,
+        statuses: Mapping[str, TaskStatus],
+    ) -> ChangefeedTick:
+        """The changefeed's tick; each table as its replication set has it, with the rows
+        applied its primary reports (``statuses``: the task statuses read this tick), so the
+        health judgement sees a table written slice by slice at one ts move."""
         now = self.now_ms()
         cp = result.checkpoint
         tables: list[TableProgress] = []
         coord = feed.coordinator
         if self.table_progress:
+            reported = _ReportedRows(statuses)
             rm = coord.replications
             for t in coord.current_tables.tolist():
                 s = feed.schemas.get(t)
@@ -660,8 +701,11 @@ class OwnerLoop:
                 else:
                     state, primary, ck, rs = MISSING, "", 0, 0
                 barrier = result.barrier.barrier_ts(t)
+                rows = reported.of(primary, t) if primary else 0
                 tables.append(
-                    TableProgress(feed.changefeed_id, t, state, primary, ck, rs, barrier, name=name)
+                    TableProgress(
+                        feed.changefeed_id, t, state, primary, ck, rs, barrier, rows, name=name
+                    )
                 )
         return ChangefeedTick(
             feed.changefeed_id,

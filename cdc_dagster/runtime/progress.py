@@ -1,8 +1,8 @@
 """One table's progress: the one record the runtime hands the control plane about a table.
 
-The owner tick makes one per table from its replication sets (its view: state and primary);
-a capture's commit half makes one per table it holds (its view: what it wrote, the barrier
-it may not pass, rows applied). The Dagster side renders them (asset metadata, run logs, the
+The owner tick makes one per table from its replication sets (its view: state and primary)
+and the rows applied its primary reports in its task status; a capture's commit half makes
+one per table it holds (its view: what it wrote, the barrier it may not pass, rows applied). The Dagster side renders them (asset metadata, run logs, the
 DDL gate) and never re-shapes or re-parses them.
 """
 
@@ -26,7 +26,9 @@ class TableProgress:
     checkpoint_ts: int  # every change at or below it is in the downstream
     resolved_ts: int
     barrier_ts: int  # the sink may not pass it (DDL, syncpoint)
-    rows_applied: int = 0  # rows the sink wrote for it since this capture took it
+    # rows the sink wrote for it since this capture (the owner's view: its primary) took
+    # it; a counter: a capture registered anew starts again from 0
+    rows_applied: int = 0
     name: str = ""  # database.table, when known
     note: str = ""  # what the tick did to it, or its error
 

@@ -45,13 +45,18 @@ def test_a_large_backlog_moves_in_slices_while_the_small_tables_move_whole(
     clock = Clock((BASE_MS + 12_000) / 1000)  # the newest change is a second old: no backlog
     started(tmp_path, spark, clock, [1, 2, 3])
     top = _big_then_small(w)
-    ticks, seen = 0, []
+    ticks, seen, applied = 0, [], make(tmp_path, spark, clock).rows_applied()
     while True:
         ex = make(tmp_path, spark, clock)
         staged = ex.pull_phase()
         assert sum(staged.values()) <= BUDGET + 20  # the budget, and at most one file past it
         written = ex.sink_phase()
         assert sum(written.values()) <= BUDGET + 20
+        # each slice's rows count as it is written (the owner's health judgement sees a
+        # table held at one ts move by them), and the count outlives the process
+        assert ex.rows_applied() == {t: applied[t] + written.get(t, 0) for t in applied}
+        assert written.get(1, 0) > 0
+        applied = ex.rows_applied()
         ticks += 1
         cps = {t: ex.status(t).checkpoint.checkpoint_ts for t in (1, 2, 3)}
         assert cps[2] == cps[3] == top, "a small table waited for the large one"

@@ -166,6 +166,104 @@ def test_a_resolved_ts_held_by_a_moving_snapshot_stays_normal_and_a_stuck_one_is
     assert metastore.changefeeds.get("cf").status.state is ChangefeedState.NORMAL
 
 
+class _OneTsSlices:
+    """Table 1 of the fake data plane as a large table whose rows all share one commit ts
+    (a snapshot's): its checkpoint stops at ``held_ts`` while each sink phase writes a slice
+    of its rows (its rows applied grow) as long as ``writing``; released, it moves on."""
+
+    def __init__(self, held_ts: int) -> None:
+        self.held_ts = held_ts
+        self.writing = True
+        self.released = False
+        self.slices = 0
+
+    def factory(self, spec: Any) -> Any:
+        from cdc_dagster.testing.fake_runtime import fake_executor_factory
+
+        executor = fake_executor_factory(spec)
+        sink = executor._sink
+
+        def one_ts_sink(table_id: int, table: Any) -> bool:
+            if table_id != 1 or self.released:
+                return sink(table_id, table)
+            if table.checkpoint_ts < self.held_ts:  # up to the snapshot's ts: as ever
+                saved = table.resolved_ts
+                table.resolved_ts = min(saved, self.held_ts)
+                ok = sink(table_id, table)
+                table.resolved_ts = saved
+                return ok
+            if self.writing:  # a slice of the rows at the snapshot's ts: rows, no checkpoint
+                table.writes += 1
+                self.slices += 1
+            return True
+
+        executor._sink = one_ts_sink
+        return executor
+
+
+def _state_while_ticking(driver: Driver, upstream: Upstream, metastore: Metastore,
+                         seconds: float) -> list[tuple[ChangefeedState, str]]:  # fmt: skip
+    """Tick for ``seconds`` with the upstream moving on; the changefeed's state each tick."""
+    seen = []
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        upstream.advance(upstream.resolved + (100 << 18))
+        driver.tick()
+        status = metastore.changefeeds.get("cf").status
+        seen.append((status.state, status.last_error))
+        time.sleep(0.2)
+    return seen
+
+
+def test_a_large_table_written_slice_by_slice_at_one_ts_stays_normal_until_its_rows_stop(
+    make_driver: Callable[..., Driver], upstream: Upstream, metastore: Metastore
+) -> None:
+    """The false alarm a user saw: one 10M-row table of a snapshot, its rows at one commit
+    ts, written by its capture in slices over many ticks; the checkpoint cannot pass that
+    ts before the last slice, for minutes. Its capture reports the rows it applies, the
+    owner sees them move: normal, not "the checkpoint has not moved for 70 s". Once no row
+    is written for the stall time, the table is named; when it is done, normal again."""
+    held = upstream.ts(2000)
+    upstream.advance(upstream.ts(3000))
+    slices = _OneTsSlices(held)
+    driver = make_driver(
+        captures=2, health=HealthConfig(stall_s=1.0), executor_factory=slices.factory
+    )
+    driver.run_until(
+        lambda t: (
+            (feed := t.owner.changefeeds.get("cf")) is not None
+            and len(feed.tables) == 4
+            and all(x.replicating for x in feed.tables)
+            and feed.checkpoint_ts == held
+        ),
+        max_ticks=40,
+    )
+    before = slices.slices
+    seen = _state_while_ticking(driver, upstream, metastore, seconds=3.0)  # three stall times
+    assert slices.slices - before >= len(seen)  # a slice every tick, the checkpoint held
+    assert all(state is ChangefeedState.NORMAL for state, _ in seen), seen
+    feed = driver.tick().owner.changefeeds["cf"]
+    (large,) = [t for t in feed.tables if t.table_id == 1]
+    assert feed.checkpoint_ts == held and large.checkpoint_ts == held
+    assert large.rows_applied >= slices.slices - 2  # the primary's count, a tick or two late
+
+    slices.writing = False  # the capture stops writing it: a real stall
+    stopped = time.monotonic()
+    deadline = stopped + 30
+    while (status := metastore.changefeeds.get("cf").status).state is ChangefeedState.NORMAL:
+        assert time.monotonic() < deadline, "a table whose rows stopped was never named"
+        _state_while_ticking(driver, upstream, metastore, seconds=0.1)
+    assert time.monotonic() - stopped > 1.0  # not before the stall time
+    assert status.state is ChangefeedState.WARNING, status
+    error = status.last_error
+    assert "the checkpoint has not moved for" in error and "slowest tables db.t1 (" in error
+
+    slices.released = True  # its last slice written: the checkpoint moves on
+    ticks_to_catch_up(driver, "cf", upstream.resolved)
+    driver.tick()
+    assert metastore.changefeeds.get("cf").status.state is ChangefeedState.NORMAL
+
+
 def test_a_removed_changefeed_leaves_no_problem_behind(
     tmp_path: Path, make_driver: Callable[..., Driver], upstream: Upstream, metastore: Metastore
 ) -> None:

@@ -249,3 +249,64 @@ def test_motion_notes_when_each_ts_last_moved() -> None:
     m.observe(10, 20, 1000)
     m.observe(10, 25, 2000)
     assert (m.checkpoint_moved_ms, m.resolved_moved_ms) == (1000, 2000)
+
+
+def _slicing(rows_at: dict[int, int], start: int, stop: int, step: int = 10_000) -> Motion:
+    """A changefeed whose checkpoint waits at one large table (db.t0, all its rows at one
+    snapshot ts) while the resolved ts moves on; ``rows_at``: ms -> the rows its primary
+    reports applied then (the other table is caught up)."""
+    old = compose(NOW - 300_000)
+    motion = Motion()
+    for ms in range(start, stop + 1, step):
+        resolved = compose(ms - 1_000)
+        motion.observe(old, resolved, ms, _one_large(rows_at.get(ms, 0), ms))
+    return motion
+
+
+def _one_large(rows: int, ms: int) -> list[TableProgress]:
+    old, resolved = compose(NOW - 300_000), compose(ms - 1_000)
+    return [
+        TableProgress("cf", 0, "replicating", "c1", old, resolved, 0, rows, "db.t0"),
+        TableProgress("cf", 1, "replicating", "c2", resolved, resolved, 0, 5, "db.t1"),
+    ]
+
+
+def test_a_large_table_written_slice_by_slice_at_one_ts_keeps_the_changefeed_normal() -> None:
+    """10M snapshot rows at one ts, written over many ticks: the checkpoint cannot move
+    before the last slice, for minutes; its rows applied grow every tick: normal."""
+    start = NOW - 240_000
+    grows = {ms: (ms - start) * 1_000 for ms in range(start, NOW + 1, 10_000)}
+    motion = _slicing(grows, start, NOW)
+    tables = _one_large(grows[NOW], NOW)
+    assert verdict(motion=motion, tables=tables).message is None
+
+
+def test_a_large_table_whose_rows_stop_being_written_warns_after_the_stall_time() -> None:
+    start = NOW - 240_000
+    stopped_ms = NOW - 60_000  # the last slice written then; nothing since
+    rows = {ms: min(ms, stopped_ms) - start for ms in range(start, NOW + 61_000, 10_000)}
+    motion = _slicing(rows, start, NOW)
+    assert verdict(motion=motion, tables=_one_large(rows[NOW], NOW)).message is None  # 60 s
+    later = NOW + 10_000
+    motion.observe(
+        motion.checkpoint_ts, compose(later - 1_000), later, _one_large(rows[later], later)
+    )
+    message = verdict(motion=motion, tables=_one_large(rows[later], later), now_ms=later).message
+    assert "checkpoint has not moved for 250 s" in (message or "")
+    assert "slowest tables db.t0 (replicating on c1" in (message or "")
+
+
+def test_a_capture_registered_anew_restarts_the_stall_time_once_and_hides_no_stall() -> None:
+    """The capture holding the large table is registered anew: its counter goes back to 0.
+    That change is motion (the new capture takes the table up), but a counter that then
+    stays at 0 is a stall after the stall time, as any other."""
+    start = NOW - 240_000
+    restart_ms = NOW - 50_000
+    ticks = range(start, NOW + 1, 10_000)
+    rows = {ms: (ms - start) * 1_000 if ms < restart_ms else 0 for ms in ticks}
+    motion = _slicing(rows, start, NOW)
+    assert verdict(motion=motion, tables=_one_large(0, NOW)).message is None
+    later = NOW + 11_000
+    motion.observe(motion.checkpoint_ts, compose(later - 1_000), later, _one_large(0, later))
+    message = verdict(motion=motion, tables=_one_large(0, later), now_ms=later).message or ""
+    assert "checkpoint has not moved for 251 s" in message and "db.t0" in message
