@@ -14,6 +14,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from cdc_dagster.pipeline import background
+
 ENV_PREFIX = "CDC_DAGSTER_"
 DEFAULT_MAX_TABLE_ASSETS = 2000
 DEFAULT_LAG_BOUND_S = 120.0
@@ -134,6 +136,8 @@ class Settings:
 
         changelog = get("CHANGELOG")
         base = Settings()
+        # read by the capture runs' bulk workers themselves: a bad value is named here first
+        background.bulk_workers(env)
         return Settings(
             state_dir=Path(get("STATE_DIR", ".state")).resolve(),
             etcd=tuple(e for e in get("ETCD").split(",") if e),

@@ -13,13 +13,16 @@ left. The worker is the capture run's child in a session of its own whose autogr
 niceness (Linux's autogroup scheduling weighs sessions against each other and a niceness
 only within one: ``own_autogroup``), so it also yields to the other sessions -- a
 snapshot's Spark readers, MariaDB.
-The worker is started when a capture's follow loop begins (``warm``), or on first use
+The workers are started when a capture's follow loop begins (``warm``), or on first use
 (spawned: nothing of the capture's threads, gRPC channels or Dagster state is forked), and
 kept for the run's next bulk phases. The phase
 functions are the Spark tasks' own (``spark_tasks.pull_table`` / ``sink_table``): pure
-functions of a JSON spec, fenced at the sink like any task. A worker that dies (killed,
-out of memory) fails that phase -- the changefeed's failure, retried by the next tick --
-and the next bulk phase starts a new worker.
+functions of a JSON spec, fenced at the sink like any task, one table each. A phase's tables
+run side by side on ``CDC_DAGSTER_BULK_WORKERS`` workers (default 2): one worker wrote a
+backlog's tables one after another, so the capture that finished its last pull later used
+one core for its last MERGEs while the other stood idle. A worker that dies (killed, out of
+memory) fails that phase -- the changefeed's failure, retried by the next tick -- and the
+next bulk phase starts new workers.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ import multiprocessing
 import os
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from typing import TypeVar
@@ -37,18 +40,50 @@ from typing import TypeVar
 log = logging.getLogger(__name__)
 
 BULK_NICE = 10  # niceness of bulk phases (the snapshot readers' default too)
+DEFAULT_BULK_WORKERS = 2  # worker processes per capture run: a phase's tables side by side
+MAX_BULK_WORKERS = 64
 
 T = TypeVar("T")
 R = TypeVar("R")
 
 _lock = threading.Lock()
 _pool: ProcessPoolExecutor | None = None
+_pool_size = 0
 AUTOGROUP_NICE = False  # in the worker: whether its autogroup got the bulk niceness
 
 
+def bulk_workers(environ: Mapping[str, str] | None = None) -> int:
+    """``CDC_DAGSTER_BULK_WORKERS``: how many worker processes a capture run's bulk phases
+    spread their tables over (1 to ``MAX_BULK_WORKERS``); a bad value is named."""
+    env = os.environ if environ is None else environ
+    raw = env.get("CDC_DAGSTER_BULK_WORKERS", "").strip()
+    if not raw:
+        return DEFAULT_BULK_WORKERS
+    try:
+        n = int(raw)
+    except ValueError:
+        n = 0
+    if not 1 <= n <= MAX_BULK_WORKERS:
+        raise ValueError(
+            f"CDC_DAGSTER_BULK_WORKERS={raw!r}: expected an integer 1-{MAX_BULK_WORKERS} "
+            f"(worker processes for a capture's bulk tick phases; default {DEFAULT_BULK_WORKERS})"
+        )
+    return n
+
+
+def _start_worker(nice: int) -> None:
+    """Worker initializer: run at niceness ``nice`` (``_lower_priority``) with the phases'
+    modules loaded (``_load_phases``): a worker is ready when its first phase comes."""
+    _lower_priority(nice)
+    try:
+        _load_phases()
+    except ImportError as exc:  # named by the phase that needs the module
+        log.warning("the background worker did not load the phases' modules: %s", exc)
+
+
 def _lower_priority(nice: int) -> None:
-    """Worker initializer: run at niceness ``nice`` (no change where not allowed), in a
-    session of its own whose autogroup has that niceness (``own_autogroup``)."""
+    """Run at niceness ``nice`` (no change where not allowed), in a session of its own whose
+    autogroup has that niceness (``own_autogroup``)."""
     try:
         now = os.getpriority(os.PRIO_PROCESS, 0)
         if now < nice:
@@ -106,26 +141,31 @@ def set_autogroup_nice(pid: int | str, nice: int) -> bool:
 
 
 def _get_pool() -> ProcessPoolExecutor:
-    global _pool
+    global _pool, _pool_size
     with _lock:
         if _pool is None:
+            _pool_size = bulk_workers()
             _pool = ProcessPoolExecutor(
-                max_workers=1,
+                max_workers=_pool_size,
                 mp_context=multiprocessing.get_context("spawn"),
-                initializer=_lower_priority,
+                initializer=_start_worker,
                 initargs=(BULK_NICE,),
             )
         return _pool
 
 
 def _load_phases() -> None:
-    """In the worker: import what the phases run (Delta, the sinks, the mounting), and
+    """In a worker: import what the phases run (Delta, the sinks, the mounting), and
     pandas: pyarrow imports it on a first conversion to numpy (the mounting's), which had
     cost a drain's first bulk phase 0.5-0.8 s of a loaded core (py-spy, throughput bench)."""
     import pandas  # noqa: F401
 
     import cdc_dagster.pipeline.spark_tasks
     import cdc_dagster.sinks.delta  # noqa: F401
+
+
+def _ready() -> None:
+    """A task that only makes the pool start a worker (each loads the phases as it starts)."""
 
 
 def _warmed(done: Future[None]) -> None:
@@ -135,14 +175,18 @@ def _warmed(done: Future[None]) -> None:
 
 
 def warm() -> None:
-    """Start the worker and load the phases' modules in it now, without waiting: a run's
-    first bulk phase -- a backlog's rows after `changefeed resume`, a snapshot's released
-    table -- otherwise paid the worker's start and imports (the imports alone ~0.45 s of
-    an idle core here) before any of its work. A capture's follow loop calls it as it begins."""
+    """Start the workers (each loading the phases' modules as it starts) now, without
+    waiting: a run's first bulk phase -- a backlog's rows after `changefeed resume`, a
+    snapshot's released table -- otherwise paid the workers' start and imports (the imports
+    alone ~0.45 s of an idle core here) before any of its work. A capture's follow loop
+    calls it as it begins. The pool starts a worker per task submitted while none is idle,
+    so one task per worker starts them all."""
     try:
-        _get_pool().submit(_load_phases).add_done_callback(_warmed)
-    except RuntimeError as exc:  # shutting down: the next phase starts a worker
-        log.warning("the background worker was not started: %s", exc)
+        pool = _get_pool()
+        for _ in range(_pool_size):
+            pool.submit(_ready).add_done_callback(_warmed)
+    except (RuntimeError, ValueError) as exc:  # shutting down, or a bad worker count
+        log.warning("the background workers were not started: %s", exc)
 
 
 def _discard(pool: ProcessPoolExecutor) -> None:
@@ -154,9 +198,9 @@ def _discard(pool: ProcessPoolExecutor) -> None:
 
 
 def run_in_background(fn: Callable[[T], R], items: Sequence[T]) -> list[R]:
-    """``[fn(item) for item in items]`` in the background worker (one at a time, in order).
-    ``fn`` must be a module-level function and items and results picklable. A worker that
-    died raises ``RuntimeError`` here (the next call starts a new one)."""
+    """``[fn(item) for item in items]`` in the background workers (side by side, results in
+    order). ``fn`` must be a module-level function and items and results picklable. A
+    worker that died raises ``RuntimeError`` here (the next call starts new ones)."""
     if not items:
         return []
     pool = _get_pool()

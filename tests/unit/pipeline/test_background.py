@@ -37,16 +37,50 @@ def _fresh_worker() -> object:
     background.shutdown()
 
 
-def test_bulk_work_runs_in_another_process_at_background_priority_in_order() -> None:
+def _span(seconds: float) -> tuple[int, float, float]:
+    began = time.time()
+    time.sleep(seconds)
+    return os.getpid(), began, time.time()
+
+
+def test_bulk_work_runs_in_other_processes_at_background_priority_in_order() -> None:
     mine = os.getpriority(os.PRIO_PROCESS, 0)
     got = background.run_in_background(_where, [1, 2, 3])
     pids = {pid for pid, _ in got}
-    assert len(got) == 3 and len(pids) == 1 and os.getpid() not in pids
+    assert len(got) == 3 and 1 <= len(pids) <= background.DEFAULT_BULK_WORKERS
+    assert os.getpid() not in pids
     assert all(nice == max(mine, background.BULK_NICE) for _, nice in got)
     assert background.run_in_background(abs, [-4, 5, -6]) == [4, 5, 6]  # order kept
-    # the worker is kept for the next phases
-    assert {pid for pid, _ in background.run_in_background(_where, [1])} == pids
+    # the workers are kept for the next phases: no new process across them
+    for _ in range(3):
+        pids |= {pid for pid, _ in background.run_in_background(_where, [1, 2, 3, 4])}
+    assert len(pids) <= background.DEFAULT_BULK_WORKERS
     assert background.run_in_background(abs, []) == []
+
+
+def test_a_phases_tables_run_side_by_side_on_the_workers() -> None:
+    """One worker wrote a backlog's tables one after another; two write them at once."""
+    background.warm()
+    (a_pid, a_began, a_ended), (b_pid, b_began, b_ended) = background.run_in_background(
+        _span, [1.5, 1.5]
+    )
+    assert a_pid != b_pid
+    assert max(a_began, b_began) < min(a_ended, b_ended), "the two tables did not overlap"
+
+
+def test_one_worker_when_configured_runs_them_one_after_another(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("CDC_DAGSTER_BULK_WORKERS", "1")
+    (a_pid, _, a_ended), (b_pid, b_began, _) = background.run_in_background(_span, [0.3, 0.3])
+    assert a_pid == b_pid and b_began >= a_ended
+
+
+@pytest.mark.parametrize("bad", ["0", "-1", "two", "65"])
+def test_a_bad_worker_count_is_named(bad: str) -> None:
+    with pytest.raises(ValueError, match=f"CDC_DAGSTER_BULK_WORKERS='{bad}': expected an integer"):
+        background.bulk_workers({"CDC_DAGSTER_BULK_WORKERS": bad})
+    assert background.bulk_workers({}) == background.DEFAULT_BULK_WORKERS
 
 
 def test_a_worker_that_dies_fails_that_phase_and_the_next_starts_a_new_one() -> None:
@@ -57,15 +91,18 @@ def test_a_worker_that_dies_fails_that_phase_and_the_next_starts_a_new_one() -> 
     assert again[0] != first[0]
 
 
-def test_warm_starts_the_worker_with_the_phases_modules_before_the_first_bulk_phase() -> None:
-    """A capture's follow loop warms the worker as it begins: its first bulk phase (a
+def test_warm_starts_the_workers_with_the_phases_modules_before_the_first_bulk_phase() -> None:
+    """A capture's follow loop warms the workers as it begins: its first bulk phase (a
     backlog after a resume) found none and paid the start and imports before its work."""
-    background.warm()  # returns at once: the worker starts beside the caller
-    (got,) = background.run_in_background(_loaded, [1])
-    assert got[1], "the worker had not loaded the phases' modules"
-    assert got[0] != os.getpid()
-    # the same worker serves the phases after it
-    assert background.run_in_background(_where, [1])[0][0] == got[0]
+    background.warm()  # returns at once: the workers start beside the caller
+    got = background.run_in_background(_loaded, [1, 2, 3, 4])
+    assert all(loaded for _, loaded in got), "a worker had not loaded the phases' modules"
+    pids = {pid for pid, _ in got}
+    assert os.getpid() not in pids and len(pids) <= background.DEFAULT_BULK_WORKERS
+    # the same workers serve the phases after it: no new process
+    for _ in range(3):
+        pids |= {pid for pid, _ in background.run_in_background(_where, [1, 2])}
+    assert len(pids) <= background.DEFAULT_BULK_WORKERS
 
 
 def _session(_: int) -> tuple[int, int, str]:
