@@ -22,7 +22,11 @@ The sources of a message, in the order the message gives them:
    holding it moving is progress: a large table whose rows, all at one snapshot ts, are
    written slice by slice over many ticks holds the checkpoint until its last slice while
    its rows applied grow. A table whose counter stands still as long is named. Any change
-   of a counter is motion, a capture registered anew (its counters back to 0) included.
+   of a counter is motion, a capture registered anew (its counters back to 0) included. A
+   chunked snapshot that moved or ended within ``stall_s`` is motion too: its table holds
+   the checkpoint while it is read, and after its end until the first slice of its rows is
+   written (on 2 cores a 10M-row table's first slice came ~40 s after its reads ended, its
+   resolved ts moved meanwhile: "not moved for 76 s" while all was well).
 
 No message: the changefeed is normal. The conditions of 1, 4 and 5 never fail it: they heal
 by themselves when their cause is gone, and they say what to do meanwhile.
@@ -70,6 +74,10 @@ class Motion:
     holding_moved_ms: int = 0
     behind: tuple[int, int] = (0, 0)
     behind_moved_ms: int = 0
+    # when a chunked snapshot of the changefeed's tables last moved or ended, as the owner
+    # saw it (``SnapshotMotion.progress_ms``), kept once the owner stops watching them (when
+    # the resolved ts moves again): a large table's first slices are written after that
+    snapshot_moved_ms: int = 0
 
     def observe(
         self,
@@ -229,6 +237,12 @@ def _stalls(
         and checkpoint_still_s > stall_s
         and motion.resolved_ts > motion.checkpoint_ts
         and (now_ms - motion.behind_moved_ms) / 1000 > stall_s  # its tables stand still too
+        # ... and no snapshot moved or ended within the stall time (4 and 5 as one: its
+        # table holds the checkpoint through its reads, and after them until its first
+        # slice is written, which can come after its resolved ts moved)
+        and (now_ms - max(motion.snapshot_moved_ms, snapshots.progress_ms if snapshots else 0))
+        / 1000
+        > stall_s
     ):
         if ready_ddls:
             return (

@@ -542,6 +542,10 @@ class OwnerLoop:
         """What keeps the changefeed from moving, if anything (:mod:`cdc_dagster.runtime.health`)."""
         feed.motion.observe(tick.checkpoint_ts, tick.resolved_ts, step.now_ms, tick.tables)
         self._watch_snapshots(feed, cf, step.now_ms)
+        if feed.snapshots is not None:  # kept past the watch (health.Motion.snapshot_moved_ms)
+            feed.motion.snapshot_moved_ms = max(
+                feed.motion.snapshot_moved_ms, feed.snapshots.progress_ms
+            )
         return judge(
             alive=bool(step.alive),
             table_failure=str(result.error) if result.error is not None else None,

@@ -264,6 +264,79 @@ def test_a_large_table_written_slice_by_slice_at_one_ts_stays_normal_until_its_r
     assert metastore.changefeeds.get("cf").status.state is ChangefeedState.NORMAL
 
 
+def test_a_checkpoint_held_from_a_snapshots_reads_to_its_first_slice_stays_normal(
+    make_driver: Callable[..., Driver], upstream: Upstream, metastore: Metastore
+) -> None:
+    """The false alarm of the 10M-row snapshot (bench/throughput_bench.py, 2 cores): its
+    table held the checkpoint while it was read (the resolved ts held: a moving snapshot,
+    normal) and after its reads ended until its first slice was written, its resolved ts
+    moved meanwhile: "the checkpoint has not moved for 76 s" while all was well. The
+    snapshot's end is motion for the stall time, after the owner stopped watching it; a
+    first slice that never comes is named after that."""
+    from cdc_dagster.mysql.snapshots import Chunk, Plan, generation_dir, mark_done, write_plan
+    from cdc_dagster.mysql.state import PullerState, save_state
+
+    stall_s = 1.5
+    held = upstream.ts(2000)
+    target = upstream.ts(3000)
+    upstream.advance(target)
+    slices = _OneTsSlices(held)
+    slices.writing = False  # no row of its slices written yet: its checkpoint stays at held
+    driver = make_driver(
+        captures=1, health=HealthConfig(stall_s=stall_s), executor_factory=slices.factory
+    )
+    driver.run_until(
+        lambda t: (
+            (feed := t.owner.changefeeds.get("cf")) is not None
+            and len(feed.tables) == 4
+            and all(x.replicating for x in feed.tables)
+            and feed.checkpoint_ts == held
+            and feed.resolved_ts == target
+        ),
+        max_ticks=40,
+    )
+    generation = upstream.ts(2500)
+    save_state(upstream.root, PullerState({0: "0-1-9"}, target, tables={1: table(1)},
+                                          snapshots={1: generation}))  # fmt: skip
+    write_plan(upstream.root, Plan(1, generation, ((None, None),), rows=40, chunk_rows=10))
+    gen_dir = generation_dir(upstream.root, 1, generation)
+    deadline = time.monotonic() + 1.6 * stall_s  # its reads: resolved ts, checkpoint held
+    n = 0
+    while time.monotonic() < deadline:
+        mark_done(gen_dir, Chunk(0, n, {0: "0-1-9"}, None, None, False, 10, 1), fsync=False)
+        n += 1
+        time.sleep(0.2)
+        driver.tick()
+        status = metastore.changefeeds.get("cf").status
+        assert status.state is ChangefeedState.NORMAL, status.last_error
+    # The reads end (the puller's state forgets the snapshot); the owner sees it ...
+    save_state(upstream.root, PullerState({0: "0-1-9"}, target, tables={1: table(1)}))
+    time.sleep(stall_s / 4 + 0.1)  # the owner looks at most every quarter stall time
+    driver.tick()
+    # ... and the resolved ts moves on (the table's first slice pulled, none written yet):
+    # the checkpoint has stood for more than the stall time, its table's rows too
+    ended = time.monotonic()
+    seen = _state_while_ticking(driver, upstream, metastore, seconds=0.6)
+    feed = driver.tick().owner.changefeeds["cf"]
+    assert feed.checkpoint_ts == held and feed.resolved_ts > target
+    assert time.monotonic() - ended < stall_s, "too slow to see it within the stall time"
+    assert all(state is ChangefeedState.NORMAL for state, _ in seen), seen
+    # its slices are written: normal on (their rows move), as before
+    slices.writing = True
+    seen = _state_while_ticking(driver, upstream, metastore, seconds=stall_s)
+    assert all(state is ChangefeedState.NORMAL for state, _ in seen), seen
+    # the first slice never written: named once the snapshot ended longer ago than that
+    slices.writing = False
+    stopped = time.monotonic()
+    deadline = stopped + 30
+    while (status := metastore.changefeeds.get("cf").status).state is ChangefeedState.NORMAL:
+        assert time.monotonic() < deadline, "a table whose rows stopped was never named"
+        _state_while_ticking(driver, upstream, metastore, seconds=0.1)
+    assert time.monotonic() - stopped > stall_s and time.monotonic() - ended > stall_s
+    assert "the checkpoint has not moved for" in status.last_error
+    assert "slowest tables db.t1 (" in status.last_error
+
+
 def test_a_removed_changefeed_leaves_no_problem_behind(
     tmp_path: Path, make_driver: Callable[..., Driver], upstream: Upstream, metastore: Metastore
 ) -> None:

@@ -310,3 +310,35 @@ def test_a_capture_registered_anew_restarts_the_stall_time_once_and_hides_no_sta
     motion.observe(motion.checkpoint_ts, compose(later - 1_000), later, _one_large(0, later))
     message = verdict(motion=motion, tables=_one_large(0, later), now_ms=later).message or ""
     assert "checkpoint has not moved for 251 s" in message and "db.t0" in message
+
+
+def test_a_checkpoint_held_from_a_snapshots_reads_to_its_first_slice_is_progress() -> None:
+    """The false alarm of a 10M-row snapshot on 2 cores: created at -80 s, its reads held
+    the resolved ts (and the checkpoint) until -35 s, its first 1M-row slice was pulled at
+    -5 s (the resolved ts moved), and written only later: the checkpoint had not moved for
+    80 s, its table's rows neither, so "the checkpoint has not moved for 80 s" though the
+    snapshot had ended 35 s before. A snapshot that moved or ended within the stall time is
+    motion; one that ended longer ago than that is not."""
+    old = compose(NOW - 80_000)
+    held = [TableProgress("cf", 1, "replicating", "c1", old, old, 0, name="db.t1")]
+    motion = Motion()
+    motion.observe(old, old, NOW - 80_000, held)
+    motion.snapshot_moved_ms = NOW - 35_000  # the owner saw its reads end (owner.py keeps it)
+    first_slice = compose(NOW - 40_000)  # its first slice pulled: its resolved ts moves
+    pulled = [TableProgress("cf", 1, "replicating", "c1", old, first_slice, 0, name="db.t1")]
+    motion.observe(old, first_slice, NOW - 5_000, pulled)
+    motion.observe(old, first_slice, NOW, pulled)
+    assert verdict(motion=motion, tables=pulled).message is None
+    # ... watched still (the resolved ts held): the same from the SnapshotMotion itself
+    watched = Motion()
+    watched.observe(old, old, NOW - 80_000, held)
+    watched.observe(old, first_slice, NOW, pulled)
+    snap = SnapshotMotion()
+    snap.observe((1, 5), ["snapshot of db.t1: chunks 5/9 read"], NOW - 60_000)
+    snap.observe((), [], NOW - 35_000)  # ended
+    assert verdict(motion=watched, tables=pulled, snapshots=snap).message is None
+    # its first slice never written: named once the snapshot ended longer ago than that
+    later = NOW + 26_000
+    motion.observe(old, compose(later - 1_000), later, pulled)
+    message = verdict(motion=motion, tables=pulled, now_ms=later).message or ""
+    assert "checkpoint has not moved for 106 s" in message and "db.t1 (replicating on c1" in message
