@@ -6,9 +6,11 @@
 #
 # Without arguments the suite runs in two parts: every test not marked ``serial`` on
 # CDC_DAGSTER_TEST_WORKERS pytest-xdist workers (default 2; each test file on one worker,
-# each worker with its own private servers), then the ``serial`` ones (tests/e2e: the
-# whole stack, timed faults, a browser) alone, one after another. With arguments, pytest
-# runs them as given (say, one file), on one worker.
+# each worker with its own private servers; the longest files first: tests/conftest.py
+# orders them, --no-loadscope-reorder keeps that order), then the ``serial`` ones (tests/e2e:
+# the whole stack, timed faults, a browser) alone, one after another, collecting only that
+# folder (tests/conftest.py refuses a ``serial`` test elsewhere). With arguments, pytest runs
+# them as given (say, one file), on one worker.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/system-packages.sh test
@@ -18,11 +20,12 @@ if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
 .venv/bin/python -m pip install -q --upgrade pip
-.venv/bin/python -m pip install -q -e '.[dev]'
+# (--no-loadscope-reorder below came with pytest-xdist 3.8)
+.venv/bin/python -m pip install -q -e '.[dev]' 'pytest-xdist>=3.8'
 
 if [ "$#" -gt 0 ]; then
   exec .venv/bin/python -m pytest -q "$@"
 fi
 workers=${CDC_DAGSTER_TEST_WORKERS:-2}
-.venv/bin/python -m pytest -q -m "not serial" -n "$workers" --dist loadfile
-.venv/bin/python -m pytest -q -m serial
+.venv/bin/python -m pytest -q -m "not serial" -n "$workers" --dist loadfile --no-loadscope-reorder
+.venv/bin/python -m pytest -q -m serial tests/e2e

@@ -82,15 +82,48 @@ def one_tick_per_capture_run(
         monkeypatch.setenv("CDC_DAGSTER_CAPTURE_LOOP_S", "0")
 
 
+# The files that take longest (one to eight minutes each on 2 shared cores), longest first.
+# scripts/test.sh gives pytest-xdist whole files (--dist loadfile) in collection order
+# (--no-loadscope-reorder): its own order, most tests first, left files of one or two long
+# tests for last, and one worker ran a 4-minute file alone at the end.
+LONGEST_FIRST = (
+    "tests/unit/sim/test_simulator.py",
+    "tests/integration/defs/test_capture_follow.py",
+    "tests/integration/pipeline/test_spark_connect.py",
+    "tests/integration/services/test_run_launcher.py",
+    "tests/integration/services/test_server_supervision.py",
+    "tests/integration/mysql/test_binlog_puller.py",
+    "tests/integration/defs/test_spark_session_recovery.py",
+    "tests/integration/mysql/test_cli_mysql_e2e.py",
+    "tests/integration/dbt_build/test_postgres_build.py",
+    "tests/integration/runtime/test_spark_runtime.py",
+    "tests/integration/mysql/test_chunked_snapshot.py",
+    "tests/integration/mysql/test_puller_job.py",
+    "tests/integration/defs/test_capture_job.py",
+    "tests/unit/pipeline/test_background.py",
+    "tests/integration/dbt_build/test_consistent_build.py",
+    "tests/unit/sim/test_planted_bugs.py",
+    "tests/integration/dbt_build/test_definitions.py",
+)
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Every test under tests/e2e is ``serial``: it runs the whole stack (daemon, Spark
     Connect, MariaDB) against timed faults or a browser, so scripts/test.sh runs them alone
     after the others, which it runs on two workers. (The OLTP bench's test, which times
     nothing, ran beside the others once: the whole run took as long, the parallel part
-    that much longer.)"""
+    that much longer.) The files of :data:`LONGEST_FIRST` come first, in its order."""
     for item in items:
         if "e2e" in item.path.parts:
             item.add_marker(pytest.mark.serial)
+        elif item.get_closest_marker("serial"):
+            # scripts/test.sh collects only tests/e2e for the serial part
+            raise pytest.UsageError(
+                f"{item.nodeid} is marked serial outside tests/e2e: scripts/test.sh would "
+                "run it in neither part; put it under tests/e2e"
+            )
+    rank = {path: i for i, path in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(rank)))
 
 
 @pytest.fixture(autouse=True)

@@ -304,9 +304,16 @@ def test_follow_stops_early_when_its_owner_or_its_capture_is_gone(
         )
         started = time.monotonic()
         run.start()
-        time.sleep(8)  # past the first tick, into the follow loop
+        # Past the first tick, into the follow loop: the follow op tags the run with when
+        # its loop ends as the loop begins (a fixed 8 s here waited ~4 s longer than that).
+        deadline = started + 60
+        while time.monotonic() < deadline and not any(
+            handoff.follow_until(r) is not None for r in instance.get_runs()
+        ):
+            time.sleep(0.2)
         assert run.is_alive()
         (running,) = instance.get_runs()
+        assert handoff.follow_until(running) is not None, "the run never reached its loop"
         # The run says which registration it works under (the owner retires only runs of
         # an expired one: cdc_dagster/defs/owner/stale_runs.py).
         assert running.tags[REGISTRATION_TAG] == metastore.captures.attach("c1").epoch

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import threading
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -29,11 +30,40 @@ def test_random_fault_schedule_keeps_invariants_and_converges(seed: int) -> None
     assert 0 < sim.quiesced_in <= 200
 
 
+def _at_lowest_priority(jobs: list[tuple[int, str]]) -> list[tuple[int, Coverage]]:
+    """``run_schedules(jobs)`` with its processes at niceness 19.
+
+    The schedules are pure CPU and time nothing. scripts/test.sh runs them on one
+    pytest-xdist worker while the others run tests that wait on servers and time ticks:
+    at the default niceness they took those tests' CPU (a binlog backlog read slower than
+    it was written failed) and, sharing it, each side took up to twice as long; at 19 they
+    take what the others leave. Linux keeps a niceness per thread and a process started by
+    a thread inherits its: one thread of this worker lowers its own and starts the pool.
+    """
+    done: list[tuple[int, Coverage]] = []
+    failed: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+            done.extend(run_schedules(jobs))
+        except BaseException as exc:  # re-raised below, in the test's thread
+            failed.append(exc)
+
+    thread = threading.Thread(target=run, name="schedules at niceness 19")
+    thread.start()
+    thread.join()
+    if failed:
+        raise failed[0]
+    return done
+
+
 @pytest.mark.slow
+@pytest.mark.timeout(1800)  # at niceness 19 beside busy tests: longer than the default 600 s
 def test_many_random_fault_schedules() -> None:
     """CI runs a few thousand schedules; set SIM_SEEDS for a soak."""
     jobs = [(seed, "default") for seed in range(FAST_SEEDS, FAST_SEEDS + CI_SEEDS)]
-    ticks = [quiesced for quiesced, _ in run_schedules(jobs)]
+    ticks = [quiesced for quiesced, _ in _at_lowest_priority(jobs)]
     assert len(ticks) == CI_SEEDS
     assert min(ticks) > 0 and max(ticks) <= 200
 
@@ -222,13 +252,14 @@ def test_each_soak_profile_keeps_invariants_and_converges(profile: str) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)  # as test_many_random_fault_schedules
 def test_soak_profiles_reach_every_state_and_keep_every_invariant() -> None:
     """SIM_PROFILE_SEEDS schedules per profile (CI default below; 10,000 in all for a soak):
     0 violations, and every table state, set state and role reached, Undetermined too."""
     per_profile = int(os.environ.get("SIM_PROFILE_SEEDS", "150"))
     coverage = Coverage()
     jobs = [(seed, profile) for profile in sorted(PROFILES) for seed in range(per_profile)]
-    for _, reached in run_schedules(jobs):
+    for _, reached in _at_lowest_priority(jobs):
         coverage.merge(reached)
     assert coverage.missing() == []
 
