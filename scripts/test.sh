@@ -20,8 +20,7 @@ if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
 .venv/bin/python -m pip install -q --upgrade pip
-# (--no-loadscope-reorder below came with pytest-xdist 3.8)
-.venv/bin/python -m pip install -q -e '.[dev]' 'pytest-xdist>=3.8'
+.venv/bin/python -m pip install -q -e '.[dev]'
 
 if [ "$#" -gt 0 ]; then
   exec .venv/bin/python -m pytest -q "$@"
