@@ -561,13 +561,17 @@ class OwnerLoop:
         )
 
     def _watch_snapshots(self, feed: _Feed, cf: Changefeed, now_ms: int) -> None:
-        """While the resolved ts has stood still for half the stall time, watch the chunked
-        snapshots of the changefeed's tables (the binlog puller's state in its change log and
-        the snapshots' files: a read of each table's plan and chunk records, at most every
-        ``SNAPSHOT_LOOK_S``); else forget them. A change log no puller writes has no puller
-        state: no snapshot."""
-        still_s = (now_ms - feed.motion.resolved_moved_ms) / 1000
-        if still_s <= self.health.stall_s / 2:
+        """While the resolved ts or the checkpoint has stood still for a quarter of the stall
+        time, watch the chunked snapshots of the changefeed's tables (the binlog puller's
+        state in its change log and the snapshots' files: a read of each table's plan and
+        chunk records, at most every ``SNAPSHOT_LOOK_S``); else forget them. A change log no
+        puller writes has no puller state: no snapshot. (From half the stall time, a 10M-row
+        snapshot read in 27-30 s was first looked at when complete: its end, never seen under
+        way, was no motion, and the checkpoint it held was "not moved for 61 s" before its
+        first slice was written.)"""
+        motion = feed.motion
+        still_s = (now_ms - min(motion.resolved_moved_ms, motion.checkpoint_moved_ms)) / 1000
+        if still_s <= self.health.stall_s / 4:
             feed.snapshots = None
             return
         look_ms = min(SNAPSHOT_LOOK_S, self.health.stall_s / 4) * 1000
