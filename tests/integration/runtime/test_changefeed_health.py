@@ -215,6 +215,19 @@ def _state_while_ticking(driver: Driver, upstream: Upstream, metastore: Metastor
     return seen
 
 
+def _until_replicating_at(driver: Driver, held: int) -> None:
+    """Tick until the changefeed's four tables replicate and its checkpoint is at ``held``."""
+    driver.run_until(
+        lambda t: (
+            (feed := t.owner.changefeeds.get("cf")) is not None
+            and len(feed.tables) == 4
+            and all(x.replicating for x in feed.tables)
+            and feed.checkpoint_ts == held
+        ),
+        max_ticks=40,
+    )
+
+
 def test_a_large_table_written_slice_by_slice_at_one_ts_stays_normal_until_its_rows_stop(
     make_driver: Callable[..., Driver], upstream: Upstream, metastore: Metastore
 ) -> None:
@@ -229,15 +242,7 @@ def test_a_large_table_written_slice_by_slice_at_one_ts_stays_normal_until_its_r
     driver = make_driver(
         captures=2, health=HealthConfig(stall_s=1.0), executor_factory=slices.factory
     )
-    driver.run_until(
-        lambda t: (
-            (feed := t.owner.changefeeds.get("cf")) is not None
-            and len(feed.tables) == 4
-            and all(x.replicating for x in feed.tables)
-            and feed.checkpoint_ts == held
-        ),
-        max_ticks=40,
-    )
+    _until_replicating_at(driver, held)
     before = slices.slices
     seen = _state_while_ticking(driver, upstream, metastore, seconds=3.0)  # three stall times
     assert slices.slices - before >= len(seen)  # a slice every tick, the checkpoint held
@@ -286,15 +291,7 @@ def test_a_checkpoint_held_from_a_snapshots_reads_to_its_first_slice_stays_norma
     driver = make_driver(
         captures=1, health=HealthConfig(stall_s=stall_s), executor_factory=slices.factory
     )
-    driver.run_until(
-        lambda t: (
-            (feed := t.owner.changefeeds.get("cf")) is not None
-            and len(feed.tables) == 4
-            and all(x.replicating for x in feed.tables)
-            and feed.checkpoint_ts == held
-        ),
-        max_ticks=40,
-    )
+    _until_replicating_at(driver, held)
     checkpoint_held = time.monotonic()  # (it stood at held from before)
     time.sleep(stall_s / 2)  # held a while before the snapshot begins
     target = upstream.ts(4000)  # the resolved ts moves on once more, then the snapshot holds it
