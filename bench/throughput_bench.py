@@ -605,7 +605,6 @@ def _one_drain(
     admin.pause_changefeed(ms, DRAIN_CF)
     wait_for(lambda: not pulling(root), 120, "the puller to stop pulling")
     bare_root = work / "bare"
-    shutil.rmtree(bare_root, ignore_errors=True)  # the last drain's
     shutil.copytree(root, bare_root)  # the bare puller drains the same backlog later
     before_backlog = ChangeLog(bare_root).ddl_resolved_ts()
     start = gtid_now(my)
@@ -646,7 +645,7 @@ def _one_drain(
     _, puller_s = pull_until(PullerConfig(bare_uri, str(bare_root), (f"{DB}.sbtest*",)), target)
     rows, mounted_s = mount_s(bare_root, before_backlog)
     tool_s = mariadb_binlog_s(my, start, target)
-    shutil.rmtree(bare_root, ignore_errors=True)
+    shutil.rmtree(bare_root, ignore_errors=True)  # the next drain copies it afresh
     return {
         "drain": which,
         "cores": cores,
