@@ -13,12 +13,18 @@ module already imported, waiting for a run. A launch hands the run to a warm wor
 starts another one (later while a run of a ``quiet_jobs`` job is going: below); with none
 ready (the first run of a code location, a burst larger than the pool, a Python other than
 the launcher's) it starts ``dagster api execute_run`` as the Docker and Kubernetes
-launchers do. A run takes the worker started longest ago, the likeliest done importing
-(under load a replacement's imports take 15-20 s); a lane's next run, launched ahead of its
-need (``AHEAD_TAG``: a capture's or a binlog puller's successor, which waits for the run it
-follows), takes the newest: when two captures' successors took the pool just before a
-changefeed was created, its puller and snapshot runs waited 13-14 s each for replacements'
-imports. A worker executes one run and exits, as Dagster's own
+launchers do. A worker says when its imports are done (a
+byte on a pipe: ``run_worker.READY_FD_ENV``). A run takes the worker started longest ago of
+those done importing (else the longest started: under load a replacement's imports take
+15-20 s); a lane's next run, launched ahead of its need (``AHEAD_TAG``: a capture's or a
+binlog puller's successor, which waits for the run it follows), takes the newest done while
+another done stays for an awaited run, else the newest: when two captures' successors took
+the pool just before a changefeed was created, its puller and snapshot runs waited 13-14 s
+each for replacements' imports. (Taking the newest whatever its state, the second of two
+captures' successors launched together got the replacement the first one's launch had just
+started: under a 60-s sysbench load its imports took 20 s, so it started after its
+predecessor's time was up, and a backlog arriving then waited for that handover: a drain
+of 134k row changes readable in 11.3 s instead of 4-5, throughput bench.) A worker executes one run and exits, as Dagster's own
 run workers: runs never share a process. Only imports are done ahead; the run builds the
 definitions itself (the table catalog, the dbt manifest). A warm worker whose package
 sources changed since it started (an edited or reinstalled project) is retired unused.
@@ -46,6 +52,7 @@ Around the process it owns, the launcher also:
 
 from __future__ import annotations
 
+import contextlib
 import importlib.machinery
 import os
 import signal
@@ -68,6 +75,8 @@ from dagster._core.launcher.base import (
 )
 from dagster._serdes import ConfigurableClass, ConfigurableClassData
 
+from cdc_dagster.services.run_worker import READY_BYTE, READY_FD_ENV
+
 WORKER_TAG = "cdc/run_worker"  # "<pid>:<start time>" of the process executing the run
 # A lane's next run, requested before the run it follows ends (cdc_dagster/defs/handoff.py,
 # its own copy of the name): it gets the newest warm worker.
@@ -81,11 +90,33 @@ FINGERPRINT_TTL_S = 1.0  # package sources are looked at most once a second
 
 @dataclass
 class _Warm:
-    """A started worker waiting for a run, and what it imported."""
+    """A started worker waiting for a run, and what it imported. ``ready_fd``: the read end
+    of the pipe on which the worker says its imports are done (``READY_FD_ENV``)."""
 
     proc: subprocess.Popen
     fingerprint: tuple[int, int]
+    ready_fd: int | None = None
     started: float = field(default_factory=time.monotonic)
+    done_importing: bool = False
+
+    def ready(self) -> bool:
+        """Whether the worker said its imports are done (looked at without waiting)."""
+        if not self.done_importing and self.ready_fd is not None:
+            try:
+                said = os.read(self.ready_fd, 1)
+            except BlockingIOError:
+                return False
+            except OSError:
+                said = b""
+            self.done_importing = said == READY_BYTE
+            self.forget_ready()  # said it, or closed the pipe without (it died: not ready)
+        return self.done_importing
+
+    def forget_ready(self) -> None:
+        if self.ready_fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(self.ready_fd)
+            self.ready_fd = None
 
 
 def _stat(pid: int) -> list[str]:
@@ -188,17 +219,27 @@ class _Pool:
         return fp
 
     def take(self, key: PoolKey, newest: bool = False) -> _Warm | None:
-        """A live worker of ``key`` that imported the current sources, the longest started
-        (the likeliest done importing) or the ``newest``; stale ones retired."""
+        """A live worker of ``key`` that imported the current sources (stale or dead ones
+        retired): for a run that is awaited, the longest started of those done importing
+        (else the longest started: the likeliest done next); for a run asked for ahead
+        (``newest``), the newest done importing while another done stays for an awaited
+        run, else the newest (maybe still importing: that run has time to wait)."""
         current = self.fingerprint(key)
         with self.lock:
             workers = self.idle.get(key, [])
-            while workers:
-                w = workers.pop(-1 if newest else 0)
-                if w.proc.poll() is None and w.fingerprint == current:
-                    return w
+            for w in [w for w in workers if w.proc.poll() is not None or w.fingerprint != current]:
+                workers.remove(w)
                 _retire(w)
-        return None
+            if not workers:
+                return None
+            done = [w for w in workers if w.ready()]
+            if newest:
+                w = done[-1] if len(done) > 1 else workers[-1]
+            else:
+                w = done[0] if done else workers[0]
+            workers.remove(w)
+            w.forget_ready()
+            return w
 
     def refill(self, key: PoolKey) -> None:
         """Start workers until ``size`` of ``key`` are idle."""
@@ -209,7 +250,7 @@ class _Pool:
                 workers.remove(w)
                 _retire(w)
             while len(workers) < self.size:  # under the lock: two refills start no extra
-                workers.append(_Warm(_start_worker(key), fp))
+                workers.append(_start_worker(key, fp))
 
     def close(self) -> None:
         with self.lock:
@@ -219,12 +260,25 @@ class _Pool:
             _retire(w)
 
 
-def _start_worker(key: PoolKey) -> subprocess.Popen:
-    return subprocess.Popen(
-        [key.python, "-m", "cdc_dagster.services.run_worker", *key.modules],
-        stdin=subprocess.PIPE,
-        close_fds=True,
-    )
+def _start_worker(key: PoolKey, fingerprint: tuple[int, int]) -> _Warm:
+    """A worker importing ``key``'s modules; it writes ``READY_BYTE`` on a pipe of its own
+    once done (``_Warm.ready``)."""
+    read_end, write_end = os.pipe()
+    try:
+        os.set_blocking(read_end, False)
+        proc = subprocess.Popen(
+            [key.python, "-m", "cdc_dagster.services.run_worker", *key.modules],
+            stdin=subprocess.PIPE,
+            close_fds=True,
+            pass_fds=(write_end,),
+            env={**os.environ, READY_FD_ENV: str(write_end)},
+        )
+    except BaseException:
+        os.close(read_end)
+        raise
+    finally:
+        os.close(write_end)
+    return _Warm(proc, fingerprint, read_end)
 
 
 def _cold_command(origin: Any, args: Any) -> list[str]:
@@ -241,6 +295,7 @@ def _cold_command(origin: Any, args: Any) -> list[str]:
 
 def _retire(w: _Warm) -> None:
     """End an idle worker (end of its input: it exits without a run); reaped in a thread."""
+    w.forget_ready()
     try:
         if w.proc.stdin is not None:
             w.proc.stdin.close()

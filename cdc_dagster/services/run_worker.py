@@ -31,6 +31,11 @@ from typing import Any
 # how long they took); a module it could not import is named, and the run imports it again
 # (and fails there, in its own event log, if it still cannot).
 READY = "cdc-dagster run worker ready"
+# ... and to the launcher: this byte on the pipe whose write end is the descriptor this
+# variable names, once the imports are done (a run asked for ahead takes a worker done
+# importing while another stays for a run that is awaited: run_launcher._Pool.take).
+READY_FD_ENV = "CDC_DAGSTER_RUN_WORKER_READY_FD"
+READY_BYTE = b"r"
 
 
 # The CPU priority (niceness) of a worker's imports ahead of a run: a worker replacing one
@@ -167,12 +172,24 @@ def restore_on_input(base: int | None) -> None:
     threading.Thread(target=wait, name="priority-on-run", daemon=True).start()
 
 
+def say_ready() -> None:
+    """Tell the launcher the imports are done (``READY_FD_ENV``; nothing without it)."""
+    fd = os.environ.pop(READY_FD_ENV, "")
+    if not fd.isdigit():
+        return
+    with contextlib.suppress(OSError):
+        os.write(int(fd), READY_BYTE)
+    with contextlib.suppress(OSError):
+        os.close(int(fd))
+
+
 def main(argv: list[str]) -> int:
     """Preload ``argv``'s modules, then execute the run given on standard input."""
     base = lower_priority()
     restore_on_input(base)
     # the run's code module (the first) only: a preloaded library's ``warm_up`` is not ours
     line = preload(argv) + warm_up(argv[:1]) + warm_instance()
+    say_ready()
     payload = sys.stdin.read()
     if not payload.strip():
         return 0  # retired before it got a run

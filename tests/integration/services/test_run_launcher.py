@@ -410,6 +410,66 @@ def test_a_run_asked_for_ahead_takes_the_newest_worker_the_others_the_oldest(poo
         assert "warm" in worker_line(instance, run_id)
 
 
+GATED_PRELOAD = """
+import os, time
+from pathlib import Path
+# An import that lasts while the test keeps its gate closed (at most 60 s).
+gate, started = Path(os.environ["LAUNCHER_TEST_DIR"], "gate-open"), time.monotonic()
+while not gate.exists() and time.monotonic() - started < 60:
+    time.sleep(0.05)
+"""
+
+
+@pytest.fixture
+def gated_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """A launcher keeping 3 warm workers whose imports (``gated_preload``) end only while
+    ``out/gate-open`` exists."""
+    config = {"warm_workers": 3, "kill_after_s": 3, "preload_modules": ["gated_preload"]}
+    (tmp_path / "code").mkdir()
+    (tmp_path / "code" / "gated_preload.py").write_text(textwrap.dedent(GATED_PRELOAD))
+    yield from _env(tmp_path, monkeypatch, config)
+
+
+def test_runs_asked_for_ahead_take_workers_done_importing_while_one_stays_for_an_awaited_run(
+    gated_env,
+):
+    """Two lanes' next runs launched together (two captures' successors) each take a worker
+    done importing, not the replacement the first launch just started (its imports took
+    20 s under load: the second successor started after its predecessor's time was up); a
+    third takes one still importing, so the last one done stays for a run that is awaited."""
+    instance, repo, out, _ = gated_env
+    launcher = instance.run_launcher
+    gate = out / "gate-open"
+    gate.touch()
+    assert wait_status(instance, launch(instance, repo, "quick")).is_success  # cold
+    deadline = time.monotonic() + 90
+    while len([w for w in idle_workers(launcher) if w.ready()]) < 3:
+        assert time.monotonic() < deadline, "the pool's workers did not finish importing"
+        time.sleep(0.1)
+    first, second, third = (w.proc.pid for w in idle_workers(launcher))
+    gate.unlink()  # replacements started from now on go on importing
+    ahead = []
+    for _ in range(3):
+        ahead.append(launch(instance, repo, "quick", tags={AHEAD_TAG: "1"}))
+        wait_refilled(launcher, 3)  # its replacement started (and importing)
+    awaited = launch(instance, repo, "quick")
+    gate.touch()
+    pids = [wait_file(out / run_id) for run_id in [*ahead, awaited]]
+    assert pids[:2] == [third, second]  # the newest done, while another done stays
+    assert pids[2] not in (first, second, third)  # a replacement, still importing then
+    assert pids[3] == first  # the awaited run: the one done importing left for it
+    for run_id in [*ahead, awaited]:
+        assert wait_status(instance, run_id).is_success
+        assert "warm" in worker_line(instance, run_id)
+
+
+def wait_refilled(launcher: WarmRunLauncher, n: int, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while len(idle_workers(launcher)) < n:
+        assert time.monotonic() < deadline, "the pool was not refilled"
+        time.sleep(0.05)
+
+
 def idle_workers(launcher: WarmRunLauncher) -> list[Any]:
     return [w for ws in launcher._pool.idle.values() for w in ws if w.proc.poll() is None]
 
