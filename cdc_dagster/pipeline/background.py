@@ -13,7 +13,8 @@ left. The worker is the capture run's child in a session of its own whose autogr
 niceness (Linux's autogroup scheduling weighs sessions against each other and a niceness
 only within one: ``own_autogroup``), so it also yields to the other sessions -- a
 snapshot's Spark readers, MariaDB.
-The workers are started when a capture's follow loop begins (``warm``), or on first use
+The workers are started as a capture run that follows begins, while it waits for its
+capture's earlier run (``warm``), or on first use
 (spawned: nothing of the capture's threads, gRPC channels or Dagster state is forked), and
 kept for the run's next bulk phases. The phase
 functions are the Spark tasks' own (``spark_tasks.pull_table`` / ``sink_table``): pure
@@ -178,9 +179,9 @@ def warm() -> None:
     """Start the workers (each loading the phases' modules as it starts) now, without
     waiting: a run's first bulk phase -- a backlog's rows after `changefeed resume`, a
     snapshot's released table -- otherwise paid the workers' start and imports (the imports
-    alone ~0.45 s of an idle core here) before any of its work. A capture's follow loop
-    calls it as it begins. The pool starts a worker per task submitted while none is idle,
-    so one task per worker starts them all."""
+    alone ~0.45 s of an idle core here) before any of its work. A capture run that follows
+    calls it as it begins, before it waits for its capture's earlier run. The pool starts a
+    worker per task submitted while none is idle, so one task per worker starts them all."""
     try:
         pool = _get_pool()
         for _ in range(_pool_size):

@@ -436,10 +436,20 @@ def test_the_next_run_takes_over_as_the_ending_one_stops_never_beside_it(
     two runs allowed per capture), it waits in receive; the ending run ticks past its time
     until the next one has started, then stops; the next one's first tick comes right after
     its last. No tick of one run overlaps a tick of the other, the downstream keeps up."""
+    from cdc_dagster.pipeline import background
+
     loop_s = 12.0
     monkeypatch.setattr(handoff, "HANDOFF_S", 6.0)
     one = _one_capture(tmp_path, metastore, etcd_endpoints, cluster_id, monkeypatch, loop_s)
     start = _first_create(one.changelog)
+    warmed: list[float] = []  # when a run started its bulk workers (background.warm)
+    real_warm = background.warm
+
+    def warm() -> None:
+        warmed.append(time.time())
+        real_warm()
+
+    monkeypatch.setattr(background, "warm", warm)
     with dg.instance_for_test() as instance:
         daemon = _Daemon(one.defs, instance)
         deadline = time.monotonic() + 150
@@ -484,6 +494,12 @@ def test_the_next_run_takes_over_as_the_ending_one_stops_never_beside_it(
             assert a_ticks[0] > b_ticks[-1], (before, after, a_ticks[0] - b_ticks[-1])
             assert a_ticks[0] - b_ticks[-1] < 8.0, a_ticks[0] - b_ticks[-1]
             assert any("waiting for its earlier run" in m for m in logs[after]), logs[after]
+            # its bulk workers were started before it waited, not once its loop began: a
+            # backlog arriving at the handover does not wait for their start and imports
+            waited = next(e.timestamp for e in instance.all_logs(after)
+                          if "waiting for its earlier run" in (e.user_message or ""))  # fmt: skip
+            began = instance.get_run_record_by_id(after).start_time
+            assert any(began - 1.0 <= t <= waited for t in warmed), (began, waited, warmed)
             summary = [m for m in logs[before] if "more tick(s)" in m]
             assert summary and f"handed over to run {after}" in summary[0], summary
         # A run's first tick's materializations are logged by its follow op, beside the

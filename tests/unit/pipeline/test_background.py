@@ -92,7 +92,7 @@ def test_a_worker_that_dies_fails_that_phase_and_the_next_starts_a_new_one() -> 
 
 
 def test_warm_starts_the_workers_with_the_phases_modules_before_the_first_bulk_phase() -> None:
-    """A capture's follow loop warms the workers as it begins: its first bulk phase (a
+    """A capture run that follows warms the workers as it begins: its first bulk phase (a
     backlog after a resume) found none and paid the start and imports before its work."""
     background.warm()  # returns at once: the workers start beside the caller
     got = background.run_in_background(_loaded, [1, 2, 3, 4])
