@@ -96,10 +96,12 @@ run_launcher:
       - networkx
       - cdc_dagster.mysql.chunk_reader
       - pandas
-    # the replacements of workers taken wait for a snapshot's reads (at most quiet_max_s)
+    # the replacements of workers taken wait for a snapshot's reads, and for a CPU to spare
+    # (a backlog's drain, a rollover's new runs come first), at most quiet_max_s
     quiet_jobs:
       - mysql_snapshot
     quiet_max_s: 120
+    quiet_idle_cores: 1.0
 telemetry:
   enabled: false
 """

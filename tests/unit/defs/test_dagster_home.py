@@ -29,6 +29,7 @@ def test_queue_is_checked_every_second_and_runs_are_monitored(tmp_path: Path) ->
         assert isinstance(launcher, WarmRunLauncher)
         assert launcher.warm_workers == 3 and launcher.kill_after_s == 30
         assert launcher.quiet_jobs == (SNAPSHOT_JOB,) and launcher.quiet_max_s == 120
+        assert launcher.quiet_idle_cores == 1.0
         assert launcher.supports_check_run_worker_health  # run monitoring sees dead workers
     finally:
         instance.dispose()
