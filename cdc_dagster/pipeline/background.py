@@ -14,7 +14,8 @@ niceness (Linux's autogroup scheduling weighs sessions against each other and a 
 only within one: ``own_autogroup``), so it also yields to the other sessions -- a
 snapshot's Spark readers, MariaDB.
 The workers are started as a capture run that follows begins, while it waits for its
-capture's earlier run (``warm``), or on first use
+capture's earlier run, once a CPU is idle (``warm_when_idle``; as its loop begins at the
+latest), or on first use
 (spawned: nothing of the capture's threads, gRPC channels or Dagster state is forked), and
 kept for the run's next bulk phases. The phase
 functions are the Spark tasks' own (``spark_tasks.pull_table`` / ``sink_table``): pure
@@ -43,6 +44,7 @@ log = logging.getLogger(__name__)
 BULK_NICE = 10  # niceness of bulk phases (the snapshot readers' default too)
 DEFAULT_BULK_WORKERS = 2  # worker processes per capture run: a phase's tables side by side
 MAX_BULK_WORKERS = 64
+IDLE_LOOK_S = 1.0  # warm_when_idle looks at the idle CPUs this often
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -188,6 +190,64 @@ def warm() -> None:
             pool.submit(_ready).add_done_callback(_warmed)
     except (RuntimeError, ValueError) as exc:  # shutting down, or a bad worker count
         log.warning("the background workers were not started: %s", exc)
+
+
+class IdleCores:
+    """How many of the machine's CPUs were idle since the last look (``/proc/stat``'s
+    ``cpu`` line: idle and iowait time over all time)."""
+
+    MIN_LOOK_S = 0.5  # a look shorter than this says nothing yet
+
+    def __init__(self, stat: str = "/proc/stat") -> None:
+        self.stat = stat
+        self.last = self._read()
+        self.looked = time.monotonic()
+
+    def _read(self) -> tuple[int, int] | None:
+        """(idle + iowait, total) jiffies of all CPUs, or None where unknown."""
+        try:
+            with open(self.stat) as f:
+                fields = [int(x) for x in f.readline().split()[1:]]
+        except (OSError, ValueError):
+            return None
+        if len(fields) < 5:
+            return None
+        return fields[3] + fields[4], sum(fields[:8])
+
+    def since_last(self) -> float | None:
+        """Idle CPUs (0 to the CPU count) since the last look; None where unknown."""
+        now, last = self._read(), self.last
+        self.last, self.looked = now, time.monotonic()
+        if now is None or last is None or now[1] <= last[1]:
+            return None
+        return (now[0] - last[0]) / (now[1] - last[1]) * (os.cpu_count() or 1)
+
+    def fewer_than(self, cores: float) -> bool:
+        """Whether fewer than ``cores`` CPUs were idle since the last look (never where
+        ``cores`` <= 0 or it is not known); a look less than ``MIN_LOOK_S`` long: yes (not
+        known yet: look again later)."""
+        if cores <= 0:
+            return False
+        if time.monotonic() - self.looked < self.MIN_LOOK_S:
+            return True
+        idle = self.since_last()
+        return idle is not None and idle < cores
+
+
+def warm_when_idle(max_wait_s: float, idle_cores: float = 1.0) -> None:
+    """``warm`` from a thread once ``idle_cores`` CPUs were idle over a second, at most
+    ``max_wait_s`` from now; returns at once. A capture's next run starts its workers while
+    it waits for the earlier run: at once, four workers' imports (two captures) took a
+    backlog drain's CPU when it arrived with them (throughput bench)."""
+
+    def wait_then_warm() -> None:
+        deadline = time.monotonic() + max_wait_s
+        idle = IdleCores()
+        while time.monotonic() < deadline and idle.fewer_than(idle_cores):
+            time.sleep(IDLE_LOOK_S)
+        warm()
+
+    threading.Thread(target=wait_then_warm, name="warm-when-idle", daemon=True).start()
 
 
 def _discard(pool: ProcessPoolExecutor) -> None:

@@ -79,6 +79,7 @@ from dagster._core.launcher.base import (
 )
 from dagster._serdes import ConfigurableClass, ConfigurableClassData
 
+from cdc_dagster.pipeline.background import IdleCores
 from cdc_dagster.services.run_worker import READY_BYTE, READY_FD_ENV
 
 WORKER_TAG = "cdc/run_worker"  # "<pid>:<start time>" of the process executing the run
@@ -263,48 +264,6 @@ class _Pool:
             self.idle.clear()
         for w in workers:
             _retire(w)
-
-
-class IdleCores:
-    """How many of the machine's CPUs were idle since the last look (``/proc/stat``'s
-    ``cpu`` line: idle and iowait time over all time)."""
-
-    MIN_LOOK_S = 0.5  # a look shorter than this says nothing yet
-
-    def __init__(self, stat: str = "/proc/stat") -> None:
-        self.stat = stat
-        self.last = self._read()
-        self.looked = time.monotonic()
-
-    def _read(self) -> tuple[int, int] | None:
-        """(idle + iowait, total) jiffies of all CPUs, or None where unknown."""
-        try:
-            with open(self.stat) as f:
-                fields = [int(x) for x in f.readline().split()[1:]]
-        except (OSError, ValueError):
-            return None
-        if len(fields) < 5:
-            return None
-        return fields[3] + fields[4], sum(fields[:8])
-
-    def since_last(self) -> float | None:
-        """Idle CPUs (0 to the CPU count) since the last look; None where unknown."""
-        now, last = self._read(), self.last
-        self.last, self.looked = now, time.monotonic()
-        if now is None or last is None or now[1] <= last[1]:
-            return None
-        return (now[0] - last[0]) / (now[1] - last[1]) * (os.cpu_count() or 1)
-
-    def fewer_than(self, cores: float) -> bool:
-        """Whether fewer than ``cores`` CPUs were idle since the last look (never where
-        ``cores`` <= 0 or it is not known); a look less than ``MIN_LOOK_S`` long: yes (not
-        known yet: look again later)."""
-        if cores <= 0:
-            return False
-        if time.monotonic() - self.looked < self.MIN_LOOK_S:
-            return True
-        idle = self.since_last()
-        return idle is not None and idle < cores
 
 
 def _start_worker(key: PoolKey, fingerprint: tuple[int, int]) -> _Warm:

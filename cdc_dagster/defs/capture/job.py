@@ -71,6 +71,9 @@ SELF_TICK_S = 0.5  # the least time between two ticks a capture starts on its ow
 IDLE_TICK_S = 3.0  # ... while its last one sank nothing (idle upstream: checkpoints only)
 RENEW_S = 10.0  # an idle follow op renews the capture's lease this often (ttl 60 s)
 OWNER_CHECK_S = 1.0  # and looks whether its owner still is the owner this often
+# A run's bulk workers start once a CPU is idle, at most this long after its receive op
+# began (its predecessor hands over ~HANDOFF_S = 20 s after it was requested)
+WARM_IDLE_MAX_S = 15.0
 
 # A capture run is a tick (seconds; minutes when catching up on a large backlog), then
 # follow ticks for CDC_DAGSTER_CAPTURE_LOOP_S (300 s). One still running after this long is
@@ -132,17 +135,23 @@ def receive(context: dg.OpExecutionContext, config: ReceiveConfig, cdc: CdcResou
     return Received(config.capture_id, config.owner_rev, config.tick, ttl, merge(work, later))
 
 
-def _warm_bulk_workers(context: dg.OpExecutionContext, cdc: CdcResource) -> None:
-    """Start the bulk phases' workers of a run that follows (``background.warm``) while it
-    waits for its capture's earlier run, not when its loop begins: a backlog arriving at a
-    handover (every ``CDC_DAGSTER_CAPTURE_LOOP_S``) waited for the new run's workers to
-    start and import beside its sink phase (~0.8 CPU-s each, four of them for two captures
-    on 2 cores: throughput bench)."""
+def _warm_bulk_workers(
+    context: dg.OpExecutionContext, cdc: CdcResource, *, now: bool = False
+) -> None:
+    """Start the bulk phases' workers of a run that follows while it waits for its
+    capture's earlier run, once a CPU is idle (at most ``WARM_IDLE_MAX_S``; ``now``: at
+    once, as its loop begins if not yet): a backlog arriving at a handover (every
+    ``CDC_DAGSTER_CAPTURE_LOOP_S``) waited for the new run's workers to start and import
+    beside its sink phase (~0.6-0.8 CPU-s each, four of them for two captures on 2 cores:
+    throughput bench), and so did one arriving as the new runs started."""
     if _follow_seconds(context) <= 0 or cdc.settings().bulk_tick_rows <= 0:
         return
     from cdc_dagster.pipeline import background
 
-    background.warm()
+    if now:
+        background.warm()
+    else:
+        background.warm_when_idle(WARM_IDLE_MAX_S)
 
 
 def tag_registration(
@@ -466,6 +475,7 @@ def build_follow_op(catalog: Catalog) -> dg.OpDefinition:
             return
         f = _Follow(context, cdc, received)
         started = time.monotonic()
+        _warm_bulk_workers(context, cdc, now=True)  # (started already, unless still waiting)
         # When this loop ends: the owner requests the capture's next run shortly before
         context.instance.add_run_tags(
             context.run_id, {FOLLOW_UNTIL_TAG: f"{time.time() + config.seconds:.3f}"}

@@ -442,14 +442,22 @@ def test_the_next_run_takes_over_as_the_ending_one_stops_never_beside_it(
     monkeypatch.setattr(handoff, "HANDOFF_S", 6.0)
     one = _one_capture(tmp_path, metastore, etcd_endpoints, cluster_id, monkeypatch, loop_s)
     start = _first_create(one.changelog)
-    warmed: list[float] = []  # when a run started its bulk workers (background.warm)
-    real_warm = background.warm
+    # when a run asked for its bulk workers to start once a CPU is idle, and when they
+    # were started (background.warm_when_idle, background.warm)
+    asked: list[float] = []
+    warmed: list[float] = []
+    real_warm, real_when_idle = background.warm, background.warm_when_idle
 
     def warm() -> None:
         warmed.append(time.time())
         real_warm()
 
+    def warm_when_idle(max_wait_s: float, idle_cores: float = 1.0) -> None:
+        asked.append(time.time())
+        real_when_idle(max_wait_s, idle_cores)
+
     monkeypatch.setattr(background, "warm", warm)
+    monkeypatch.setattr(background, "warm_when_idle", warm_when_idle)
     with dg.instance_for_test() as instance:
         daemon = _Daemon(one.defs, instance)
         deadline = time.monotonic() + 150
@@ -494,12 +502,13 @@ def test_the_next_run_takes_over_as_the_ending_one_stops_never_beside_it(
             assert a_ticks[0] > b_ticks[-1], (before, after, a_ticks[0] - b_ticks[-1])
             assert a_ticks[0] - b_ticks[-1] < 8.0, a_ticks[0] - b_ticks[-1]
             assert any("waiting for its earlier run" in m for m in logs[after]), logs[after]
-            # its bulk workers were started before it waited, not once its loop began: a
-            # backlog arriving at the handover does not wait for their start and imports
+            # its bulk workers were asked for before it waited (started once a CPU is idle),
+            # not once its loop began: a backlog at the handover does not wait for them
             waited = next(e.timestamp for e in instance.all_logs(after)
                           if "waiting for its earlier run" in (e.user_message or ""))  # fmt: skip
             began = instance.get_run_record_by_id(after).start_time
-            assert any(began - 1.0 <= t <= waited for t in warmed), (began, waited, warmed)
+            assert any(began - 1.0 <= t <= waited for t in asked), (began, waited, asked)
+            assert any(t >= began - 1.0 for t in warmed), (began, warmed)
             summary = [m for m in logs[before] if "more tick(s)" in m]
             assert summary and f"handed over to run {after}" in summary[0], summary
         # A run's first tick's materializations are logged by its follow op, beside the

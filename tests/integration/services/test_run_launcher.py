@@ -547,7 +547,7 @@ def test_a_refill_waits_for_idle_cpus_at_most_quiet_max_s(busy_env):
 def test_idle_cores_from_proc_stat(tmp_path: Path) -> None:
     """Idle and iowait time over all time, since the last look, as CPUs; a look too short
     says "fewer" (look again), an unknown machine never does."""
-    from cdc_dagster.services.run_launcher import IdleCores
+    from cdc_dagster.pipeline.background import IdleCores
 
     stat = tmp_path / "stat"
     stat.write_text("cpu  100 0 100 800 0 0 0 0 0 0\ncpu0 1 2 3 4 5 6 7 8 9 10\n")

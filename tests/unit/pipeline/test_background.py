@@ -105,6 +105,34 @@ def test_warm_starts_the_workers_with_the_phases_modules_before_the_first_bulk_p
     assert len(pids) <= background.DEFAULT_BULK_WORKERS
 
 
+def test_warm_when_idle_waits_for_idle_cpus_at_most_its_time(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A capture's next run asks for its workers while it waits for the earlier run: they
+    start once a CPU was idle over a look, or when its time is up however busy the
+    machine; it returns at once either way."""
+    monkeypatch.setattr(background, "IDLE_LOOK_S", 0.1)
+    monkeypatch.setattr(background.IdleCores, "MIN_LOOK_S", 0.05)
+    warmed: list[float] = []
+    monkeypatch.setattr(background, "warm", lambda: warmed.append(time.monotonic()))
+    started = time.monotonic()
+    background.warm_when_idle(1.5, idle_cores=(os.cpu_count() or 1) + 1)  # never idle enough
+    assert time.monotonic() - started < 0.5 and not warmed
+    time.sleep(0.8)
+    assert not warmed  # still waiting for idle CPUs
+    deadline = time.monotonic() + 10
+    while not warmed and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert warmed and warmed[0] - started >= 1.5  # its time was up: started anyway
+    warmed.clear()
+    started = time.monotonic()
+    background.warm_when_idle(30.0, idle_cores=0.0)  # not asked to wait: at the first look
+    deadline = time.monotonic() + 10
+    while not warmed and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert warmed and warmed[0] - started < 5.0
+
+
 def _session(_: int) -> tuple[int, int, str]:
     try:
         with open("/proc/self/autogroup") as f:
