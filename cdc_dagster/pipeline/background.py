@@ -52,6 +52,7 @@ R = TypeVar("R")
 _lock = threading.Lock()
 _pool: ProcessPoolExecutor | None = None
 _pool_size = 0
+_warmed: ProcessPoolExecutor | None = None  # the pool ``warm`` started its workers in
 AUTOGROUP_NICE = False  # in the worker: whether its autogroup got the bulk niceness
 
 
@@ -184,8 +185,13 @@ def warm() -> None:
     alone ~0.45 s of an idle core here) before any of its work. A capture run that follows
     calls it as it begins, before it waits for its capture's earlier run. The pool starts a
     worker per task submitted while none is idle, so one task per worker starts them all."""
+    global _warmed
     try:
         pool = _get_pool()
+        with _lock:
+            if _warmed is pool:
+                return  # (a run's loop asks again; its receive op may have asked already)
+            _warmed = pool
         for _ in range(_pool_size):
             pool.submit(_ready).add_done_callback(_warmed)
     except (RuntimeError, ValueError) as exc:  # shutting down, or a bad worker count
@@ -234,6 +240,20 @@ class IdleCores:
         return idle is not None and idle < cores
 
 
+def wait_for_idle_cpus(
+    cores: float,
+    max_wait_s: float,
+    busy: Callable[[], bool] = lambda: False,
+    look_s: float | None = None,
+) -> None:
+    """Return once ``busy()`` is false and ``cores`` CPUs were idle over the last look
+    (``IdleCores``; every ``look_s``, default ``IDLE_LOOK_S``), or ``max_wait_s`` from now."""
+    deadline = time.monotonic() + max_wait_s
+    idle = IdleCores()
+    while time.monotonic() < deadline and (busy() or idle.fewer_than(cores)):
+        time.sleep(IDLE_LOOK_S if look_s is None else look_s)
+
+
 def warm_when_idle(max_wait_s: float, idle_cores: float = 1.0) -> None:
     """``warm`` from a thread once ``idle_cores`` CPUs were idle over a second, at most
     ``max_wait_s`` from now; returns at once. A capture's next run starts its workers while
@@ -241,10 +261,7 @@ def warm_when_idle(max_wait_s: float, idle_cores: float = 1.0) -> None:
     backlog drain's CPU when it arrived with them (throughput bench)."""
 
     def wait_then_warm() -> None:
-        deadline = time.monotonic() + max_wait_s
-        idle = IdleCores()
-        while time.monotonic() < deadline and idle.fewer_than(idle_cores):
-            time.sleep(IDLE_LOOK_S)
+        wait_for_idle_cpus(idle_cores, max_wait_s)
         warm()
 
     threading.Thread(target=wait_then_warm, name="warm-when-idle", daemon=True).start()

@@ -79,7 +79,7 @@ from dagster._core.launcher.base import (
 )
 from dagster._serdes import ConfigurableClass, ConfigurableClassData
 
-from cdc_dagster.pipeline.background import IdleCores
+from cdc_dagster.pipeline.background import wait_for_idle_cpus
 from cdc_dagster.services.run_worker import READY_BYTE, READY_FD_ENV
 
 WORKER_TAG = "cdc/run_worker"  # "<pid>:<start time>" of the process executing the run
@@ -233,9 +233,7 @@ class _Pool:
         current = self.fingerprint(key)
         with self.lock:
             workers = self.idle.get(key, [])
-            for w in [w for w in workers if w.proc.poll() is not None or w.fingerprint != current]:
-                workers.remove(w)
-                _retire(w)
+            _retire_stale(workers, current)
             if not workers:
                 return None
             done = [w for w in workers if w.ready()]
@@ -252,9 +250,7 @@ class _Pool:
         fp = self.fingerprint(key)
         with self.lock:
             workers = self.idle.setdefault(key, [])
-            for w in [w for w in workers if w.proc.poll() is not None or w.fingerprint != fp]:
-                workers.remove(w)
-                _retire(w)
+            _retire_stale(workers, fp)
             while len(workers) < self.size:  # under the lock: two refills start no extra
                 workers.append(_start_worker(key, fp))
 
@@ -297,6 +293,13 @@ def _cold_command(origin: Any, args: Any) -> list[str]:
     if entry == ["dagster"]:  # Dagster's default when the origin names none
         entry = [repo.executable_path, "-m", "dagster"]
     return [*entry, "api", "execute_run", serialize_value(args)]
+
+
+def _retire_stale(workers: list[_Warm], fingerprint: tuple[int, int]) -> None:
+    """Take out of ``workers`` (and retire) those that died or imported other sources."""
+    for w in [w for w in workers if w.proc.poll() is not None or w.fingerprint != fingerprint]:
+        workers.remove(w)
+        _retire(w)
 
 
 def _retire(w: _Warm) -> None:
@@ -445,12 +448,9 @@ class WarmRunLauncher(RunLauncher, ConfigurableClass):
     def _refill(self, key: PoolKey) -> None:
         """Refill the pool once no ``quiet_jobs`` run is going and ``quiet_idle_cores`` CPUs
         were idle over the last second (or ``quiet_max_s`` passed)."""
-        deadline = time.monotonic() + self.quiet_max_s
-        idle = IdleCores()
-        while time.monotonic() < deadline and (
-            self._quiet_run_going() or idle.fewer_than(self.quiet_idle_cores)
-        ):
-            time.sleep(QUIET_POLL_S)
+        wait_for_idle_cpus(
+            self.quiet_idle_cores, self.quiet_max_s, self._quiet_run_going, QUIET_POLL_S
+        )
         self._pool.refill(key)
 
     def _quiet_run_going(self) -> bool:

@@ -218,3 +218,29 @@ def test_a_sessions_autogroup_niceness_reaches_every_process_it_starts_later() -
     finally:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
+
+
+def test_idle_cores_from_proc_stat(tmp_path: Path) -> None:
+    """Idle and iowait time over all time, since the last look, as CPUs; a look too short
+    says "fewer" (look again), an unknown machine never does."""
+    stat = tmp_path / "stat"
+    stat.write_text("cpu  100 0 100 800 0 0 0 0 0 0\ncpu0 1 2 3 4 5 6 7 8 9 10\n")
+    idle = background.IdleCores(str(stat))
+    assert idle.fewer_than(0.1)  # just looked: not known yet
+    assert not idle.fewer_than(0)  # not asked
+    # 1000 more jiffies, 250 of them idle or iowait: a quarter of the machine's CPUs
+    stat.write_text("cpu  700 0 250 1000 50 0 0 0 0 0\n")
+    idle.looked -= background.IdleCores.MIN_LOOK_S
+    cpus = os.cpu_count() or 1
+    assert idle.since_last() == pytest.approx(cpus * 0.25)
+    assert idle.since_last() is None  # nothing more since: not known
+    idle.last, idle.looked = (800, 1000), idle.looked - background.IdleCores.MIN_LOOK_S  # the first
+    assert idle.fewer_than(cpus * 0.25 + 0.01)
+    idle.last, idle.looked = (800, 1000), idle.looked - background.IdleCores.MIN_LOOK_S
+    assert not idle.fewer_than(cpus * 0.25 - 0.01)
+    stat.write_text("cpu  700 0 250 2000 50 0 0 0 0 0\n")  # then all idle
+    idle.looked -= background.IdleCores.MIN_LOOK_S
+    assert not idle.fewer_than(cpus * 0.99)
+    missing = background.IdleCores(str(tmp_path / "absent"))
+    missing.looked -= background.IdleCores.MIN_LOOK_S
+    assert not missing.fewer_than(1.0)
