@@ -45,6 +45,10 @@ BULK_NICE = 10  # niceness of bulk phases (the snapshot readers' default too)
 DEFAULT_BULK_WORKERS = 2  # worker processes per capture run: a phase's tables side by side
 MAX_BULK_WORKERS = 64
 IDLE_LOOK_S = 1.0  # warm_when_idle looks at the idle CPUs this often
+# ... and waits until they were idle this long in a row: a second of idle CPUs was the gap
+# between a workload's end and a backlog's drain, and work started in it took the drain's
+# CPU (throughput bench: two warm-worker refills, ~1 CPU-s each, in a drain's first seconds)
+IDLE_STEADY_S = 3.0
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -245,18 +249,34 @@ def wait_for_idle_cpus(
     max_wait_s: float,
     busy: Callable[[], bool] = lambda: False,
     look_s: float | None = None,
+    steady_s: float | None = None,
 ) -> None:
-    """Return once ``busy()`` is false and ``cores`` CPUs were idle over the last look
-    (``IdleCores``; every ``look_s``, default ``IDLE_LOOK_S``), or ``max_wait_s`` from now."""
+    """Return once ``busy()`` is false and ``cores`` CPUs were idle at every look (``IdleCores``;
+    every ``look_s``, default ``IDLE_LOOK_S``) over the last ``steady_s`` (default
+    ``IDLE_STEADY_S``; at least one look), or ``max_wait_s`` from now. ``cores`` <= 0: once
+    ``busy()`` is false, without looking."""
     deadline = time.monotonic() + max_wait_s
+    look = IDLE_LOOK_S if look_s is None else look_s
+    steady = IDLE_STEADY_S if steady_s is None else steady_s
     idle = IdleCores()
-    while time.monotonic() < deadline and (busy() or idle.fewer_than(cores)):
-        time.sleep(IDLE_LOOK_S if look_s is None else look_s)
+    in_a_row = 0  # looks in a row that found the CPUs idle
+    while time.monotonic() < deadline:
+        if busy():
+            in_a_row = 0
+        elif cores <= 0:
+            return
+        elif idle.fewer_than(cores):
+            in_a_row = 0
+        else:
+            in_a_row += 1
+            if in_a_row * look >= steady - 1e-9:
+                return
+        time.sleep(look)
 
 
 def warm_when_idle(max_wait_s: float, idle_cores: float = 1.0) -> None:
-    """``warm`` from a thread once ``idle_cores`` CPUs were idle over a second, at most
-    ``max_wait_s`` from now; returns at once. A capture's next run starts its workers while
+    """``warm`` from a thread once ``idle_cores`` CPUs were idle for ``IDLE_STEADY_S``, at
+    most ``max_wait_s`` from now; returns at once. A capture's next run starts its workers while
     it waits for the earlier run: at once, four workers' imports (two captures) took a
     backlog drain's CPU when it arrived with them (throughput bench)."""
 

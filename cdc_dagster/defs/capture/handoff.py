@@ -6,7 +6,9 @@ the runs of one capture are a lane of :mod:`cdc_dagster.defs.handoff` (runs of
 run shortly before the loop ends, the next run's first op (``receive``) waits while the
 earlier one is in progress, and the ending run goes on ticking until the next one has
 started. So a run never ticks beside another of its capture, and the gap is the time from
-the last tick of one to the first of the next: its ``receive`` and first tick.
+the last tick of one to the first of the next: its ``receive`` and first tick. A run whose
+tables are behind (a backlog, a snapshot's rows) puts its end off and hands over once it
+caught up (``LoopEnd``, ``HandOver(hold=...)``): not in the middle of a drain.
 """
 
 from __future__ import annotations
@@ -14,12 +16,14 @@ from __future__ import annotations
 import dagster as dg
 
 from cdc_dagster.defs.handoff import (
+    EXTEND_MAX_S,
     FOLLOW_UNTIL_TAG,
     HANDOFF_MAX_S,
     HANDOFF_S,
     HandOver,
     Lane,
     LaneRuns,
+    LoopEnd,
     follow_until,
     handoff_s,
     lane_runs,
@@ -45,11 +49,13 @@ def capture_runs(
 
 
 __all__ = [
+    "EXTEND_MAX_S",
     "FOLLOW_UNTIL_TAG",
     "HANDOFF_MAX_S",
     "HANDOFF_S",
     "CaptureRuns",
     "HandOver",
+    "LoopEnd",
     "capture_lane",
     "capture_runs",
     "follow_until",

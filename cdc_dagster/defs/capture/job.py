@@ -38,9 +38,11 @@ import dagster as dg
 from cdc_dagster.defs.capture.event_writer import EventWriter
 from cdc_dagster.defs.capture.fencing import Received, StaleRunError, check_owner_rev
 from cdc_dagster.defs.capture.handoff import (
+    EXTEND_MAX_S,
     FOLLOW_UNTIL_TAG,
     HANDOFF_MAX_S,
     HandOver,
+    LoopEnd,
     capture_lane,
     wait_for_earlier_runs,
 )
@@ -71,9 +73,15 @@ SELF_TICK_S = 0.5  # the least time between two ticks a capture starts on its ow
 IDLE_TICK_S = 3.0  # ... while its last one sank nothing (idle upstream: checkpoints only)
 RENEW_S = 10.0  # an idle follow op renews the capture's lease this often (ttl 60 s)
 OWNER_CHECK_S = 1.0  # and looks whether its owner still is the owner this often
+# A changefeed whose tick left a table of it further behind than this (wall clock from its
+# checkpoint) and was not idle keeps its run past its time: the run puts its end off and
+# hands over once caught up (defs/handoff.py: LoopEnd, HandOver's hold)
+BEHIND_S = 10.0
 # A run's bulk workers start once a CPU is idle, at most this long after its receive op
-# began (its predecessor hands over ~HANDOFF_S = 20 s after it was requested)
-WARM_IDLE_MAX_S = 15.0
+# began; its follow op starts them at the latest (its predecessor hands over ~HANDOFF_S =
+# 20 s after it was requested, later while it catches up on a backlog: the new workers'
+# imports waited 15 s at most before, and fell in the backlog's drain)
+WARM_IDLE_MAX_S = 240.0
 
 # A capture run is a tick (seconds; minutes when catching up on a large backlog), then
 # follow ticks for CDC_DAGSTER_CAPTURE_LOOP_S (300 s). One still running after this long is
@@ -139,7 +147,7 @@ def _warm_bulk_workers(
     context: dg.OpExecutionContext, cdc: CdcResource, *, now: bool = False
 ) -> None:
     """Start the bulk phases' workers of a run that follows while it waits for its
-    capture's earlier run, once a CPU is idle (at most ``WARM_IDLE_MAX_S``; ``now``: at
+    capture's earlier run, once a CPU is idle (``background.warm_when_idle``; ``now``: at
     once, as its loop begins if not yet): a backlog arriving at a handover (every
     ``CDC_DAGSTER_CAPTURE_LOOP_S``) waited for the new run's workers to start and import
     beside its sink phase (~0.6-0.8 CPU-s each, four of them for two captures on 2 cores:
@@ -291,6 +299,7 @@ class _Follow:
         self.yielding = False  # (logged when it begins and ends)
         self.ended: dict[str, float] = {}  # when each changefeed's last tick ended
         self.idle: dict[str, bool] = {}  # the changefeed's last tick of its own sank nothing
+        self.behind: dict[str, str] = {}  # why each changefeed catches up ("" it does not)
         # The registration this run ticks under: a run frozen (SIGSTOP, a stalled VM) past
         # the lease that wakes once the capture is registered again must not tick beside
         # the new registration's run; it stops (its own ticks re-registering move it on).
@@ -346,13 +355,20 @@ class _Follow:
     ) -> None:
         self.ended[cf] = time.monotonic()
         self.idle[cf] = idle_after(why, progress, before, self.idle.get(cf, False))
+        self.behind[cf] = "" if self.idle[cf] else behind(cf, progress, time.time_ns() // 10**6)
         if cf in capture.removed:  # `changefeed remove`: nothing left to tick for it
             self.serving.discard(cf)
             self.watch.forget(cf)
+            self.behind.pop(cf, None)
         for outcome in capture.prepared.values():  # the registration its tick attached to
             self.registration = outcome.registration
         # One run-storage write when the registration changes, not one per tick.
         self.tagged = tag_registration(self.context, self.registration, self.tagged)
+
+    def catching_up(self) -> str:
+        """Why this run is catching up (a changefeed's table behind after its last tick, see
+        :func:`behind`), "" when it is not."""
+        return next((why for why in self.behind.values() if why), "")
 
     def canceling(self) -> bool:
         """Whether this run was marked canceling (by the owner, or a person in the UI)."""
@@ -423,6 +439,29 @@ def idle_after(why: str, progress: Sequence[TableProgress], before: int, idle: b
     return not busy and (why == DATA or idle)
 
 
+def behind(cf: str, progress: Sequence[TableProgress], now_ms: int) -> str:
+    """Why changefeed ``cf`` is catching up after a tick of it that was not idle ("" when it
+    is not): its table furthest behind, of those more than ``BEHIND_S`` behind (from its
+    checkpoint's wall time to ``now_ms``) with something left to catch up: rows resolved past
+    its checkpoint, or on its way in (preparing, prepared; one waiting for its snapshot has
+    no checkpoint yet). A table that has sunk all the change log holds is not behind, however
+    old its checkpoint (an upstream's clock, a test's made-up timestamps)."""
+    worst, lag = None, BEHIND_S
+    for p in progress:
+        left = (p.state == "replicating" and p.checkpoint_ts < p.resolved_ts) or p.state in (
+            "preparing",
+            "prepared",
+        )
+        if left and p.lag_s(now_ms) > lag:
+            worst, lag = p, p.lag_s(now_ms)
+    if worst is None:
+        return ""
+    name = worst.name or f"table {worst.table_id}"
+    if worst.checkpoint_ts:
+        return f"{name} of {cf} {lag:.0f} s behind"
+    return f"{name} of {cf} {worst.state}, not replicating yet"
+
+
 def _still_ours(f: _Follow, state: dict[str, float]) -> str:
     """Why the loop must stop ("" while its owner is the owner and the capture registered):
     the owner checked every OWNER_CHECK_S, the lease renewed every RENEW_S (a tick renews
@@ -477,15 +516,17 @@ def build_follow_op(catalog: Catalog) -> dg.OpDefinition:
         started = time.monotonic()
         _warm_bulk_workers(context, cdc, now=True)  # (started already, unless still waiting)
         # When this loop ends: the owner requests the capture's next run shortly before
+        end = LoopEnd(started, config.seconds)
         context.instance.add_run_tags(
-            context.run_id, {FOLLOW_UNTIL_TAG: f"{time.time() + config.seconds:.3f}"}
+            context.run_id, {FOLLOW_UNTIL_TAG: f"{end.wall(started):.3f}"}
         )
-        until = started + config.seconds
         state = {"renewed": started, "owner_checked": 0.0}
         # past its time it ticks on until the capture's next run has started (it waits for
-        # this one in ``receive``), so the capture is never long without a tick
-        handed_over = HandOver(context.instance, capture_lane(f.cid), context.run_id, until,
-                               POLL_S, max_s=HANDOFF_MAX_S)  # fmt: skip
+        # this one in ``receive``) and it is not catching up, so the capture is never long
+        # without a tick and a backlog is not handed over midway
+        handed_over = HandOver(context.instance, capture_lane(f.cid), context.run_id, end.until,
+                               POLL_S, max_s=HANDOFF_MAX_S, hold=f.catching_up)  # fmt: skip
+        held = ""
         ticks, why_stopped = {OWNER: 0, DATA: 0}, TIME_UP
         throttle = MaterializationThrottle()
         rows: dict[tuple[str, int], int] = {}
@@ -527,6 +568,17 @@ def build_follow_op(catalog: Catalog) -> dg.OpDefinition:
                 if lost:
                     why_stopped = lost
                     break
+                if winding is None and end.put_off(time.monotonic(), f.catching_up()):
+                    # catching up: the successor is requested (and launched) later
+                    handed_over.until = end.until
+                    context.instance.add_run_tags(
+                        context.run_id, {FOLLOW_UNTIL_TAG: f"{end.wall():.3f}"}
+                    )
+                    context.log.info(
+                        "catching up (%s): this run's end is put off to %s, %.0f s past its "
+                        "time (at most %.0f s)", f.catching_up(),
+                        time.strftime("%H:%M:%S", time.localtime(end.wall())),
+                        end.until - end.planned, EXTEND_MAX_S)  # fmt: skip
                 if winding is None and (up := handed_over()):
                     why_stopped = up
                     # Its time is up: the other changefeeds go on ticking (bulk phases
@@ -535,6 +587,12 @@ def build_follow_op(catalog: Catalog) -> dg.OpDefinition:
                     winding = set(lanes.busy())
                 if winding is not None and not winding:
                     break
+                if handed_over.held and not held:
+                    held = handed_over.held
+                    context.log.info(
+                        "the capture's next run %s has started; handing over once caught up "
+                        "(%s; at most %.0f s past this run's time)",
+                        handed_over.successor, held, HANDOFF_MAX_S)  # fmt: skip
                 for done in lanes.finished():
                     report(done)
                 work, why = f.next_work(lanes.busy())

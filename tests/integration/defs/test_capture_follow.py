@@ -435,11 +435,23 @@ def test_the_next_run_takes_over_as_the_ending_one_stops_never_beside_it(
     while the ending one still follows; launched at once here (as the run queue does with
     two runs allowed per capture), it waits in receive; the ending run ticks past its time
     until the next one has started, then stops; the next one's first tick comes right after
-    its last. No tick of one run overlaps a tick of the other, the downstream keeps up."""
+    its last. No tick of one run overlaps a tick of the other, the downstream keeps up.
+    The first run is catching up (a table behind, as in a backlog's drain): it puts its end
+    off, and its successor, started, waits until it caught up."""
+    from cdc_dagster.defs import handoff as lanes
+    from cdc_dagster.defs.capture import job as capture_job
     from cdc_dagster.pipeline import background
 
     loop_s = 12.0
     monkeypatch.setattr(handoff, "HANDOFF_S", 6.0)
+    monkeypatch.setattr(lanes, "EXTEND_STEP_S", 3.0)
+    monkeypatch.setattr(lanes, "EXTEND_MAX_S", 6.0)
+    # a table is behind (tests/unit/defs/test_handoff_catch_up.py: which is) until the first
+    # run holds its successor back
+    catching_up = ["db.t of cf1 99 s behind"]
+    real = capture_job._Follow.catching_up
+    monkeypatch.setattr(capture_job._Follow, "catching_up",
+                        lambda self: catching_up[0] or real(self))  # fmt: skip
     one = _one_capture(tmp_path, metastore, etcd_endpoints, cluster_id, monkeypatch, loop_s)
     start = _first_create(one.changelog)
     # when a run asked for its bulk workers to start once a CPU is idle, and when they
@@ -465,7 +477,15 @@ def test_the_next_run_takes_over_as_the_ending_one_stops_never_beside_it(
             daemon.tick()
             one.step()
             time.sleep(0.5)
+            if catching_up[0] and any(
+                "handing over once caught up" in (e.user_message or "")
+                for r in instance.get_runs()
+                for e in instance.all_logs(r.run_id)
+            ):
+                time.sleep(1.0)  # it goes on ticking meanwhile
+                catching_up[0] = ""  # caught up
         assert len(daemon.threads) >= 3, "no third run: the handoffs did not happen"
+        assert not catching_up[0], "the first run never held its started successor back"
         top = one.step()
         deadline = time.monotonic() + 60
         while min(one.sunk(t) for t in one.schemas) < top and time.monotonic() < deadline:
@@ -511,6 +531,17 @@ def test_the_next_run_takes_over_as_the_ending_one_stops_never_beside_it(
             assert any(t >= began - 1.0 for t in warmed), (began, warmed)
             summary = [m for m in logs[before] if "more tick(s)" in m]
             assert summary and f"handed over to run {after}" in summary[0], summary
+        # the first run, catching up, put its end off twice (at most 6 s here), then held its
+        # started successor back until it caught up
+        first = logs[runs[0].dagster_run.run_id]
+        put_off = [m for m in first if m.startswith("catching up (db.t of cf1 99 s behind)")]
+        assert len(put_off) == 2 and "6 s past its time" in put_off[-1], put_off
+        second = runs[1].dagster_run.run_id
+        held = [m for m in first if "handing over once caught up" in m]
+        assert held == [
+            f"the capture's next run {second} has started; handing over once caught up "
+            "(db.t of cf1 99 s behind; at most 60 s past this run's time)"
+        ], held
         # A run's first tick's materializations are logged by its follow op, beside the
         # loop, none by its report op (which the loop waited for).
         firsts = []

@@ -133,6 +133,42 @@ def test_warm_when_idle_waits_for_idle_cpus_at_most_its_time(
     assert warmed and warmed[0] - started < 5.0
 
 
+class _ScriptedIdle:
+    """``IdleCores`` whose looks find the CPUs idle or not as scripted (then idle)."""
+
+    script: list[bool] = []
+
+    def __init__(self) -> None:
+        self.looks = 0
+
+    def fewer_than(self, cores: float) -> bool:
+        self.looks += 1
+        return not (self.script.pop(0) if self.script else True)
+
+
+def test_wait_for_idle_cpus_wants_them_idle_for_steady_s_in_a_row(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A second of idle CPUs between a workload's end and a backlog's drain is no reason to
+    start work: the CPUs must be idle at every look over ``steady_s``."""
+    monkeypatch.setattr(background, "IdleCores", _ScriptedIdle)
+    looked: list[int] = []
+    monkeypatch.setattr(background.time, "sleep", lambda s: looked.append(1))
+    # idle, busy, idle, idle, busy, then idle: three looks in a row only at the end
+    _ScriptedIdle.script = [True, False, True, True, False, True, True, True]
+    background.wait_for_idle_cpus(1.0, 60.0, look_s=1.0, steady_s=3.0)
+    assert len(looked) == 7 and not _ScriptedIdle.script  # returned at the third idle in a row
+    # busy() resets the stretch too; cores <= 0 does not look at all
+    _ScriptedIdle.script, looked[:] = [True, True, True, True], []
+    busy = iter([False, True, False, False, False])
+    background.wait_for_idle_cpus(1.0, 60.0, busy=lambda: next(busy, False), look_s=1.0,
+                                  steady_s=3.0)  # fmt: skip
+    assert len(looked) == 4
+    looked[:] = []
+    background.wait_for_idle_cpus(0.0, 60.0, look_s=1.0, steady_s=3.0)
+    assert looked == []
+
+
 def _session(_: int) -> tuple[int, int, str]:
     try:
         with open("/proc/self/autogroup") as f:
