@@ -16,7 +16,6 @@ from __future__ import annotations
 import dagster as dg
 
 from cdc_dagster.defs.handoff import (
-    EXTEND_MAX_S,
     FOLLOW_UNTIL_TAG,
     HANDOFF_MAX_S,
     HANDOFF_S,
@@ -49,7 +48,6 @@ def capture_runs(
 
 
 __all__ = [
-    "EXTEND_MAX_S",
     "FOLLOW_UNTIL_TAG",
     "HANDOFF_MAX_S",
     "HANDOFF_S",

@@ -38,7 +38,6 @@ import dagster as dg
 from cdc_dagster.defs.capture.event_writer import EventWriter
 from cdc_dagster.defs.capture.fencing import Received, StaleRunError, check_owner_rev
 from cdc_dagster.defs.capture.handoff import (
-    EXTEND_MAX_S,
     FOLLOW_UNTIL_TAG,
     HANDOFF_MAX_S,
     HandOver,
@@ -578,7 +577,7 @@ def build_follow_op(catalog: Catalog) -> dg.OpDefinition:
                         "catching up (%s): this run's end is put off to %s, %.0f s past its "
                         "time (at most %.0f s)", f.catching_up(),
                         time.strftime("%H:%M:%S", time.localtime(end.wall())),
-                        end.until - end.planned, EXTEND_MAX_S)  # fmt: skip
+                        end.until - end.planned, end.max_s)  # fmt: skip
                 if winding is None and (up := handed_over()):
                     why_stopped = up
                     # Its time is up: the other changefeeds go on ticking (bulk phases
