@@ -531,11 +531,14 @@ def test_the_next_run_takes_over_as_the_ending_one_stops_never_beside_it(
             assert any(t >= began - 1.0 for t in warmed), (began, warmed)
             summary = [m for m in logs[before] if "more tick(s)" in m]
             assert summary and f"handed over to run {after}" in summary[0], summary
-        # the first run, catching up, put its end off twice (at most 6 s here), then held its
-        # started successor back until it caught up
+        # the first run, catching up, put its end off by 3 s at a time, at most 6 s in all
+        # (twice, unless a loaded machine kept its loop out of one 3-s window), then held
+        # its started successor back until it caught up
         first = logs[runs[0].dagster_run.run_id]
         put_off = [m for m in first if m.startswith("catching up (db.t of cf1 99 s behind)")]
-        assert len(put_off) == 2 and "6 s past its time" in put_off[-1], put_off
+        assert put_off and len(put_off) <= 2, put_off
+        for n, m in enumerate(put_off, 1):
+            assert f", {3 * n} s past its time (at most 6 s)" in m, put_off
         second = runs[1].dagster_run.run_id
         held = [m for m in first if "handing over once caught up" in m]
         assert held == [
