@@ -46,8 +46,8 @@ DEFAULT_BULK_WORKERS = 2  # worker processes per capture run: a phase's tables s
 MAX_BULK_WORKERS = 64
 IDLE_LOOK_S = 1.0  # warm_when_idle looks at the idle CPUs this often
 # ... and waits until they were idle this long in a row: a second of idle CPUs was the gap
-# between a workload's end and a backlog's drain, and work started in it took the drain's
-# CPU (throughput bench: two warm-worker refills, ~1 CPU-s each, in a drain's first seconds)
+# between a workload's end and a backlog's drain, and imports started in it took the drain's
+# CPU (throughput bench: the launcher's refills, which look once, did so)
 IDLE_STEADY_S = 3.0
 
 T = TypeVar("T")

@@ -137,12 +137,10 @@ class _ScriptedIdle:
     """``IdleCores`` whose looks find the CPUs idle or not as scripted (then idle)."""
 
     script: list[bool] = []
-
-    def __init__(self) -> None:
-        self.looks = 0
+    looks = 0
 
     def fewer_than(self, cores: float) -> bool:
-        self.looks += 1
+        type(self).looks += 1
         return not (self.script.pop(0) if self.script else True)
 
 
@@ -150,23 +148,25 @@ def test_wait_for_idle_cpus_wants_them_idle_for_steady_s_in_a_row(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A second of idle CPUs between a workload's end and a backlog's drain is no reason to
-    start work: the CPUs must be idle at every look over ``steady_s``."""
+    start work: the CPUs must be idle at every look over ``steady_s`` (three looks here)."""
     monkeypatch.setattr(background, "IdleCores", _ScriptedIdle)
-    looked: list[int] = []
-    monkeypatch.setattr(background.time, "sleep", lambda s: looked.append(1))
+    look = {"look_s": 0.001, "steady_s": 0.003}
     # idle, busy, idle, idle, busy, then idle: three looks in a row only at the end
-    _ScriptedIdle.script = [True, False, True, True, False, True, True, True]
-    background.wait_for_idle_cpus(1.0, 60.0, look_s=1.0, steady_s=3.0)
-    assert len(looked) == 7 and not _ScriptedIdle.script  # returned at the third idle in a row
-    # busy() resets the stretch too; cores <= 0 does not look at all
-    _ScriptedIdle.script, looked[:] = [True, True, True, True], []
+    _ScriptedIdle.script, _ScriptedIdle.looks = (
+        [True, False, True, True, False, True, True, True],
+        0,
+    )
+    background.wait_for_idle_cpus(1.0, 60.0, **look)
+    assert _ScriptedIdle.looks == 8 and not _ScriptedIdle.script  # at the third in a row
+    # busy() resets the stretch too (it is asked before the CPUs are looked at)
+    _ScriptedIdle.script, _ScriptedIdle.looks = [True, True, True, True], 0
     busy = iter([False, True, False, False, False])
-    background.wait_for_idle_cpus(1.0, 60.0, busy=lambda: next(busy, False), look_s=1.0,
-                                  steady_s=3.0)  # fmt: skip
-    assert len(looked) == 4
-    looked[:] = []
-    background.wait_for_idle_cpus(0.0, 60.0, look_s=1.0, steady_s=3.0)
-    assert looked == []
+    background.wait_for_idle_cpus(1.0, 60.0, busy=lambda: next(busy, False), **look)
+    assert _ScriptedIdle.looks == 4
+    # cores <= 0 does not look at all
+    _ScriptedIdle.looks = 0
+    background.wait_for_idle_cpus(0.0, 60.0, **look)
+    assert _ScriptedIdle.looks == 0
 
 
 def _session(_: int) -> tuple[int, int, str]:
