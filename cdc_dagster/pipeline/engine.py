@@ -6,14 +6,19 @@ called. The pipeline uses the DataFrame API only, so every session kind runs the
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
+import time
 import uuid
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
+
+log = logging.getLogger(__name__)
+GATEWAY_RETRY_S = 2.0  # before the one more try at a local JVM that exited as it started
 
 # Small by default: a capture tick is many small tables, not one big shuffle.
 DEFAULT_CONF: Mapping[str, str] = {
@@ -45,6 +50,7 @@ def spark_session(
 ) -> SparkSession:
     """A session on ``master``: ``local[*]`` by default, ``sc://host:port`` for Spark Connect;
     ``fresh``: a new Spark Connect session, not the cached one (its server restarted)."""
+    from pyspark.errors import PySparkRuntimeError
     from pyspark.sql import SparkSession
 
     master = master or "local[*]"
@@ -59,7 +65,16 @@ def spark_session(
             builder = builder.config(key, value)
     if fresh and master.startswith("sc://"):
         return builder.create()
-    return builder.getOrCreate()
+    try:
+        return builder.getOrCreate()
+    except PySparkRuntimeError as e:
+        if master.startswith("sc://") or "JAVA_GATEWAY_EXITED" not in str(e):
+            raise
+        # A local JVM that exited before it said its port (seen once in CI among a hundred
+        # starts, two test workers busy): one more try before the caller's run fails on it.
+        log.warning("the local Spark JVM exited as it started (%s); trying once more", e)
+        time.sleep(GATEWAY_RETRY_S)
+        return builder.getOrCreate()
 
 
 # Shared sessions (``shared_session``): the ids are derived from a name, so every process

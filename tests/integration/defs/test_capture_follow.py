@@ -567,7 +567,11 @@ def _two_changefeeds(
     loop_s: float,
 ) -> _OneCapture:
     """``_one_capture`` plus a second changefeed ``cf2`` of the same change log; runs with
-    no successor to wait for at their end, and ticking on each step, busy or not."""
+    no successor to wait for at their end, that never put their end off (a table more than
+    ``BEHIND_S`` behind on a loaded machine would make a run *catching up*: tested by the
+    rollover test above and tests/unit/defs/test_handoff_catch_up.py; here it would outlive
+    the owner, whose sensor these tests stop ticking), and ticking on each step, busy or not."""
+    from cdc_dagster.defs import handoff as lanes
     from cdc_dagster.defs.capture import job as capture_job
 
     one = _one_capture(tmp_path, metastore, etcd_endpoints, cluster_id, monkeypatch, loop_s)
@@ -579,6 +583,7 @@ def _two_changefeeds(
         upstream_uri=f"changelog://{one.changelog}",
     )
     monkeypatch.setattr(capture_job, "HANDOFF_MAX_S", 0.0)
+    monkeypatch.setattr(lanes, "EXTEND_MAX_S", 0.0)
     monkeypatch.setattr(capture_job, "IDLE_TICK_S", 0.5)
     return one
 
