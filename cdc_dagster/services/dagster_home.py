@@ -96,8 +96,10 @@ run_launcher:
       - networkx
       - cdc_dagster.mysql.chunk_reader
       - pandas
-    # the replacements of workers taken wait for a snapshot's reads, and for a CPU to spare
-    # (a backlog's drain, a rollover's new runs come first), at most quiet_max_s
+    # forked from a zygote that imported once (~0.2 CPU-s a worker, refilled at once)
+    fork_workers: true
+    # without the zygote (fork_workers: false), the replacements of workers taken wait for
+    # a snapshot's reads, and for a CPU to spare, at most quiet_max_s
     quiet_jobs:
       - mysql_snapshot
     quiet_max_s: 120

@@ -42,6 +42,17 @@ autogroups), so the two replacements of two captures' next runs took 8.6 CPU-s o
 10.3 s a backlog drain arriving with them lasted (readable after 10.3 s instead of
 3.4-4.1: the capture's bulk workers and the puller got the rest; throughput bench).
 
+Those waits did not settle it (throughput bench, twenty-sixth session): refills that waited
+for a quiet moment left the next launches cold during a snapshot's slices (~10 CPU-s each);
+refills that took the first idle second took 11 of a backlog drain's 25 CPU-s. So by default
+(``fork_workers``) the workers are forked from a *zygote* (``run_worker --zygote``: one
+process per pool key that imported the modules once, started at the key's first refill and
+again when its sources change): a forked worker is ready after ~0.2 CPU-s (the code module's
+``warm_up``, the instance), and the pool is refilled at once, without the waits above, which
+serve only workers that import for themselves. The zygote is the workers' parent: it reaps
+them and tells the launcher their exit statuses (``_Forked``); a zygote that died is
+replaced at the next refill, and its workers' runs go on (their exit statuses unknown).
+
 Around the process it owns, the launcher also:
 
 - watches it: a worker that exits before its run ended (killed, out of memory) marks the
@@ -59,7 +70,9 @@ from __future__ import annotations
 import contextlib
 import importlib.machinery
 import os
+import queue
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -69,7 +82,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from dagster import Field, IntSource, Noneable
+from dagster import BoolSource, Field, IntSource, Noneable
 from dagster import _check as check
 from dagster._core.launcher.base import (
     CheckRunHealthResult,
@@ -80,7 +93,15 @@ from dagster._core.launcher.base import (
 from dagster._serdes import ConfigurableClass, ConfigurableClassData
 
 from cdc_dagster.pipeline.background import wait_for_idle_cpus
-from cdc_dagster.services.run_worker import READY_BYTE, READY_FD_ENV
+from cdc_dagster.services.run_worker import (
+    FORK,
+    QUIT,
+    READY_BYTE,
+    READY_FD_ENV,
+    READY_MSG,
+    ZYGOTE_ARG,
+    ZYGOTE_FD_ENV,
+)
 
 WORKER_TAG = "cdc/run_worker"  # "<pid>:<start time>" of the process executing the run
 # A lane's next run, requested before the run it follows ends (cdc_dagster/defs/handoff.py,
@@ -92,6 +113,10 @@ DEFAULT_QUIET_MAX_S = 120  # a refill waits at most this long for the quiet_jobs
 DEFAULT_QUIET_IDLE_CORES = 0.0  # ... and for this many idle CPUs (0: does not look)
 QUIET_POLL_S = 1.0  # ... looking this often whether one is still going
 FINGERPRINT_TTL_S = 1.0  # package sources are looked at most once a second
+ZYGOTE_READY_S = 120.0  # a refill waits at most this long for a zygote's imports
+FORK_REPLY_S = 10.0  # ... and this long for its answer to a fork
+# A forked worker's exit status when its zygote ended first (nobody left to tell it)
+UNKNOWN_EXIT = -1000
 
 
 @dataclass
@@ -99,9 +124,10 @@ class _Warm:
     """A started worker waiting for a run, and what it imported. ``ready_fd``: the read end
     of the pipe on which the worker says its imports are done (``READY_FD_ENV``)."""
 
-    proc: subprocess.Popen
+    proc: subprocess.Popen | _Forked
     fingerprint: tuple[int, int]
     ready_fd: int | None = None
+    forked: bool = False  # from a zygote (``_Zygote``), not importing for itself
     started: float = field(default_factory=time.monotonic)
     done_importing: bool = False
 
@@ -123,6 +149,139 @@ class _Warm:
             with contextlib.suppress(OSError):
                 os.close(self.ready_fd)
             self.ready_fd = None
+
+
+class _Forked:
+    """A worker forked by a :class:`_Zygote`: what the launcher uses of a ``Popen`` (its
+    pid, standard input, ``poll``, ``wait``). Not the launcher's child: its exit status comes
+    from the zygote (``UNKNOWN_EXIT`` if the zygote ended before it)."""
+
+    def __init__(self, pid: int, stdin: Any, zygote: _Zygote) -> None:
+        self.pid = pid
+        self.stdin = stdin
+        self.zygote = zygote
+        self.start_time = worker_start_time(pid)
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            status = self.zygote.exit_status(self.pid)
+            if status is not None:
+                self.returncode = os.waitstatus_to_exitcode(status)
+            elif self.zygote.ended and not worker_alive(f"{self.pid}:{self.start_time}"):
+                self.returncode = UNKNOWN_EXIT
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() >= deadline:
+                raise subprocess.TimeoutExpired([f"worker {self.pid}"], timeout or 0.0)
+            self.zygote.wait_for_exits(0.5)
+        assert self.returncode is not None
+        return self.returncode
+
+
+class _Zygote:
+    """``run_worker --zygote``: imports a pool key's modules once, then forks workers (see
+    ``run_worker.zygote``). Started niced as a worker; a reader thread takes its messages."""
+
+    def __init__(self, key: PoolKey, fingerprint: tuple[int, int]) -> None:
+        self.fingerprint = fingerprint
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            self.proc = subprocess.Popen(
+                [key.python, "-m", "cdc_dagster.services.run_worker", ZYGOTE_ARG, *key.modules],
+                stdin=subprocess.DEVNULL,
+                close_fds=True,
+                pass_fds=(theirs.fileno(),),
+                env={**os.environ, ZYGOTE_FD_ENV: str(theirs.fileno())},
+            )
+        except BaseException:
+            ours.close()
+            raise
+        finally:
+            theirs.close()
+        self.sock = ours
+        self.ready = threading.Event()
+        self.ended = False
+        self._replies: queue.Queue[int] = queue.Queue()
+        self._exits: dict[int, int] = {}
+        self._exited = threading.Condition()
+        self._fork_lock = threading.Lock()
+        threading.Thread(target=self._read, name="run-zygote", daemon=True).start()
+
+    def _read(self) -> None:
+        while True:
+            try:
+                msg = self.sock.recv(256)
+            except OSError:
+                msg = b""
+            if not msg:
+                break
+            if msg == READY_MSG:
+                self.ready.set()
+            elif msg.startswith(b"PID "):
+                self._replies.put(int(msg.split()[1]))
+            elif msg.startswith(b"EXIT "):
+                _, pid, status = msg.split()
+                with self._exited:
+                    self._exits[int(pid)] = int(status)
+                    self._exited.notify_all()
+        with self._exited:
+            self.ended = True
+            self._exited.notify_all()
+        with contextlib.suppress(OSError):
+            self.sock.close()
+        self.ready.set()  # wakes a refill waiting for it: it sees the zygote ended
+        self._replies.put(0)
+        threading.Thread(target=self.proc.wait, daemon=True).start()  # reaped
+
+    def usable(self) -> bool:
+        return self.ready.is_set() and not self.ended
+
+    def exit_status(self, pid: int) -> int | None:
+        with self._exited:
+            return self._exits.pop(pid, None)
+
+    def wait_for_exits(self, timeout: float) -> None:
+        with self._exited:
+            if not self.ended:
+                self._exited.wait(timeout)
+            else:
+                time.sleep(timeout)  # nobody will tell: the caller looks at the process
+
+    def fork(self) -> tuple[_Forked, int] | None:
+        """A new worker and the read end of its ready pipe (None: the zygote refused or
+        did not answer within ``FORK_REPLY_S``; it is then retired)."""
+        stdin_r, stdin_w = os.pipe()
+        ready_r, ready_w = os.pipe()
+        with self._fork_lock:
+            try:
+                socket.send_fds(self.sock, [FORK], [stdin_r, ready_w])
+                pid = self._replies.get(timeout=FORK_REPLY_S)
+            except (OSError, queue.Empty):
+                pid = 0
+            finally:
+                os.close(stdin_r)
+                os.close(ready_w)
+        if pid <= 0:
+            os.close(stdin_w)
+            os.close(ready_r)
+            self.retire()
+            return None
+        os.set_blocking(ready_r, False)
+        return _Forked(pid, os.fdopen(stdin_w, "wb"), self), ready_r
+
+    def retire(self) -> None:
+        """Fork no more; the zygote exits once its workers did (their exits still told)."""
+        with contextlib.suppress(OSError):
+            self.sock.send(QUIT)
+
+    def close(self) -> None:
+        """End the zygote now (its workers go on; their exits are no longer told)."""
+        with contextlib.suppress(OSError):
+            self.sock.shutdown(socket.SHUT_RDWR)
 
 
 def _stat(pid: int) -> list[str]:
@@ -158,6 +317,8 @@ def worker_alive(tag: str) -> bool:
 
 def exit_text(returncode: int) -> str:
     """``exited with code N`` / ``was killed by SIGKILL``."""
+    if returncode == UNKNOWN_EXIT:
+        return "ended (its exit status is unknown: the zygote it was forked from ended first)"
     if returncode < 0:
         try:
             return f"was killed by {signal.Signals(-returncode).name}"
@@ -204,14 +365,46 @@ class PoolKey(NamedTuple):
 
 
 class _Pool:
-    """Warm workers per (python, modules to import); thread-safe (the daemon launches from
-    several threads)."""
+    """Warm workers per (python, modules to import), forked from a zygote of that key when
+    ``fork`` (else each imports for itself); thread-safe (the daemon launches from several
+    threads)."""
 
-    def __init__(self, size: int) -> None:
+    def __init__(self, size: int, fork: bool = True) -> None:
         self.size = size
+        self.fork = fork
         self.lock = threading.Lock()
         self.idle: dict[PoolKey, list[_Warm]] = {}
         self.fingerprints: dict[PoolKey, tuple[float, tuple[int, int]]] = {}
+        self.zygotes: dict[PoolKey, _Zygote] = {}
+
+    def zygote(self, key: PoolKey) -> _Zygote | None:
+        """The zygote of ``key`` and its current sources, started if there is none (or the
+        sources changed: the old one is retired); None when not forking or it cannot start."""
+        if not self.fork or self.size <= 0:
+            return None
+        fp = self.fingerprint(key)
+        with self.lock:
+            z = self.zygotes.get(key)
+            if z is not None and (z.ended or z.fingerprint != fp):
+                z.retire()
+                z = None
+            if z is None:
+                try:
+                    z = self.zygotes[key] = _Zygote(key, fp)
+                except OSError:
+                    self.zygotes.pop(key, None)
+                    return None
+            return z
+
+    def _new_worker(self, key: PoolKey, fp: tuple[int, int]) -> _Warm:
+        """A worker forked from ``key``'s zygote when it is ready and of ``fp`` (else one
+        importing for itself)."""
+        z = self.zygotes.get(key)
+        if z is not None and z.usable() and z.fingerprint == fp:
+            forked = z.fork()
+            if forked is not None:
+                return _Warm(forked[0], fp, forked[1], forked=True)
+        return _start_worker(key, fp)
 
     def fingerprint(self, key: PoolKey) -> tuple[int, int]:
         now = time.monotonic()
@@ -252,14 +445,18 @@ class _Pool:
             workers = self.idle.setdefault(key, [])
             _retire_stale(workers, fp)
             while len(workers) < self.size:  # under the lock: two refills start no extra
-                workers.append(_start_worker(key, fp))
+                workers.append(self._new_worker(key, fp))
 
     def close(self) -> None:
         with self.lock:
             workers = [w for ws in self.idle.values() for w in ws]
             self.idle.clear()
+            zygotes = list(self.zygotes.values())
+            self.zygotes.clear()
         for w in workers:
             _retire(w)
+        for z in zygotes:
+            z.close()
 
 
 def _start_worker(key: PoolKey, fingerprint: tuple[int, int]) -> _Warm:
@@ -326,6 +523,7 @@ class WarmRunLauncher(RunLauncher, ConfigurableClass):
         quiet_jobs: Sequence[str] | None = None,
         quiet_max_s: float = DEFAULT_QUIET_MAX_S,
         quiet_idle_cores: float = DEFAULT_QUIET_IDLE_CORES,
+        fork_workers: bool = True,
     ) -> None:
         self._inst_data = inst_data
         self.warm_workers = check.int_param(warm_workers, "warm_workers")
@@ -334,7 +532,8 @@ class WarmRunLauncher(RunLauncher, ConfigurableClass):
         self.quiet_jobs = tuple(quiet_jobs or ())
         self.quiet_max_s = float(quiet_max_s)
         self.quiet_idle_cores = float(quiet_idle_cores)
-        self._pool = _Pool(max(self.warm_workers, 0))
+        self.fork_workers = bool(fork_workers)
+        self._pool = _Pool(max(self.warm_workers, 0), fork=self.fork_workers)
         self._procs: dict[str, subprocess.Popen] = {}
         self._lock = threading.Lock()
         super().__init__()
@@ -379,6 +578,13 @@ class WarmRunLauncher(RunLauncher, ConfigurableClass):
                 default_value=DEFAULT_QUIET_IDLE_CORES,
                 description="A refill also waits (at most quiet_max_s) while fewer CPUs than "
                 "this were idle over the last second (0: it does not look; Linux's /proc/stat).",
+            ),
+            "fork_workers": Field(
+                BoolSource,
+                default_value=True,
+                description="Fork the warm workers from one process that imported the code "
+                "location once (a zygote: ~0.3 CPU-s a worker instead of ~5.5, and no wait "
+                "for quiet_jobs or idle CPUs); false: each worker imports for itself.",
             ),
         }
 
@@ -427,7 +633,10 @@ class WarmRunLauncher(RunLauncher, ConfigurableClass):
                 warm.proc.stdin.write(serialize_value(args).encode())
                 warm.proc.stdin.close()
                 proc = warm.proc
-                how = f"warm: started {time.monotonic() - warm.started:.0f} s before the run"
+                how = (
+                    f"warm: {'forked' if warm.forked else 'started'} "
+                    f"{time.monotonic() - warm.started:.0f} s before the run"
+                )
             except OSError:  # died meanwhile: a cold one
                 _retire(warm)
         if proc is None:
@@ -446,11 +655,18 @@ class WarmRunLauncher(RunLauncher, ConfigurableClass):
             threading.Thread(target=self._refill, args=(key,), daemon=True).start()
 
     def _refill(self, key: PoolKey) -> None:
-        """Refill the pool once no ``quiet_jobs`` run is going and ``quiet_idle_cores`` CPUs
-        were idle over the last look (``QUIET_POLL_S``), or ``quiet_max_s`` passed. One look,
-        not the bulk workers' ``background.IDLE_STEADY_S``: tried for refills, it showed no gain,
-        and a refill that does not come leaves the next launch cold (~10 CPU-s, twice a
-        refill's imports, on the run's way to its work: throughput bench)."""
+        """Refill the pool: at once with workers forked from the key's zygote (started
+        here the first time, or when the sources changed; its imports waited for, at most
+        ``ZYGOTE_READY_S``). Workers that import for themselves (no zygote) wait until no
+        ``quiet_jobs`` run is going and ``quiet_idle_cores`` CPUs were idle over the last look
+        (``QUIET_POLL_S``), or ``quiet_max_s`` passed. One look, not the bulk workers'
+        ``background.IDLE_STEADY_S``: tried for refills, it showed no gain, and a refill that
+        does not come leaves the next launch cold (~10 CPU-s, twice a refill's imports, on
+        the run's way to its work: throughput bench)."""
+        z = self._pool.zygote(key)
+        if z is not None and z.ready.wait(ZYGOTE_READY_S) and not z.ended:
+            self._pool.refill(key)
+            return
         wait_for_idle_cpus(self.quiet_idle_cores, self.quiet_max_s, self._quiet_run_going,
                            QUIET_POLL_S, steady_s=QUIET_POLL_S)  # fmt: skip
         self._pool.refill(key)

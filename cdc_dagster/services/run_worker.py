@@ -184,11 +184,20 @@ def say_ready() -> None:
 
 
 def main(argv: list[str]) -> int:
-    """Preload ``argv``'s modules, then execute the run given on standard input."""
+    """Preload ``argv``'s modules, then execute the run given on standard input; with
+    ``ZYGOTE_ARG`` first, preload them once and fork workers on request (:func:`zygote`)."""
+    if argv[:1] == [ZYGOTE_ARG]:
+        return zygote(argv[1:])
     base = lower_priority()
     restore_on_input(base)
+    return serve(argv, base, preload(argv))
+
+
+def serve(argv: list[str], base: int | None, line: str) -> int:
+    """After the imports (``line`` says how they went): what is done ahead of a run, then
+    the run given on standard input."""
     # the run's code module (the first) only: a preloaded library's ``warm_up`` is not ours
-    line = preload(argv) + warm_up(argv[:1]) + warm_instance()
+    line += warm_up(argv[:1]) + warm_instance()
     say_ready()
     payload = sys.stdin.read()
     if not payload.strip():
@@ -202,6 +211,111 @@ def main(argv: list[str]) -> int:
     # the run's job from its code origin, executes it and exits with its status.
     execute_run_command.main(args=[payload.strip()], prog_name="dagster api execute_run")
     return 0
+
+
+# -- the zygote: imports once, forks the workers ------------------------------------------
+#
+# A worker that imports for itself costs ~5.5 CPU-s (``cdc_dagster.defs``: Dagster,
+# dagster-dbt and dbt-core, PySpark's client), and the launcher replaces each worker a run
+# takes: two or three per capture rollover. Those imports fell into backlog drains and
+# snapshot reads however the refills were timed (throughput bench). A zygote imports them
+# once and forks each worker from itself: the fork shares the imported modules (copy on
+# write) and is ready after the per-run work of ``serve`` (the code module's ``warm_up``, the
+# instance: ~0.3 CPU-s). The zygote is the workers' parent, so it reaps them and tells the
+# launcher each one's exit status.
+ZYGOTE_ARG = "--zygote"
+# The zygote's end of its socket (AF_UNIX, SOCK_SEQPACKET) to the launcher. The launcher
+# sends FORK with two descriptors (the worker's standard input, the write end of its ready
+# pipe) or QUIT (fork no more; exit once every worker forked has exited); the zygote sends
+# READY once imported, "PID <pid>" for each FORK (0: refused), "EXIT <pid> <wait status>".
+ZYGOTE_FD_ENV = "CDC_DAGSTER_RUN_ZYGOTE_FD"
+FORK, QUIT, READY_MSG = b"F", b"Q", b"READY"
+REAP_S = 0.2  # how often the zygote looks for workers that exited
+
+
+def zygote(modules: list[str]) -> int:
+    """Import ``modules`` (niced, as a worker would), then fork a worker for each FORK,
+    reap them and report their exits, until the launcher's end closes (or QUIT, once no
+    worker is left). Returns in a forked worker too: its exit code, once its run ended."""
+    import socket
+
+    sock = socket.socket(fileno=int(os.environ.pop(ZYGOTE_FD_ENV)))
+    base = lower_priority()
+    line = preload(modules)
+    # the instance's storage modules imported here too (SQLAlchemy, Alembic: ~0.8 s); the
+    # instance itself is opened by each worker (no connection crosses a fork)
+    warm_instance()
+    instance = _warm.pop("instance", None)
+    if instance is not None:
+        instance.dispose()
+    try:
+        sock.send(READY_MSG)
+    except OSError:
+        return 0  # the launcher ended while this imported
+    workers: set[int] = set()
+    quitting = False
+    while not (quitting and not workers):
+        readable = select.select([sock], [], [], REAP_S)[0]
+        _reap(sock, workers)
+        if not readable:
+            continue
+        try:
+            data, fds, _, _ = socket.recv_fds(sock, 16, 2)
+        except OSError:
+            data, fds = b"", []
+        if not data:
+            return 0  # the launcher is gone: its workers go on, reaped by init
+        if data == QUIT:
+            quitting = True
+        if data != FORK or len(fds) != 2 or quitting:
+            for fd in fds:
+                os.close(fd)
+            if data != QUIT:
+                with contextlib.suppress(OSError):
+                    sock.send(b"PID 0")
+            continue
+        pid = os.fork()
+        if pid == 0:
+            return _forked(sock, fds, modules, base, line)
+        for fd in fds:
+            os.close(fd)
+        workers.add(pid)
+        with contextlib.suppress(OSError):  # the launcher gone: the next recv says so
+            sock.send(f"PID {pid}".encode())
+    return 0
+
+
+def _reap(sock: Any, workers: set[int]) -> None:
+    """Report each worker that exited (``EXIT <pid> <status>``)."""
+    while workers:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            workers.clear()
+            return
+        if pid == 0:
+            return
+        workers.discard(pid)
+        with contextlib.suppress(OSError):
+            sock.send(f"EXIT {pid} {status}".encode())
+
+
+def _forked(sock: Any, fds: list[int], modules: list[str], base: int | None, line: str) -> int:
+    """In a worker just forked: its standard input and ready pipe from the launcher, the
+    default signal handling, then ``serve`` as a worker that imported for itself."""
+    import random
+    import signal
+
+    sock.close()
+    stdin, ready = fds
+    os.dup2(stdin, 0)
+    os.close(stdin)
+    os.environ[READY_FD_ENV] = str(ready)
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # Dagster's cancellation
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    random.seed()  # not the zygote's sequence in every worker
+    restore_on_input(base)
+    return serve(modules, base, f"{line}; forked from zygote pid {os.getppid()}")
 
 
 if __name__ == "__main__":

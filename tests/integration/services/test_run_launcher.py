@@ -83,18 +83,19 @@ def pool_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, request: Any) -> A
 
 @pytest.fixture
 def busy_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, request: Any) -> Any:
-    """A launcher whose refills wait for more idle CPUs than the machine has, at most
-    ``request.param`` s."""
+    """A launcher whose workers import for themselves (no zygote) and whose refills wait
+    for more idle CPUs than the machine has, at most ``request.param`` s."""
     config = {"warm_workers": 1, "kill_after_s": 3, "quiet_max_s": float(request.param),
-              "quiet_idle_cores": float((os.cpu_count() or 1) + 1)}  # fmt: skip
+              "quiet_idle_cores": float((os.cpu_count() or 1) + 1), "fork_workers": False}  # fmt: skip
     yield from _env(tmp_path, monkeypatch, config)
 
 
 @pytest.fixture
 def quiet_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, request: Any) -> Any:
-    """A launcher whose refills wait for ``long`` runs, at most ``request.param`` s."""
+    """A launcher whose workers import for themselves (no zygote) and whose refills wait
+    for ``long`` runs, at most ``request.param`` s."""
     config = {"warm_workers": 1, "kill_after_s": 3, "quiet_jobs": ["long"],
-              "quiet_max_s": float(request.param)}  # fmt: skip
+              "quiet_max_s": float(request.param), "fork_workers": False}  # fmt: skip
     yield from _env(tmp_path, monkeypatch, config)
 
 
@@ -364,9 +365,11 @@ Path(os.environ["LAUNCHER_TEST_DIR"], f"preload-{os.getpid()}").write_text(
 
 @pytest.fixture
 def slow_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
-    """A launcher whose workers preload ``slow_preload`` (``SLOW_PRELOAD``)."""
+    """A launcher whose workers import for themselves (no zygote), ``slow_preload``
+    (``SLOW_PRELOAD``) among their modules."""
     monkeypatch.setenv("LAUNCHER_BASE_NICE", str(os.getpriority(os.PRIO_PROCESS, 0)))
-    config = {"warm_workers": 1, "kill_after_s": 3, "preload_modules": ["slow_preload"]}
+    config = {"warm_workers": 1, "kill_after_s": 3, "preload_modules": ["slow_preload"],
+              "fork_workers": False}  # fmt: skip
     (tmp_path / "code").mkdir()
     (tmp_path / "code" / "slow_preload.py").write_text(textwrap.dedent(SLOW_PRELOAD))
     yield from _env(tmp_path, monkeypatch, config)
@@ -431,9 +434,10 @@ while not gate.exists() and time.monotonic() - started < 60:
 
 @pytest.fixture
 def gated_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
-    """A launcher keeping 3 warm workers whose imports (``gated_preload``) end only while
-    ``out/gate-open`` exists."""
-    config = {"warm_workers": 3, "kill_after_s": 3, "preload_modules": ["gated_preload"]}
+    """A launcher keeping 3 warm workers importing for themselves (no zygote), whose
+    imports (``gated_preload``) end only while ``out/gate-open`` exists."""
+    config = {"warm_workers": 3, "kill_after_s": 3, "preload_modules": ["gated_preload"],
+              "fork_workers": False}  # fmt: skip
     (tmp_path / "code").mkdir()
     (tmp_path / "code" / "gated_preload.py").write_text(textwrap.dedent(GATED_PRELOAD))
     yield from _env(tmp_path, monkeypatch, config)
@@ -542,3 +546,90 @@ def test_a_refill_waits_for_idle_cpus_at_most_quiet_max_s(busy_env):
     run_id = launch(instance, repo, "quick")
     assert wait_status(instance, run_id).is_success
     assert "warm" in worker_line(instance, run_id)
+
+
+# -- workers forked from a zygote (the default) -------------------------------------------
+
+
+@pytest.fixture
+def fork_quiet_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """The default (forked workers), with ``long`` as a quiet job."""
+    config = {"warm_workers": 1, "kill_after_s": 3, "quiet_jobs": ["long"], "quiet_max_s": 300.0}
+    yield from _env(tmp_path, monkeypatch, config)
+
+
+def _parent(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+def _zygote_pid(launcher: WarmRunLauncher) -> int:
+    (z,) = launcher._pool.zygotes.values()
+    return z.proc.pid
+
+
+def test_forked_workers_refill_at_once_even_while_a_quiet_jobs_run_goes(fork_quiet_env):
+    """A worker forked from the zygote costs no imports: the pool is refilled as soon as a
+    run takes a worker, a ``long`` (quiet) run going or not, and the next run is warm too."""
+    instance, repo, out, _ = fork_quiet_env
+    launcher = instance.run_launcher
+    assert wait_status(instance, launch(instance, repo, "quick")).is_success  # cold
+    wait_warm(launcher)
+    (worker,) = idle_workers(launcher)
+    zygote = _zygote_pid(launcher)
+    assert worker.forked and _parent(worker.proc.pid) == zygote != os.getpid()
+    run_id = launch(instance, repo, "long")
+    assert "warm: forked" in worker_line(instance, run_id)
+    assert wait_file(out / run_id) == worker.proc.pid
+    wait_refilled(launcher, 1, timeout_s=15)  # while the long run goes
+    other = launch(instance, repo, "quick")
+    assert wait_status(instance, other).is_success
+    assert "warm: forked" in worker_line(instance, other)
+    assert launcher.terminate(run_id)  # SIGINT: a forked worker handles it as Dagster's
+    assert wait_status(instance, run_id).status == dg.DagsterRunStatus.CANCELED
+    said = messages(instance, run_id)
+    assert not any("SIGKILL" in m for m in said), said
+    assert _zygote_pid(launcher) == zygote  # one zygote did it all
+
+
+def test_a_forked_worker_killed_mid_run_fails_its_run_with_the_signal(env):
+    """The exit status of a forked worker (not the launcher's child) comes from its zygote."""
+    instance, repo, out, _ = env
+    assert wait_status(instance, launch(instance, repo, "quick")).is_success  # cold
+    wait_warm(instance.run_launcher)
+    run_id = launch(instance, repo, "long")
+    assert "warm: forked" in worker_line(instance, run_id)
+    pid = wait_file(out / run_id)
+    os.kill(pid, signal.SIGKILL)
+    run = wait_status(instance, run_id, 30)
+    assert run.status == dg.DagsterRunStatus.FAILURE
+    said = messages(instance, run_id)
+    assert any(f"Run worker pid {pid} was killed by SIGKILL" in m for m in said), said
+
+
+def test_a_forked_workers_run_outlives_its_zygote_and_a_new_zygote_takes_over(env):
+    """The zygote killed: a run it forked goes on; that worker killed later, its run fails
+    saying its exit status is unknown; the next refill starts a new zygote."""
+    instance, repo, out, _ = env
+    launcher = instance.run_launcher
+    assert wait_status(instance, launch(instance, repo, "quick")).is_success  # cold
+    wait_warm(launcher)
+    zygote = _zygote_pid(launcher)
+    run_id = launch(instance, repo, "long")
+    pid = wait_file(out / run_id)
+    wait_refilled(launcher, 1)
+    os.kill(zygote, signal.SIGKILL)
+    time.sleep(1.0)
+    assert not instance.get_run_by_id(run_id).is_finished
+    assert worker_alive(instance.get_run_by_id(run_id).tags[WORKER_TAG])
+    os.kill(pid, signal.SIGKILL)
+    run = wait_status(instance, run_id, 30)
+    assert run.status == dg.DagsterRunStatus.FAILURE
+    said = messages(instance, run_id)
+    assert any(f"Run worker pid {pid} ended (its exit status is unknown" in m for m in said), said
+    # the idle worker it forked still takes a run; its refill comes from a new zygote
+    nxt = launch(instance, repo, "quick")
+    assert wait_status(instance, nxt).is_success
+    assert "warm: forked" in worker_line(instance, nxt)
+    wait_refilled(launcher, 1)
+    (worker,) = idle_workers(launcher)
+    assert _parent(worker.proc.pid) == _zygote_pid(launcher) != zygote
