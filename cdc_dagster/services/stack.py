@@ -57,7 +57,8 @@ DEMO_CHANGEFEED = "demo"
 DEMO_CAPTURES = ("capture-1", "capture-2")
 VENV_BIN = Path(sys.executable).parent
 DEFAULT_OWNER_WAIT_S = "3.5"  # the owner sensor's wait budget (CDC_DAGSTER_OWNER_WAIT_S):
-# with the daemon's handling of its result (0.3-1.4 s measured) it ends before the next wake
+# set when the daemon woke every 5 s, so that with its handling of the result (0.3-1.4 s)
+# an evaluation ended before the next wake; the loop now wakes every second
 STOP_GRACE_S = 2.0  # SIGTERM, then SIGKILL: a stop takes at most this + 1 s
 SERVER_LOG = "server.log"
 
@@ -284,8 +285,9 @@ def dagster_env(
         "CDC_DAGSTER_ETCD": etcd,
         "CDC_DAGSTER_SPARK_REMOTE": spark_remote,
         "DAGSTER_SENSOR_GRPC_TIMEOUT_SECONDS": "60",
-        # The owner sensor ticks on etcd changes until 1 s before the daemon's next wake
-        # (every 5 s; it skips a sensor still evaluating): cdc_dagster/defs/owner/wait.py.
+        # The owner sensor ticks on etcd changes for 3.5 s an evaluation; the daemon's sensor
+        # loop wakes every second (services/run_coordinator.py) and skips a sensor still
+        # evaluating: cdc_dagster/defs/owner/wait.py.
         "CDC_DAGSTER_OWNER_WAIT_S": os.environ.get(
             "CDC_DAGSTER_OWNER_WAIT_S", DEFAULT_OWNER_WAIT_S
         ),

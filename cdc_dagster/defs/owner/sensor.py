@@ -39,9 +39,10 @@ from cdc_dagster.runtime import OwnerLoop, OwnerStep, owner_step
 from cdc_dagster.sinks.uri import is_delta
 
 SENSOR_NAME = "cdc_owner"
-# The daemon's loop wakes every 5 s (the real floor) and skips a sensor whose last tick
-# started less than its minimum interval ago: at 5 s a tick 4.9 s after the last one waited
-# for the next wake, so the owner ticked every 10 s. Below the loop time it ticks each wake.
+# The daemon's sensor loop wakes every 5 s (Dagster's floor; every second in the daemon of
+# `server start`: services/run_coordinator.py SENSOR_LOOP_S) and skips a sensor whose last
+# tick started less than its minimum interval ago: at 5 s a tick 4.9 s after the last one
+# waited for the next wake, so the owner ticked every 10 s. At 1 s it ticks each wake.
 MIN_INTERVAL_S = 1
 # Asset observations per tick: each is one event-log write in the daemon (~12 ms on SQLite).
 OBSERVATIONS_PER_TICK = 50

@@ -1,7 +1,8 @@
 """When one evaluation of the owner sensor ticks the owner again, instead of returning.
 
-Dagster's daemon wakes the sensor every 5 s at best, so whatever a user or a capture does
-waits 0-5 s for the owner to see it: a ``changefeed resume``, a capture's answer to a
+Dagster's daemon wakes the sensor every 5 s at best (every second in the daemon ``server
+start`` runs: ``services/run_coordinator.py``), so whatever a user or a capture does waited
+0-5 s for the owner to see it: a ``changefeed resume``, a capture's answer to a
 prepare, a checkpoint that moved. An evaluation that has nothing to launch (run requests
 are launched only once it returns) watches etcd (``metastore/owner_watch.py``) until its
 budget is spent and ticks again as soon as something that matters changed:

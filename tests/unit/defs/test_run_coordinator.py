@@ -28,7 +28,13 @@ LIMITS = [
 
 @pytest.fixture
 def instance(monkeypatch: pytest.MonkeyPatch) -> Any:
+    from dagster._daemon import sensor as sensor_daemon
+
     monkeypatch.setattr(rc, "in_daemon", lambda: True)
+    # made "in the daemon", the coordinator tightens the sensor loop: as it was after
+    monkeypatch.setattr(
+        sensor_daemon, "MIN_INTERVAL_LOOP_TIME", sensor_daemon.MIN_INTERVAL_LOOP_TIME
+    )
     overrides = {
         "run_coordinator": {
             "module": "cdc_dagster.services.run_coordinator",
@@ -97,3 +103,27 @@ def test_the_dagster_yaml_uses_it_with_the_limits(tmp_path: Path) -> None:
         assert {"cdc/upstream", "dagster/partition", "cdc/dbt_build"} <= rc.limited_keys(limits)
     finally:
         instance.dispose()
+
+
+def test_made_in_the_daemon_it_makes_the_sensor_loop_wake_every_second(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The owner's evaluation that requests runs returns at once; the next one starts at the
+    sensor loop's next wake: every ``SENSOR_LOOP_S`` in the daemon, not Dagster's 5 s."""
+    from dagster._daemon import sensor as sensor_daemon
+
+    monkeypatch.setattr(sensor_daemon, "MIN_INTERVAL_LOOP_TIME", 5)
+    overrides = {
+        "run_coordinator": {
+            "module": "cdc_dagster.services.run_coordinator",
+            "class": "PromptRunCoordinator",
+        },
+        "run_launcher": {"module": "dagster._core.test_utils", "class": "MockedRunLauncher"},
+    }
+    for daemon, wakes_every in ((False, 5), (True, rc.SENSOR_LOOP_S)):
+        monkeypatch.setattr(rc, "in_daemon", lambda daemon=daemon: daemon)
+        with instance_for_test(overrides=overrides) as inst:
+            assert isinstance(inst.run_coordinator, rc.PromptRunCoordinator)
+        assert wakes_every == sensor_daemon.MIN_INTERVAL_LOOP_TIME
+    rc.tighten_sensor_loop(3.0)  # never less often than it wakes already
+    assert sensor_daemon.MIN_INTERVAL_LOOP_TIME == rc.SENSOR_LOOP_S
