@@ -49,7 +49,11 @@ refills that took the first idle second took 11 of a backlog drain's 25 CPU-s. S
 process per pool key that imported the modules once, started at the key's first refill and
 again when its sources change): a forked worker is ready after ~0.2 CPU-s (the code module's
 ``warm_up``, the instance), and the pool is refilled at once, without the waits above, which
-serve only workers that import for themselves. The zygote is the workers' parent: it reaps
+serve only workers that import for themselves. A launch that finds no worker idle (the
+first runs after the daemon started, a burst larger than the pool) has one forked for it,
+the zygote started and waited for if need be (at most ``ZYGOTE_LAUNCH_WAIT_S``): at a new
+changefeed's first evaluation, four cold starts (~10 CPU-s each, side by side) became one
+zygote's imports. The zygote is the workers' parent: it reaps
 them and tells the launcher their exit statuses (``_Forked``); a zygote that died is
 replaced at the next refill, and its workers' runs go on (their exit statuses unknown).
 
@@ -114,6 +118,7 @@ DEFAULT_QUIET_IDLE_CORES = 0.0  # ... and for this many idle CPUs (0: does not l
 QUIET_POLL_S = 1.0  # ... looking this often whether one is still going
 FINGERPRINT_TTL_S = 1.0  # package sources are looked at most once a second
 ZYGOTE_READY_S = 120.0  # a refill waits at most this long for a zygote's imports
+ZYGOTE_LAUNCH_WAIT_S = 30.0  # ... a launch with no worker idle (then it starts cold)
 FORK_REPLY_S = 10.0  # ... and this long for its answer to a fork
 # A forked worker's exit status when its zygote ended first (nobody left to tell it)
 UNKNOWN_EXIT = -1000
@@ -128,6 +133,7 @@ class _Warm:
     fingerprint: tuple[int, int]
     ready_fd: int | None = None
     forked: bool = False  # from a zygote (``_Zygote``), not importing for itself
+    for_run: bool = False  # forked for a run that found no worker idle (``_Pool.fork_now``)
     started: float = field(default_factory=time.monotonic)
     done_importing: bool = False
 
@@ -396,6 +402,20 @@ class _Pool:
                     return None
             return z
 
+    def fork_now(self, key: PoolKey) -> _Warm | None:
+        """A worker forked at once for a run that found none idle (a burst, the first runs
+        after the daemon started: four runs at a changefeed's first evaluation): from the
+        key's zygote, started if there is none and waited for at most ``ZYGOTE_LAUNCH_WAIT_S``
+        (its imports, ~5.5 CPU-s once, instead of ~10 for each cold start beside the
+        others). None when not forking, or the zygote cannot fork."""
+        z = self.zygote(key)
+        if z is None or not z.ready.wait(ZYGOTE_LAUNCH_WAIT_S) or not z.usable():
+            return None
+        forked = z.fork()
+        if forked is None:
+            return None
+        return _Warm(forked[0], z.fingerprint, forked[1], forked=True, for_run=True)
+
     def _new_worker(self, key: PoolKey, fp: tuple[int, int]) -> _Warm:
         """A worker forked from ``key``'s zygote when it is ready and of ``fp`` (else one
         importing for itself)."""
@@ -627,15 +647,19 @@ class WarmRunLauncher(RunLauncher, ConfigurableClass):
         # still importing): the readiest stay for the runs that are awaited
         ahead = run.tags.get(AHEAD_TAG) == "1"
         warm = self._pool.take(key, newest=ahead) if key else None
+        if warm is None and key is not None:  # none idle: forked for it, not cold
+            warm = self._pool.fork_now(key)
         if warm is not None:
             try:
                 assert warm.proc.stdin is not None
                 warm.proc.stdin.write(serialize_value(args).encode())
                 warm.proc.stdin.close()
                 proc = warm.proc
+                ago = time.monotonic() - warm.started
                 how = (
-                    f"warm: {'forked' if warm.forked else 'started'} "
-                    f"{time.monotonic() - warm.started:.0f} s before the run"
+                    f"warm: {'forked' if warm.forked else 'started'} {ago:.0f} s before the run"
+                    if not warm.for_run
+                    else "warm: forked for it from the zygote, no worker was idle"
                 )
             except OSError:  # died meanwhile: a cold one
                 _retire(warm)

@@ -186,11 +186,13 @@ def wait_warm(launcher: WarmRunLauncher, timeout_s: float = 60.0) -> None:
     raise AssertionError("no warm worker was started")
 
 
-def test_first_run_starts_cold_then_runs_take_warm_workers_each_in_its_own_process(env):
+def test_first_run_is_forked_for_it_then_runs_take_warm_workers_each_in_its_own_process(env):
+    """No worker is idle at the first launch: the zygote is started, waited for, and forks
+    one for the run (not a cold ``dagster api execute_run``); later runs take idle ones."""
     instance, repo, out, _ = env
     first = launch(instance, repo, "quick")
     assert wait_status(instance, first).status == dg.DagsterRunStatus.SUCCESS
-    assert "cold" in worker_line(instance, first)
+    assert "warm: forked for it from the zygote" in worker_line(instance, first)
     wait_warm(instance.run_launcher)
     pids = []
     for _ in range(2):
@@ -209,16 +211,20 @@ def test_first_run_starts_cold_then_runs_take_warm_workers_each_in_its_own_proce
 
 
 def test_a_warm_worker_of_older_sources_is_retired_unused(env):
+    """Edited sources: the idle workers and their zygote are retired unused; the run is
+    forked by a new zygote, which imported the new sources."""
     instance, repo, _, code = env
     assert wait_status(instance, launch(instance, repo, "quick")).is_success
     wait_warm(instance.run_launcher)
     stale = [w.proc for ws in instance.run_launcher._pool.idle.values() for w in ws]
+    old_zygote = _zygote_pid(instance.run_launcher)
     time.sleep(1.1)  # past the fingerprint's cache
     src = code / "launcher_test_jobs.py"
     os.utime(src, ns=(time.time_ns(), time.time_ns()))
     run_id = launch(instance, repo, "quick")
     assert wait_status(instance, run_id).is_success
-    assert "cold" in worker_line(instance, run_id)
+    assert "warm: forked for it from the zygote" in worker_line(instance, run_id)
+    assert _zygote_pid(instance.run_launcher) != old_zygote
     for proc in stale:
         assert proc.wait(timeout=30) == 0  # ended without a run
 
@@ -407,7 +413,7 @@ def test_a_run_asked_for_ahead_takes_the_newest_worker_the_others_the_oldest(poo
     started first, the likeliest done."""
     instance, repo, out, _ = pool_env
     launcher = instance.run_launcher
-    assert wait_status(instance, launch(instance, repo, "quick")).is_success  # cold
+    assert wait_status(instance, launch(instance, repo, "quick")).is_success  # forked for it
     deadline = time.monotonic() + 60
     while len(idle_workers(launcher)) < 2:
         assert time.monotonic() < deadline, "the pool was not refilled"
@@ -572,7 +578,7 @@ def test_forked_workers_refill_at_once_even_while_a_quiet_jobs_run_goes(fork_qui
     run takes a worker, a ``long`` (quiet) run going or not, and the next run is warm too."""
     instance, repo, out, _ = fork_quiet_env
     launcher = instance.run_launcher
-    assert wait_status(instance, launch(instance, repo, "quick")).is_success  # cold
+    assert wait_status(instance, launch(instance, repo, "quick")).is_success  # forked for it
     wait_warm(launcher)
     (worker,) = idle_workers(launcher)
     zygote = _zygote_pid(launcher)
@@ -594,7 +600,7 @@ def test_forked_workers_refill_at_once_even_while_a_quiet_jobs_run_goes(fork_qui
 def test_a_forked_worker_killed_mid_run_fails_its_run_with_the_signal(env):
     """The exit status of a forked worker (not the launcher's child) comes from its zygote."""
     instance, repo, out, _ = env
-    assert wait_status(instance, launch(instance, repo, "quick")).is_success  # cold
+    assert wait_status(instance, launch(instance, repo, "quick")).is_success  # forked for it
     wait_warm(instance.run_launcher)
     run_id = launch(instance, repo, "long")
     assert "warm: forked" in worker_line(instance, run_id)
@@ -611,7 +617,7 @@ def test_a_forked_workers_run_outlives_its_zygote_and_a_new_zygote_takes_over(en
     saying its exit status is unknown; the next refill starts a new zygote."""
     instance, repo, out, _ = env
     launcher = instance.run_launcher
-    assert wait_status(instance, launch(instance, repo, "quick")).is_success  # cold
+    assert wait_status(instance, launch(instance, repo, "quick")).is_success  # forked for it
     wait_warm(launcher)
     zygote = _zygote_pid(launcher)
     run_id = launch(instance, repo, "long")
