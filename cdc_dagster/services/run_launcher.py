@@ -257,9 +257,10 @@ class _Zygote:
             else:
                 time.sleep(timeout)  # nobody will tell: the caller looks at the process
 
-    def fork(self) -> tuple[_Forked, int] | None:
-        """A new worker and the read end of its ready pipe (None: the zygote refused or
-        did not answer within ``FORK_REPLY_S``; it is then retired)."""
+    def fork(self, for_run: bool = False) -> _Warm | None:
+        """A new worker, in the pool's terms (None: the zygote refused or did not answer
+        within ``FORK_REPLY_S``; it is then retired); ``for_run``: for a run that found no
+        worker idle."""
         stdin_r, stdin_w = os.pipe()
         ready_r, ready_w = os.pipe()
         with self._fork_lock:
@@ -277,7 +278,8 @@ class _Zygote:
             self.retire()
             return None
         os.set_blocking(ready_r, False)
-        return _Forked(pid, os.fdopen(stdin_w, "wb"), self), ready_r
+        proc = _Forked(pid, os.fdopen(stdin_w, "wb"), self)
+        return _Warm(proc, self.fingerprint, ready_r, forked=True, for_run=for_run)
 
     def retire(self) -> None:
         """Fork no more; the zygote exits once its workers did (their exits still told)."""
@@ -411,20 +413,14 @@ class _Pool:
         z = self.zygote(key)
         if z is None or not z.ready.wait(ZYGOTE_LAUNCH_WAIT_S) or not z.usable():
             return None
-        forked = z.fork()
-        if forked is None:
-            return None
-        return _Warm(forked[0], z.fingerprint, forked[1], forked=True, for_run=True)
+        return z.fork(for_run=True)
 
     def _new_worker(self, key: PoolKey, fp: tuple[int, int]) -> _Warm:
         """A worker forked from ``key``'s zygote when it is ready and of ``fp`` (else one
         importing for itself)."""
         z = self.zygotes.get(key)
-        if z is not None and z.usable() and z.fingerprint == fp:
-            forked = z.fork()
-            if forked is not None:
-                return _Warm(forked[0], fp, forked[1], forked=True)
-        return _start_worker(key, fp)
+        forked = z.fork() if z is not None and z.usable() and z.fingerprint == fp else None
+        return forked or _start_worker(key, fp)
 
     def fingerprint(self, key: PoolKey) -> tuple[int, int]:
         now = time.monotonic()
