@@ -165,11 +165,15 @@ def _get_pool() -> ProcessPoolExecutor:
 def _load_phases() -> None:
     """In a worker: import what the phases run (Delta, the sinks, the mounting), and
     pandas: pyarrow imports it on a first conversion to numpy (the mounting's), which had
-    cost a drain's first bulk phase 0.5-0.8 s of a loaded core (py-spy, throughput bench)."""
+    cost a drain's first bulk phase 0.5-0.8 s of a loaded core (py-spy, throughput bench);
+    then one scratch MERGE (``sinks.delta.warm_up``): a process's first MERGE costs
+    ~0.3 CPU-s more than the next, and a drain's bulk phase was each worker's first."""
     import pandas  # noqa: F401
 
-    import cdc_dagster.pipeline.spark_tasks
-    import cdc_dagster.sinks.delta  # noqa: F401
+    import cdc_dagster.pipeline.spark_tasks  # noqa: F401
+    from cdc_dagster.sinks import delta
+
+    delta.warm_up()  # a first MERGE's set-up (~0.3 CPU-s), here rather than in a phase
 
 
 def _ready() -> None:
@@ -182,14 +186,19 @@ def _warmed(done: Future[None]) -> None:
                     "starts one)", done.exception())  # fmt: skip
 
 
-def warm() -> None:
+def warm(workers: bool = True) -> None:
     """Start the workers (each loading the phases' modules as it starts) now, without
     waiting: a run's first bulk phase -- a backlog's rows after `changefeed resume`, a
     snapshot's released table -- otherwise paid the workers' start and imports (the imports
     alone ~0.45 s of an idle core here) before any of its work. A capture run that follows
     calls it as it begins, before it waits for its capture's earlier run. The pool starts a
-    worker per task submitted while none is idle, so one task per worker starts them all."""
+    worker per task submitted while none is idle, so one task per worker starts them all.
+    This process's own first MERGE set-up is paid too, in a thread (``warm_here``);
+    ``workers`` false: only that."""
     global _warmed
+    warm_here()
+    if not workers:
+        return
     try:
         pool = _get_pool()
         with _lock:
@@ -200,6 +209,17 @@ def warm() -> None:
             pool.submit(_ready).add_done_callback(_warmed)
     except (RuntimeError, ValueError) as exc:  # shutting down, or a bad worker count
         log.warning("the background workers were not started: %s", exc)
+
+
+def warm_here() -> None:
+    """``sinks.delta.warm_up`` in a thread of this process (once per process; returns at
+    once): the in-process phases -- a capture run's small and mid-sized ones, a drain's
+    below ``bulk_rows`` -- MERGE here, and a run's first MERGE was a drain's as often as not
+    (a run ends every ``CDC_DAGSTER_CAPTURE_LOOP_S``). Never in the run workers' zygote
+    (delta-rs refuses a runtime that crossed a fork): only capture runs call it."""
+    from cdc_dagster.sinks import delta
+
+    threading.Thread(target=delta.warm_up, name="delta-warm-up", daemon=True).start()
 
 
 class IdleCores:
@@ -274,15 +294,15 @@ def wait_for_idle_cpus(
         time.sleep(look)
 
 
-def warm_when_idle(max_wait_s: float, idle_cores: float = 1.0) -> None:
-    """``warm`` from a thread once ``idle_cores`` CPUs were idle for ``IDLE_STEADY_S``, at
-    most ``max_wait_s`` from now; returns at once. A capture's next run starts its workers while
-    it waits for the earlier run: at once, four workers' imports (two captures) took a
-    backlog drain's CPU when it arrived with them (throughput bench)."""
+def warm_when_idle(max_wait_s: float, idle_cores: float = 1.0, workers: bool = True) -> None:
+    """``warm(workers)`` from a thread once ``idle_cores`` CPUs were idle for
+    ``IDLE_STEADY_S``, at most ``max_wait_s`` from now; returns at once. A capture's next run
+    starts its workers while it waits for the earlier run: at once, four workers' imports
+    (two captures) took a backlog drain's CPU when it arrived with them (throughput bench)."""
 
     def wait_then_warm() -> None:
         wait_for_idle_cpus(idle_cores, max_wait_s)
-        warm()
+        warm(workers)
 
     threading.Thread(target=wait_then_warm, name="warm-when-idle", daemon=True).start()
 

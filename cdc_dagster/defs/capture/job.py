@@ -150,15 +150,18 @@ def _warm_bulk_workers(
     once, as its loop begins if not yet): a backlog arriving at a handover (every
     ``CDC_DAGSTER_CAPTURE_LOOP_S``) waited for the new run's workers to start and import
     beside its sink phase (~0.6-0.8 CPU-s each, four of them for two captures on 2 cores:
-    throughput bench), and so did one arriving as the new runs started."""
-    if _follow_seconds(context) <= 0 or cdc.settings().bulk_tick_rows <= 0:
+    throughput bench), and so did one arriving as the new runs started. The run's own
+    process pays its first MERGE's set-up then too (``background.warm_here``), with bulk
+    phases off as well."""
+    if _follow_seconds(context) <= 0:
         return
     from cdc_dagster.pipeline import background
 
+    workers = cdc.settings().bulk_tick_rows > 0
     if now:
-        background.warm()
+        background.warm(workers)
     else:
-        background.warm_when_idle(WARM_IDLE_MAX_S)
+        background.warm_when_idle(WARM_IDLE_MAX_S, workers=workers)
 
 
 def tag_registration(

@@ -460,13 +460,13 @@ def test_the_next_run_takes_over_as_the_ending_one_stops_never_beside_it(
     warmed: list[float] = []
     real_warm, real_when_idle = background.warm, background.warm_when_idle
 
-    def warm() -> None:
+    def warm(workers: bool = True) -> None:
         warmed.append(time.time())
-        real_warm()
+        real_warm(workers)
 
-    def warm_when_idle(max_wait_s: float, idle_cores: float = 1.0) -> None:
+    def warm_when_idle(max_wait_s: float, idle_cores: float = 1.0, workers: bool = True) -> None:
         asked.append(time.time())
-        real_when_idle(max_wait_s, idle_cores)
+        real_when_idle(max_wait_s, idle_cores, workers)
 
     monkeypatch.setattr(background, "warm", warm)
     monkeypatch.setattr(background, "warm_when_idle", warm_when_idle)

@@ -21,9 +21,11 @@ def _where(_: int) -> tuple[int, int]:
 def _loaded(_: int) -> tuple[int, bool]:
     import sys
 
+    from cdc_dagster.sinks import delta
+
     return os.getpid(), all(
         m in sys.modules for m in ("deltalake", "cdc_dagster.sinks.delta", "pandas")
-    )
+    ) and os.getpid() == delta._WARMED_PID  # and its first MERGE's set-up was paid
 
 
 def _die(_: int) -> None:
@@ -96,7 +98,9 @@ def test_warm_starts_the_workers_with_the_phases_modules_before_the_first_bulk_p
     backlog after a resume) found none and paid the start and imports before its work."""
     background.warm()  # returns at once: the workers start beside the caller
     got = background.run_in_background(_loaded, [1, 2, 3, 4])
-    assert all(loaded for _, loaded in got), "a worker had not loaded the phases' modules"
+    assert all(loaded for _, loaded in got), (
+        "a worker had not loaded the phases' modules or run its warm-up MERGE"
+    )
     pids = {pid for pid, _ in got}
     assert os.getpid() not in pids and len(pids) <= background.DEFAULT_BULK_WORKERS
     # the same workers serve the phases after it: no new process
@@ -114,7 +118,7 @@ def test_warm_when_idle_waits_for_idle_cpus_at_most_its_time(
     monkeypatch.setattr(background, "IDLE_LOOK_S", 0.1)
     monkeypatch.setattr(background.IdleCores, "MIN_LOOK_S", 0.05)
     warmed: list[float] = []
-    monkeypatch.setattr(background, "warm", lambda: warmed.append(time.monotonic()))
+    monkeypatch.setattr(background, "warm", lambda workers=True: warmed.append(time.monotonic()))
     started = time.monotonic()
     background.warm_when_idle(1.5, idle_cores=(os.cpu_count() or 1) + 1)  # never idle enough
     assert time.monotonic() - started < 0.5 and not warmed
@@ -280,3 +284,20 @@ def test_idle_cores_from_proc_stat(tmp_path: Path) -> None:
     missing = background.IdleCores(str(tmp_path / "absent"))
     missing.looked -= background.IdleCores.MIN_LOOK_S
     assert not missing.fewer_than(1.0)
+
+
+def test_warm_pays_this_processs_first_merge_in_a_thread_and_without_workers_only_that(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A capture run's in-process phases MERGE in the run's own process: ``warm`` runs its
+    warm-up there too (in a thread: it returns at once), also when bulk phases are off."""
+    from cdc_dagster.sinks import delta
+
+    ran: list[int] = []
+    monkeypatch.setattr(delta, "warm_up", lambda: ran.append(os.getpid()))
+    background.warm(workers=False)
+    deadline = time.monotonic() + 10
+    while not ran and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert ran == [os.getpid()]
+    assert background._pool is None  # no worker was started
