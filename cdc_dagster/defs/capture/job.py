@@ -152,12 +152,18 @@ def _warm_bulk_workers(
     beside its sink phase (~0.6-0.8 CPU-s each, four of them for two captures on 2 cores:
     throughput bench), and so did one arriving as the new runs started. The run's own
     process pays its first MERGE's set-up then too (``background.warm_here``), with bulk
-    phases off as well."""
+    phases off as well. The workers are the machine's cores over the captures registered
+    (``background.share``; their runs share the machine)."""
     if _follow_seconds(context) <= 0:
         return
     from cdc_dagster.pipeline import background
 
     workers = cdc.settings().bulk_tick_rows > 0
+    if workers and not now:  # the captures sharing the machine's cores: how many workers
+        try:
+            background.share(len(cdc.metastore().captures.desired()))
+        except MetastoreError as exc:  # etcd away for a moment: the default as for one
+            context.log.warning("captures not counted (%s): bulk workers as for one", exc)
     if now:
         background.warm(workers)
     else:

@@ -49,19 +49,20 @@ def test_bulk_work_runs_in_other_processes_at_background_priority_in_order() -> 
     mine = os.getpriority(os.PRIO_PROCESS, 0)
     got = background.run_in_background(_where, [1, 2, 3])
     pids = {pid for pid, _ in got}
-    assert len(got) == 3 and 1 <= len(pids) <= background.DEFAULT_BULK_WORKERS
+    assert len(got) == 3 and 1 <= len(pids) <= background.bulk_workers({})
     assert os.getpid() not in pids
     assert all(nice == max(mine, background.BULK_NICE) for _, nice in got)
     assert background.run_in_background(abs, [-4, 5, -6]) == [4, 5, 6]  # order kept
     # the workers are kept for the next phases: no new process across them
     for _ in range(3):
         pids |= {pid for pid, _ in background.run_in_background(_where, [1, 2, 3, 4])}
-    assert len(pids) <= background.DEFAULT_BULK_WORKERS
+    assert len(pids) <= background.bulk_workers({})
     assert background.run_in_background(abs, []) == []
 
 
-def test_a_phases_tables_run_side_by_side_on_the_workers() -> None:
+def test_a_phases_tables_run_side_by_side_on_the_workers(monkeypatch: pytest.MonkeyPatch) -> None:
     """One worker wrote a backlog's tables one after another; two write them at once."""
+    monkeypatch.setattr(background, "cores", lambda: 2)  # one capture: a worker per core
     background.warm()
     (a_pid, a_began, a_ended), (b_pid, b_began, b_ended) = background.run_in_background(
         _span, [1.5, 1.5]
@@ -82,7 +83,7 @@ def test_one_worker_when_configured_runs_them_one_after_another(
 def test_a_bad_worker_count_is_named(bad: str) -> None:
     with pytest.raises(ValueError, match=f"CDC_DAGSTER_BULK_WORKERS='{bad}': expected an integer"):
         background.bulk_workers({"CDC_DAGSTER_BULK_WORKERS": bad})
-    assert background.bulk_workers({}) == background.DEFAULT_BULK_WORKERS
+    assert background.bulk_workers({}) == max(1, background.cores())
 
 
 def test_a_worker_that_dies_fails_that_phase_and_the_next_starts_a_new_one() -> None:
@@ -102,11 +103,11 @@ def test_warm_starts_the_workers_with_the_phases_modules_before_the_first_bulk_p
         "a worker had not loaded the phases' modules or run its warm-up MERGE"
     )
     pids = {pid for pid, _ in got}
-    assert os.getpid() not in pids and len(pids) <= background.DEFAULT_BULK_WORKERS
+    assert os.getpid() not in pids and len(pids) <= background.bulk_workers({})
     # the same workers serve the phases after it: no new process
     for _ in range(3):
         pids |= {pid for pid, _ in background.run_in_background(_where, [1, 2])}
-    assert len(pids) <= background.DEFAULT_BULK_WORKERS
+    assert len(pids) <= background.bulk_workers({})
 
 
 def test_warm_when_idle_waits_for_idle_cpus_at_most_its_time(
@@ -301,3 +302,34 @@ def test_warm_pays_this_processs_first_merge_in_a_thread_and_without_workers_onl
         time.sleep(0.02)
     assert ran == [os.getpid()]
     assert background._pool is None  # no worker was started
+
+
+def test_by_default_the_captures_share_the_cores_between_their_workers(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Two captures on 2 cores had four workers MERGE a backlog's four tables at once, each
+    slower than two workers of two tables each; one capture keeps a worker per core."""
+    monkeypatch.setattr(background, "cores", lambda: 2)
+    assert background.bulk_workers({}) == 2
+    assert background.bulk_workers({}, captures=2) == 1
+    assert background.bulk_workers({}, captures=3) == 1  # at least one
+    monkeypatch.setattr(background, "cores", lambda: 8)
+    assert background.bulk_workers({}, captures=3) == 2
+    assert background.bulk_workers({"CDC_DAGSTER_BULK_WORKERS": "4"}, captures=8) == 4  # set
+    monkeypatch.setattr(background, "cores", lambda: 1000)
+    assert background.bulk_workers({}) == background.MAX_BULK_WORKERS
+
+
+def test_the_pool_started_after_share_has_the_shared_number_of_workers(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(background, "cores", lambda: 2)
+    monkeypatch.setattr(background, "_captures", 1)
+    background.share(2)
+    pids = {pid for pid, _ in background.run_in_background(_where, [1, 2, 3, 4])}
+    assert len(pids) == 1 and background._pool_size == 1
+    background.shutdown()
+    background.share(0)  # at least one capture
+    assert background._captures == 1
+    pids = {pid for pid, _, _ in background.run_in_background(_span, [0.5, 0.5])}
+    assert len(pids) == 2
