@@ -37,7 +37,7 @@ the next, as before.)
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -62,6 +62,13 @@ EXTEND_LEAD_S = 3.0
 # stale_runs.UNATTACHED_S: a capture run that never attaches is retired as hung after that).
 WAIT_MAX_S = 240.0
 WAIT_POLL_S = 0.1
+# ... until this long before the earlier run's follow loop ends (its FOLLOW_UNTIL_TAG), a
+# waiting run looks only every WAIT_SLOW_POLL_S: it is requested HANDOFF_S ahead and waited
+# ~17 s, and two queries every 0.1 s took 0.1-0.2 of a core per waiting run (two captures'
+# next runs, every CDC_DAGSTER_CAPTURE_LOOP_S: a backlog drained meanwhile had that much less
+# CPU; throughput bench). A run that ends early is seen within WAIT_SLOW_POLL_S.
+WAIT_FAST_BEFORE_S = 1.0
+WAIT_SLOW_POLL_S = 1.0
 NOT_STARTED = (dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.NOT_STARTED)
 # A canceling run does not hold its lane: the lane's next run is requested (it waits for the
 # canceling one in the run queue, or in its first op).
@@ -194,7 +201,19 @@ def wait_for_earlier_runs(
                 "owner: cdc_dagster/defs/owner/stale_runs.py)",
                 allow_retries=False,
             )
-        time.sleep(WAIT_POLL_S)
+        time.sleep(_wait_poll_s(earlier))
+
+
+def _wait_poll_s(earlier: Sequence[dg.DagsterRun], now: float | None = None) -> float:
+    """How long a waiting run sleeps before it looks again: WAIT_POLL_S from
+    WAIT_FAST_BEFORE_S before the last of the ``earlier`` runs' follow loops ends (or where
+    one does not say when), WAIT_SLOW_POLL_S at most before."""
+    ends = [follow_until(r) for r in earlier]
+    if not ends or any(e is None for e in ends):
+        return WAIT_POLL_S
+    now = time.time() if now is None else now
+    ahead = max(e for e in ends if e is not None) - WAIT_FAST_BEFORE_S - now
+    return max(WAIT_POLL_S, min(WAIT_SLOW_POLL_S, ahead))
 
 
 def successor_started(instance: dg.DagsterInstance, lane: Lane, mine: int | None) -> str:
