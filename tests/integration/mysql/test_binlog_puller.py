@@ -275,6 +275,61 @@ def test_a_backlog_is_flushed_at_its_end_not_cut_by_the_interval_or_flush_bytes(
     assert sorted(r["c1"] for r in changes(root, tid)) == list(range(n))
 
 
+def test_a_resumed_backlogs_first_rows_are_flushed_soon_after_they_come(
+    mariadb, mydb, tmp_path, monkeypatch
+):
+    """The first flush comes FIRST_FLUSH_S after a pull's first rows, not a whole interval
+    after an earlier flush that found nothing (the interval's first check came first, at the
+    stream's first events: it was set up slowly, here by 0.5 s). That empty
+    flush restarted the interval, the backlog was in its held last seconds by then, and
+    its rows went out in one flush at its end: the captures mounted all of it after the
+    puller was done."""
+    import time
+
+    from cdc_dagster.mysql import puller as pm
+    from cdc_dagster.mysql.binlog_wire import BinlogStream
+
+    root = tmp_path / "cl"
+    execute(mariadb, mydb, "CREATE TABLE t (id INT PRIMARY KEY)")
+    pull_until_caught_up(mariadb, root, mydb)
+    for i in range(100):
+        execute(mariadb, mydb, f"INSERT INTO t VALUES ({i})")
+    target = gtid_now(mariadb)
+    monkeypatch.setattr(pm, "RECENT_S", 0.0)  # nothing held: only the interval times flushes
+    start, batches = pm.Puller.start, BinlogStream.batches
+
+    def slow_start(self):  # set up slowly: the interval's first check comes at once
+        start(self)
+        time.sleep(2 * pm.FIRST_FLUSH_S)
+
+    def a_read_per_transaction(self):  # and a backlog read over a couple of seconds
+        for batch in batches(self):
+            for event in batch:
+                yield [event]
+                if event[0] == pm.XID:
+                    time.sleep(0.02)
+
+    flushes: list[tuple[float, int]] = []
+    flush = pm.Puller.flush
+
+    def recorded(self, *args, **kw):
+        flushes.append((time.monotonic(), self.buffered))
+        flush(self, *args, **kw)
+
+    monkeypatch.setattr(pm.Puller, "start", slow_start)
+    monkeypatch.setattr(BinlogStream, "batches", a_read_per_transaction)
+    monkeypatch.setattr(pm.Puller, "flush", recorded)
+    cfg = PullerConfig(mariadb.uri(), str(root), (f"{mydb}.*",), flush_interval_s=1.0)
+    run_puller(cfg, stop_after=lambda s: s.position == target or _late(s))
+    empty = [t for t, buffered in flushes if not buffered]
+    with_rows = [t for t, buffered in flushes if buffered]
+    assert empty and with_rows and empty[0] < with_rows[0], flushes
+    # the first transaction, then FIRST_FLUSH_S: not the interval (1 s)
+    assert with_rows[0] - empty[0] < 0.6, flushes
+    assert len(with_rows) >= 2, flushes  # the backlog went out in more than one flush
+    assert sorted(r["c1"] for r in changes(root, table_id(root, "t"))) == list(range(100))
+
+
 def test_a_server_pausing_mid_backlog_does_not_cut_it(mariadb, mydb, tmp_path, monkeypatch):
     """The server's dump thread may send nothing for a moment mid-backlog (a busy machine):
     the stream looks drained there. Knowing where the binlog ended as the dump began, the
