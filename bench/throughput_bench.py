@@ -1,7 +1,7 @@
 """Throughput of the upstream side: a binlog backlog drained, and initial snapshots taken.
 
     python bench/throughput_bench.py [--quick] [--spark-cores 1,2] [--backlog-s N]
-                                     [--drain-repeats N] [--keep]
+                                     [--drain-repeats N] [--cpu-roles] [--keep]
 
 A private MariaDB with sysbench's tables (``sysbench oltp_read_write``: ~200-byte rows,
 updates carrying both row images), replicated into Delta through ``server start``'s whole
@@ -106,6 +106,15 @@ from scheduler_core.ts import MAX_TS
 
 DB = "sbtest"
 SINK_QUERY = [""]  # the Delta sink URI's query (--delta-compression)
+CPU: list[Any] = []  # --cpu-roles: the sampler (bench/cpu_roles.CpuRoles) while it runs
+
+
+def say_cpu(cores: int, what: str, t0: float, t1: float) -> None:
+    """With ``--cpu-roles``: the machine's CPU by role over wall-clock ``t0``..``t1``."""
+    if CPU:
+        say(f"[{cores} core(s)] cpu during {what} ({t1 - t0:.1f} s): {CPU[0].line(t0, t1)}")
+
+
 STATE_POLL_S = 0.5  # how often the snapshot changefeed's state is read while it is awaited
 STREAM_SETTLE_S = 5.0  # a stream started: the captures sink it this long before a measurement
 
@@ -615,7 +624,7 @@ def _one_drain(
     target = gtid_now(my)
     say(f"[{cores} core(s)] backlog of {changes} row changes; changefeed resume")
     admin.resume_changefeed(ms, DRAIN_CF)
-    t0 = time.perf_counter()
+    t0, t0_wall = time.perf_counter(), time.time()
     target_ts = 0
     first_s = pulled_s = 0.0
 
@@ -632,6 +641,7 @@ def _one_drain(
     wait_for(lambda: readable_ts(ms, DRAIN_CF, sizes.tables) >= target_ts, 1800, "the drain",
              poll_s=0.1)  # fmt: skip
     drain_s = time.perf_counter() - t0
+    say_cpu(cores, f"drain {which}, resume until readable", t0_wall, time.time())
     wait_for(lambda: ms.changefeeds.get(DRAIN_CF).status.checkpoint_ts >= target_ts, 600,
              "the changefeed checkpoint")  # fmt: skip
     checkpointed_s = time.perf_counter() - t0
@@ -749,7 +759,9 @@ def stack_snapshot(
     _settle(my, ms, sizes.tables, work / "changelog-drain", tables * rows, cores)
     say(f"[{cores} core(s)] stream lag without a snapshot ({rate} txn/s for {lag_s} s)")
     quiet = LagSampler(ms, my, sizes, rate, work / "changelog-drain")
+    quiet_t0 = time.time()
     quiet.run(lag_s)
+    say_cpu(cores, "the stream without a snapshot", quiet_t0, time.time())
     cf = f"snap-{cores}-{tables}x{rows}"
     root = work / f"changelog-{cf}"
     uri = my.uri(query=f"server-id={4300 + cores * 100 + zlib.crc32(prefix.encode()) % 97}")
@@ -823,6 +835,8 @@ def stack_snapshot(
     breakdown = snapshot_breakdown(state_dir, cf, times["t0_wall"], times["placed_wall"])
     say(f"[{cores} core(s)] where the time went: " + ", ".join(
         f"{k} {v:.1f} s" for k, v in breakdown.items()))  # fmt: skip
+    say_cpu(cores, "the snapshot, create until in the change log", times["t0_wall"],
+            times["placed_wall"])  # fmt: skip
     try:
         bare_s = _bare_read(spark, uri, work, pieces, tables * rows, parallelism(spark), local)
         # ... and again while the stream the snapshot ran beside is sunk (like for like)
@@ -830,6 +844,7 @@ def stack_snapshot(
         beside_bare = LagSampler(ms, my, sizes, rate, work / "changelog-drain")
         bare_stream_s = under_stream(beside_bare, lambda: _bare_read(
             spark, uri, work, pieces, tables * rows, parallelism(spark), local))  # fmt: skip
+        say_cpu(cores, "the bare read under the stream", time.time() - bare_stream_s, time.time())
     finally:
         # Release the Connect session while its server is up: a session left open kept the
         # client's release threads retrying after the stack stopped, and the bench never
@@ -927,6 +942,10 @@ def main() -> int:
     ap.add_argument("--snapshot-shapes", default="", help="TABLESxROWS,... (default by size)")
     ap.add_argument("--delta-compression", default="",
                     help="the Delta sink's ?compression= (default: the sink's, zstd)")  # fmt: skip
+    ap.add_argument("--cpu-roles", action="store_true",
+                    help="also the machine's CPU by role (capture runs, puller, bulk workers, "
+                         "MariaDB, Spark, ...) during each drain, stream and snapshot: "
+                         "bench/cpu_roles.py, ~1-2%% of a core more")  # fmt: skip
     ap.add_argument("--keep", action="store_true",
                     help="keep the work directory (the stack's Dagster logs) and print it")  # fmt: skip
     args = ap.parse_args()
@@ -954,6 +973,10 @@ def main() -> int:
     if args.snapshot_shapes:
         shapes = [tuple(int(x) for x in s.split("x")) for s in args.snapshot_shapes.split(",")]
     etcd = None
+    if args.cpu_roles:
+        from cpu_roles import CpuRoles
+
+        CPU.append(CpuRoles().start())
     try:
         my.start()
         c = my.connect()
@@ -977,6 +1000,8 @@ def main() -> int:
                             snapshot_in_process(base, my, sizes, cores, tables, rows)
                         )
     finally:
+        for sampler in CPU:
+            sampler.stop()
         if etcd is not None:
             etcd.stop()
         my.cleanup()

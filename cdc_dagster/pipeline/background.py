@@ -29,6 +29,7 @@ next bulk phase starts new workers.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import multiprocessing
 import os
@@ -42,6 +43,7 @@ from typing import TypeVar
 log = logging.getLogger(__name__)
 
 BULK_NICE = 10  # niceness of bulk phases (the snapshot readers' default too)
+WORKER_NAME = "cdc bulk"  # a worker's process name (what ``top`` and ``ps -o comm`` show)
 # Worker processes per capture run, by default: the machine's cores shared by the captures
 # registered (their runs share this machine), at least 1 -- a phase's tables side by side.
 MAX_BULK_WORKERS = 64
@@ -106,6 +108,9 @@ def _start_worker(nice: int) -> None:
     """Worker initializer: run at niceness ``nice`` (``_lower_priority``) with the phases'
     modules loaded (``_load_phases``): a worker is ready when its first phase comes."""
     _lower_priority(nice)
+    # named, so that ``top`` tells it from its capture run (Linux)
+    with contextlib.suppress(OSError), open("/proc/self/comm", "w") as f:
+        f.write(WORKER_NAME)
     try:
         _load_phases()
     except ImportError as exc:  # named by the phase that needs the module

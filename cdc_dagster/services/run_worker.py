@@ -156,6 +156,22 @@ def adopt_instance(payload: str) -> None:
     DagsterInstance.from_ref = staticmethod(from_ref)  # type: ignore[method-assign]
 
 
+def name_process(payload: str) -> None:
+    """Name this process after its run's job (Linux: ``/proc/self/comm``, what ``top`` and
+    ``ps -o comm`` show, at most 15 bytes): the run workers' command lines are all the same,
+    so a machine's CPU can be told by job (``capture_tick``, ``mysql_puller``, ...) only
+    this way. Anything unexpected (another system, a payload not read here): unnamed."""
+    try:
+        from dagster._grpc.types import ExecuteRunArgs
+        from dagster._serdes import deserialize_value
+
+        job = deserialize_value(payload, ExecuteRunArgs).job_origin.job_name
+        with open("/proc/self/comm", "w") as f:
+            f.write(job.encode()[:15].decode(errors="ignore"))
+    except Exception:
+        pass
+
+
 def restore_on_input(base: int | None) -> None:
     """Give the process its priority back as soon as its standard input has something (a
     run, or its end): a run handed to a worker still importing (the replacement of a worker
@@ -203,6 +219,7 @@ def serve(argv: list[str], base: int | None, line: str) -> int:
     if not payload.strip():
         return 0  # retired before it got a run
     restore_priority(base)
+    name_process(payload.strip())
     print(line, file=sys.stderr, flush=True)
     adopt_instance(payload.strip())
     from dagster._cli.api import execute_run_command

@@ -32,6 +32,8 @@ import dagster as dg
 
 @dg.op
 def note_pid(context):
+    Path(os.environ["LAUNCHER_TEST_DIR"], context.run_id + ".comm").write_text(
+        Path("/proc/self/comm").read_text().strip() if Path("/proc/self/comm").exists() else "")
     Path(os.environ["LAUNCHER_TEST_DIR"], context.run_id).write_text(str(os.getpid()))
 
 @dg.op
@@ -202,6 +204,8 @@ def test_first_run_is_forked_for_it_then_runs_take_warm_workers_each_in_its_own_
         assert "warm" in line, line
         pid = wait_file(out / run_id)
         assert line.startswith(f"Run worker pid {pid} ")  # the op ran in the worker it names
+        if Path("/proc/self/comm").exists():  # named after its job: `top` tells runs apart
+            assert (out / f"{run_id}.comm").read_text() == "quick"
         tag = instance.get_run_by_id(run_id).tags[WORKER_TAG]
         assert tag.startswith(f"{pid}:")
         pids.append(pid)

@@ -192,6 +192,24 @@ def test_the_worker_is_a_session_of_its_own_whose_autogroup_yields_to_other_sess
         assert group.endswith(f"nice {background.BULK_NICE}")
 
 
+def _comm(_: int) -> tuple[int, str]:
+    with open("/proc/self/comm") as f:
+        return os.getpid(), f.read().strip()
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="Linux's /proc")
+def test_a_worker_is_named_so_top_tells_it_from_its_capture_run() -> None:
+    """Every worker is named ``cdc bulk`` (``top``, ``ps -o comm``, the benches' CPU by
+    role); the process that started them keeps its own name."""
+    with open("/proc/self/comm") as f:
+        mine = f.read().strip()
+    got = background.run_in_background(_comm, [1, 2, 3, 4])
+    assert {name for _, name in got} == {background.WORKER_NAME}
+    assert os.getpid() not in {pid for pid, _ in got}
+    with open("/proc/self/comm") as f:
+        assert f.read().strip() == mine
+
+
 def _parent_then_worker(out: str) -> None:
     """A capture run's stand-in: starts the worker, writes its pid, then waits to be killed."""
     ((pid, _, _),) = background.run_in_background(_session, [1])
