@@ -5,14 +5,37 @@ Each test gets its own cluster prefix, so tests never see each other's keys.
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import sys
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from types import ModuleType
 
 import pytest
 
 from cdc_dagster.metastore import KeyLayout, Metastore, connect
 from cdc_dagster.testing.etcd import EmbeddedEtcd, EtcdTuning
+
+
+@pytest.fixture(scope="session")
+def load_bench() -> Callable[[str], ModuleType]:
+    """``load_bench("name")``: ``bench/name.py`` as a module (``bench/`` is not a package),
+    loaded once per process and registered under its name."""
+    root = Path(__file__).resolve().parent.parent / "bench"
+
+    def load(name: str) -> ModuleType:
+        if name in sys.modules:
+            return sys.modules[name]
+        spec = importlib.util.spec_from_file_location(name, root / f"{name}.py")
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+        return module
+
+    return load
 
 
 @pytest.fixture(scope="session")

@@ -2,29 +2,20 @@
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 import pytest
-
-BENCH = Path(__file__).resolve().parents[2] / "bench" / "cpu_roles.py"
 
 pytestmark = pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="Linux's /proc")
 
 
 @pytest.fixture(scope="module")
-def roles() -> Any:
-    spec = importlib.util.spec_from_file_location("cpu_roles", BENCH)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["cpu_roles"] = module
-    spec.loader.exec_module(module)
-    return module
+def roles(load_bench: Any) -> Any:
+    return load_bench("cpu_roles")
 
 
 def test_roles_by_job_name_then_command_line(roles: Any) -> None:

@@ -3,10 +3,8 @@ real captures' reports in etcd, until every table replicates; then steady ticks.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,18 +15,12 @@ import pytest
 from cdc_dagster.defs.owner.sensor import OBSERVATIONS_PER_TICK
 from cdc_dagster.defs.resources import CdcResource
 
-BENCH = Path(__file__).resolve().parents[3] / "bench" / "sensor_tick_bench.py"
 TABLES, CAPTURES, DATABASES = 2_500, 3, 5  # past max_table_assets (2000): grouped per schema
 
 
 @pytest.fixture(scope="module")
-def bench_module() -> Any:
-    spec = importlib.util.spec_from_file_location("sensor_tick_bench", BENCH)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["sensor_tick_bench"] = module
-    spec.loader.exec_module(module)
-    return module
+def bench_module(load_bench: Any) -> Any:
+    return load_bench("sensor_tick_bench")
 
 
 @pytest.fixture

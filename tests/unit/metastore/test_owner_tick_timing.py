@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -13,8 +11,6 @@ from cdc_dagster.metastore.status_codec import TaskStatus, decode, encode
 from scheduler_core import messages
 from scheduler_core.errors import InvalidMessageError
 from scheduler_core.messages import Liveness, TableStatusBatch
-
-BENCH = Path(__file__).resolve().parents[3] / "bench" / "scheduler_bench.py"
 
 
 def _status(n: int) -> TaskStatus:
@@ -42,12 +38,8 @@ def test_a_table_reported_twice_is_still_refused(ids: list[int]) -> None:
         TableStatusBatch(ids, [3] * n, [1] * n, [1] * n)
 
 
-def test_the_bench_reports_the_owner_tick_with_decode_in_its_machine_line() -> None:
-    spec = importlib.util.spec_from_file_location("scheduler_bench", BENCH)
-    assert spec is not None and spec.loader is not None
-    bench = importlib.util.module_from_spec(spec)
-    sys.modules["scheduler_bench"] = bench
-    spec.loader.exec_module(bench)
+def test_the_bench_reports_the_owner_tick_with_decode_in_its_machine_line(load_bench: Any) -> None:
+    bench = load_bench("scheduler_bench")
 
     result, _ = bench.run_size(1_000, 8)
 
