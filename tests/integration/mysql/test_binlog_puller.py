@@ -258,12 +258,21 @@ def test_a_backlogs_last_rows_are_flushed_when_the_stream_is_drained_not_at_the_
 
 
 def test_a_backlog_is_flushed_at_its_end_not_cut_by_the_interval_or_flush_bytes(
-    mariadb, mydb, tmp_path, binlog_end
+    mariadb, mydb, tmp_path, binlog_end, monkeypatch
 ):
     """Catching up with a backlog of recent rows (read far faster than the binlog's time
     ran), the puller holds them for its end: the interval (10 ms) and ``flush_bytes`` (8
     MiB) do not cut them. Cut there, their last seconds looked like a caught-up stream to
     the captures, sunk at once, and the rest a moment later in a second MERGE."""
+    from cdc_dagster.mysql import puller as pm
+
+    # Writing the backlog takes ~15 s here (100 transactions 0.1 s apart), as long as
+    # RECENT_S: on a slow or busy machine its first rows were older than that when read, and
+    # a slow read outlasts HOLD_MAX_S -- either rightly flushes before the end (3 files in
+    # a full suite here). Those caps are not what this test is about: every row here is
+    # recent, held at most 2 min.
+    monkeypatch.setattr(pm, "RECENT_S", 600.0)
+    monkeypatch.setattr(pm, "HOLD_MAX_S", 120.0)
     root = tmp_path / "cl"
     tid, n, _ = _backlog(mariadb, mydb, root, 24 << 20, pace_s=0.1)
     before = ChangeLog(root).data_files(tid, 0, MAX_TS)
