@@ -30,7 +30,6 @@ CMDLINE_ROLES = (
     ("dagster-daemon", "dagster daemon"),
     ("dagster api grpc", "code server"),
     ("dagster-webserver", "webserver"),
-    ("run_worker --zygote", "idle run workers"),
     ("cdc_dagster.services.run_worker", "idle run workers"),
     ("/etcd", "etcd"),
     ("sysbench", "sysbench"),

@@ -128,19 +128,30 @@ def warm_instance() -> str:
     return f"; instance opened ahead in {time.monotonic() - started:.1f} s"
 
 
-def adopt_instance(payload: str) -> None:
-    """``dagster api execute_run`` opens the run's instance from its ref: when that ref is
-    the one opened ahead, it gets that instance (once), not a new one. Anything unexpected
-    (another instance, a payload not read here): the run opens its own as before."""
-    instance = _warm.pop("instance", None)
-    if instance is None:
-        return
+def run_args(payload: str) -> Any:
+    """The run's ``ExecuteRunArgs`` read from the launcher's payload; None when it is not
+    one (the run then reports it as ``dagster api execute_run`` does)."""
     try:
-        from dagster import DagsterInstance
         from dagster._grpc.types import ExecuteRunArgs
         from dagster._serdes import deserialize_value
 
-        ref = deserialize_value(payload, ExecuteRunArgs).instance_ref
+        return deserialize_value(payload, ExecuteRunArgs)
+    except Exception:
+        return None
+
+
+def adopt_instance(args: Any) -> None:
+    """``dagster api execute_run`` opens the run's instance from its ref: when that ref is
+    the one opened ahead, it gets that instance (once), not a new one. Anything unexpected
+    (another instance, a payload not read here: ``args`` None): the run opens its own as
+    before."""
+    instance = _warm.pop("instance", None)
+    if instance is None:
+        return
+    from dagster import DagsterInstance
+
+    ref = None if args is None else args.instance_ref
+    try:
         same = ref is not None and ref == instance.get_ref()
     except Exception:
         same = False
@@ -156,16 +167,13 @@ def adopt_instance(payload: str) -> None:
     DagsterInstance.from_ref = staticmethod(from_ref)  # type: ignore[method-assign]
 
 
-def name_process(payload: str) -> None:
+def name_process(args: Any) -> None:
     """Name this process after its run's job (Linux: ``/proc/self/comm``, what ``top`` and
     ``ps -o comm`` show, at most 15 bytes): the run workers' command lines are all the same,
     so a machine's CPU can be told by job (``capture_tick``, ``mysql_puller``, ...) only
     this way. Anything unexpected (another system, a payload not read here): unnamed."""
     try:
-        from dagster._grpc.types import ExecuteRunArgs
-        from dagster._serdes import deserialize_value
-
-        job = deserialize_value(payload, ExecuteRunArgs).job_origin.job_name
+        job = args.job_origin.job_name
         with open("/proc/self/comm", "w") as f:
             f.write(job.encode()[:15].decode(errors="ignore"))
     except Exception:
@@ -219,9 +227,10 @@ def serve(argv: list[str], base: int | None, line: str) -> int:
     if not payload.strip():
         return 0  # retired before it got a run
     restore_priority(base)
-    name_process(payload.strip())
+    args = run_args(payload.strip())
+    name_process(args)
     print(line, file=sys.stderr, flush=True)
-    adopt_instance(payload.strip())
+    adopt_instance(args)
     from dagster._cli.api import execute_run_command
 
     # The CLI command itself (click), as `dagster api execute_run <args>` runs it: it loads

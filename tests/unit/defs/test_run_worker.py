@@ -38,7 +38,7 @@ def test_the_run_gets_the_instance_opened_ahead_once(home: Path) -> None:
     warm = run_worker._warm["instance"]
     ref = InstanceRef.from_dir(str(home))
     assert ref == warm.get_ref()
-    run_worker.adopt_instance(_payload(ref))
+    run_worker.adopt_instance(run_worker.run_args(_payload(ref)))
     assert dg.DagsterInstance.from_ref(ref) is warm  # as execute_run opens it
     again = dg.DagsterInstance.from_ref(ref)  # once: then as before
     assert again is not warm
@@ -50,7 +50,7 @@ def test_a_run_of_another_instance_opens_its_own(home: Path, tmp_path_factory) -
     run_worker.warm_instance()
     warm = run_worker._warm["instance"]
     other = InstanceRef.from_dir(str(tmp_path_factory.mktemp("other-home")))
-    run_worker.adopt_instance(_payload(other))
+    run_worker.adopt_instance(run_worker.run_args(_payload(other)))
     got = dg.DagsterInstance.from_ref(other)
     assert got is not warm and got.get_ref() == other
     got.dispose()
@@ -60,7 +60,7 @@ def test_a_run_of_another_instance_opens_its_own(home: Path, tmp_path_factory) -
 def test_a_payload_not_read_leaves_the_run_to_open_its_own(home: Path) -> None:
     run_worker.warm_instance()
     original = dg.DagsterInstance.__dict__["from_ref"]
-    run_worker.adopt_instance("not a run")
+    run_worker.adopt_instance(run_worker.run_args("not a run"))
     assert dg.DagsterInstance.__dict__["from_ref"] is original  # nothing handed over
     got = dg.DagsterInstance.from_ref(InstanceRef.from_dir(str(home)))
     assert got is not None and run_worker._warm == {}
