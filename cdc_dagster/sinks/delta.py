@@ -45,6 +45,7 @@ from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundErr
 from deltalake.transaction import CommitProperties, Transaction
 
 from cdc_dagster.schema import DdlRecord, TableSchema, arrow_type
+from cdc_dagster.sinks import delta_layout
 from cdc_dagster.sinks.base import (
     COMMIT_TS_COLUMN,
     OP_COLUMN,
@@ -132,6 +133,11 @@ def _schema_of(dt: DeltaTable) -> pa.Schema:
     return pa.schema(dt.schema().to_arrow())
 
 
+def _writer_properties(compression: str) -> WriterProperties:
+    codec, level = _CODECS[compression]
+    return WriterProperties(compression=codec, compression_level=level)  # type: ignore[arg-type]
+
+
 def _empty_commit(dt: DeltaTable, txns: list[Transaction]) -> None:
     """A commit with no data: only application transactions (acquire, empty batch, DDL mark)."""
     dt.create_write_transaction(
@@ -185,8 +191,7 @@ class DeltaSink:
         return hash(("DeltaSink", self.root, self.compression))
 
     def _writer_properties(self) -> WriterProperties:
-        codec, level = _CODECS[self.compression]
-        return WriterProperties(compression=codec, compression_level=level)  # type: ignore[arg-type]
+        return _writer_properties(self.compression)
 
     @property
     def uri(self) -> str:
@@ -332,7 +337,7 @@ class DeltaSink:
                 Transaction(app_id(changefeed_id, "checkpoint"), end_ts),
             ]
             if source.num_rows:
-                _merge(dt, table, source, txns, self._writer_properties())
+                _apply(dt, self.path(table), table, source, txns, self.compression)
             else:
                 _empty_commit(dt, txns)
             return end_ts
@@ -693,6 +698,36 @@ def _check_keys(where: str, table: TableSchema, source: pa.Table) -> None:
             f"{where}: the batch holds a primary key more than once (not collapsed to the last "
             "change per key); nothing was written"
         )
+
+
+def by_key_range(table: TableSchema, source: pa.Table) -> bool:
+    """Whether a batch is written by key range (``delta_layout``), not by a MERGE."""
+    return delta_layout.eligible([source.schema.field(c.name).type for c in table.key_columns])
+
+
+def _apply(
+    dt: DeltaTable,
+    path: str,
+    table: TableSchema,
+    source: pa.Table,
+    txns: list[Transaction],
+    compression: str,
+) -> None:
+    """One commit of a batch with ``txns``: by key range (a one-integer-column key: only the
+    files its keys fall in are rewritten, ``delta_layout``), else a MERGE."""
+    if by_key_range(table, source):
+        codec, level = _CODECS[compression]
+        delta_layout.write(
+            dt,
+            path,
+            table.key_columns[0].name,
+            source,
+            txns,
+            compression=codec,
+            compression_level=level,
+        )
+    else:
+        _merge(dt, table, source, txns, _writer_properties(compression))
 
 
 def _merge(

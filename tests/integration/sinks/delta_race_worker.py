@@ -41,13 +41,13 @@ def run(role: str, root: str, rounds: int, barrier, tasks, results) -> None:
     """
     sink = DeltaSink(root)
     merges = [0]
-    real_merge = delta_mod._merge
+    real_apply = delta_mod._apply
 
-    def counting_merge(*args):
+    def counting_apply(*args):
         merges[0] += 1
-        real_merge(*args)
+        real_apply(*args)
 
-    delta_mod._merge = counting_merge
+    delta_mod._apply = counting_apply
     jitter = random.Random(f"{role}-7")
     for _ in range(rounds):
         rnd, token, committed = tasks.get()

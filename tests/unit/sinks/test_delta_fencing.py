@@ -10,6 +10,7 @@ commit between a writer's read and its commit makes the writer reload and re-che
 
 from __future__ import annotations
 
+import dataclasses
 from decimal import Decimal
 
 import pyarrow as pa
@@ -59,23 +60,31 @@ def test_deltalake_lets_a_commit_without_a_shared_app_id_through(tmp_path):
     assert DeltaTable(path).version() == 2
 
 
+@pytest.mark.parametrize("key", ["int64", "string"], ids=["by key range", "merge"])
 def test_acquire_landing_between_a_writers_check_and_its_commit_fences_the_writer(
-    sink, monkeypatch
+    sink, monkeypatch, key
 ):
     t = accounts()
+    t = dataclasses.replace(
+        t, columns=(dataclasses.replace(t.columns[0], type=key), *t.columns[1:])
+    )
     old = sink.acquire(CF, t)
     other = DeltaSink(sink.root)  # the new primary, in effect another process
-    real_merge = delta_mod._merge
+    real_apply = delta_mod._apply
     new_tokens = []
 
-    def merge_after_a_concurrent_acquire(dt, table, source, txns, writer_properties):
+    def apply_after_a_concurrent_acquire(*args):
         if not new_tokens:  # the writer has passed its token check on dt's version
             new_tokens.append(other.acquire(CF, t))
-        real_merge(dt, table, source, txns, writer_properties)
+        real_apply(*args)
 
-    monkeypatch.setattr(delta_mod, "_merge", merge_after_a_concurrent_acquire)
+    monkeypatch.setattr(delta_mod, "_apply", apply_after_a_concurrent_acquire)
+    row = {"id": 1 if key == "int64" else "1", "balance": Decimal("1")}
     with pytest.raises(FencedError, match=f"token {old} refused, the table's token is 2"):
-        sink.write(CF, t, batch(t, [{"id": 1, "balance": Decimal("1")}]), 0, 10, old)
+        sink.write(CF, t, batch(t, [row]), 0, 10, old)
     assert new_tokens == [2]
     assert sink.committed(CF, t) == Committed(0, 2)
+    assert delta_mod.by_key_range(t, delta_mod.prepare_batch("t", t, batch(t, [row]))) == (
+        key == "int64"
+    )
     assert read_table_at(sink.root, t).num_rows == 0
