@@ -1,4 +1,6 @@
-"""Delta Lake sink: fenced, exactly-once primary-key MERGE per table and batch (deltalake).
+"""Delta Lake sink: fenced, exactly-once primary-key writes per table and batch (deltalake):
+by key range for a one-integer-column key (``delta_layout``: only the files the batch's keys
+fall in are rewritten), else a MERGE.
 
 Layout (docs/dataplane.md, section 3): one Delta table per upstream table at
 ``<root>/<database>/<table>`` (components encoded by ``delta_paths``), syncpoints under
@@ -299,7 +301,7 @@ class DeltaSink:
         *,
         at_syncpoint: bool = False,
     ) -> int:
-        """MERGE the batch and ``(end_ts, token)`` in one Delta commit; return the committed ts.
+        """Write the batch and ``(end_ts, token)`` in one Delta commit; return the committed ts.
 
         ``at_syncpoint`` needs nothing here: the commit ending at a syncpoint is the table's
         version there, found again when the syncpoint is recorded (Delta keeps versions).
