@@ -34,7 +34,6 @@ import shutil
 import tempfile
 import threading
 import time
-import urllib.parse
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
@@ -63,7 +62,13 @@ from cdc_dagster.sinks.base import (
     SyncpointUnpinnableError,
 )
 from cdc_dagster.sinks.delta_ddl import evolve, plain_type, same_schema
-from cdc_dagster.sinks.delta_paths import META_DIR, encode_component, table_location, table_path
+from cdc_dagster.sinks.delta_paths import (
+    META_DIR,
+    encode_component,
+    local_path,
+    table_location,
+    table_path,
+)
 
 log = logging.getLogger(__name__)
 
@@ -120,15 +125,6 @@ def _quote(name: str) -> str:
 
 def _where(changefeed_id: str, table: TableSchema) -> str:
     return f"changefeed {changefeed_id}, table {table.qualified_name} (id {table.table_id})"
-
-
-def local_path(uri: str) -> str:
-    """A local path from a ``file_uris()`` entry (delta-rs percent-encodes some)."""
-    if uri.startswith("file://"):
-        return urllib.parse.unquote(urllib.parse.urlparse(uri).path)
-    if "%" in uri:
-        return urllib.parse.unquote(uri)  # our paths never hold a literal '%'
-    return uri
 
 
 def _schema_of(dt: DeltaTable) -> pa.Schema:

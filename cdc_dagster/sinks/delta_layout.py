@@ -4,19 +4,18 @@ delta-rs's MERGE (1.6.6) writes every file its keys touch back as *one* file spa
 their key ranges, so after the first batch of scattered updates a table is one file that
 overlaps every key, and from then on each batch rewrites the whole table whatever its size
 (measured: 50 updates into a 2M-row table rewrote 2M rows, 1.5-1.7 CPU-s, every time, local
-keys or not; docs/dataplane.md, "Delta layout"). It writes no deletion vectors either.
+keys or not). It writes no deletion vectors either.
 
 So for a table whose primary key is one integer column, the sink keeps the table's data
 files **clustered**: each file holds a key range ``[lo, hi]`` (its Delta stats) that no other
 file overlaps, and a batch
 
-- gives each of its keys to the file whose range holds it (a key in a gap, to the file
-  before it; below every file, to the first one; above every file, to the last one, or to a
-  new file once the last holds a file's worth of rows: an insert-only table rewrites only a
-  growing tail file, and gets no file per commit),
-- reads just those files, drops the batch's keys from them, adds its upserts, sorts by key,
-  writes each back over its own range (split in two or more once it grows past twice the
-  target size),
+- gives each key inside a file's range to that file; upserts in a gap (below the first
+  file, between two, above the last) to a new file in that gap, or to the file before the
+  gap while it holds less than a file's worth of rows (an insert-only table rewrites a
+  growing tail file, not a file per commit); a delete in a gap touches nothing (``plan``),
+- reads just those files, drops the batch's keys from them, adds its upserts, writes each
+  back over its own range (sorted by key and split once it grows past twice the target),
 - and commits the removes, the adds and the sink's application transactions as one Delta
   commit (``create_write_transaction``; delta-rs's conflict checker refuses it if a commit
   after its read removed a file it removes, as for a MERGE, and the fence id makes any
@@ -24,7 +23,8 @@ file overlaps, and a batch
 
 A table whose files are not clustered (written by a MERGE, a DDL's rewrite, or an older
 version of this sink) is rewritten once as clustered files by its next batch: the cost one
-MERGE had on every batch. Files are plain Parquet with Delta stats, read by any reader.
+MERGE had on every batch. Files are plain Parquet with Delta stats, read by any reader
+(docs/dataplane.md, "Data files: by key range").
 """
 
 from __future__ import annotations
@@ -36,7 +36,6 @@ import json
 import math
 import os
 import time
-import urllib.parse
 import uuid
 from collections.abc import Sequence
 
@@ -48,6 +47,7 @@ from deltalake import DeltaTable
 from deltalake.transaction import AddAction, CommitProperties, RemoveAction, Transaction
 
 from cdc_dagster.sinks.base import OP_COLUMN, OP_UPSERT
+from cdc_dagster.sinks.delta_paths import local_path
 
 # A data file's target size (compressed). A batch rewrites the files its keys fall in, so a
 # file's size is the floor of a batch's cost; readers want files not too small. A file is
@@ -156,17 +156,10 @@ def plan(
     return groups
 
 
-def file_path(root: str, path: str) -> str:
-    """The local file of an add action's path (relative and percent-encoded, or a URI)."""
-    if path.startswith("file://"):
-        return urllib.parse.unquote(urllib.parse.urlparse(path).path)
-    return os.path.join(root, urllib.parse.unquote(path))
-
-
 def _read(root: str, files: Sequence[DataFile], schema: pa.Schema) -> pa.Table:
     parts = []
     for f in files:
-        t = pq.read_table(file_path(root, f.path))
+        t = pq.read_table(local_path(f.path if "://" in f.path else os.path.join(root, f.path)))
         arrays = [
             t.column(field.name).cast(field.type)
             if field.name in t.column_names
@@ -198,7 +191,7 @@ def _stats(t: pa.Table) -> str:
 
 def _pieces(rows: int, target: int) -> int:
     """How many files a group of ``rows`` is written as (split past twice the target)."""
-    return max(1, math.ceil(rows / (2 * target))) if rows > 2 * target else 1
+    return max(1, math.ceil(rows / (2 * target)))
 
 
 def write(

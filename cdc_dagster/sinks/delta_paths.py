@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import urllib.parse
 
 _SAFE = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.-")
 MAX_COMPONENT_BYTES = 200
@@ -67,3 +68,12 @@ def table_location(database: str, table: str) -> str:
 def table_path(root: str, database: str, table: str) -> str:
     """The absolute directory of the Delta table for ``database.table``."""
     return os.path.join(root, encode_component(database), encode_component(table))
+
+
+def local_path(uri: str) -> str:
+    """A local path from a ``file_uris()`` entry (delta-rs percent-encodes some)."""
+    if uri.startswith("file://"):
+        return urllib.parse.unquote(urllib.parse.urlparse(uri).path)
+    if "%" in uri:
+        return urllib.parse.unquote(uri)  # our paths never hold a literal '%'
+    return uri
