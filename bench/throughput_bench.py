@@ -698,21 +698,27 @@ def _warm_body(batches: Any) -> Any:
 
 def snapshot_breakdown(
     state_dir: Path, changefeed_id: str, created: float, placed: float
-) -> dict[str, float]:
+) -> tuple[dict[str, float], list[str]]:
     """Where a snapshot's time went, from the stack's Dagster event log (wall-clock seconds):
     create until the owner sensor requested the ``mysql_snapshot`` run, its launch until the
     op started, planning (and the Spark session), the reads, and from the reads' end until
-    the puller had placed every chunk and released every table (``placed``)."""
+    the puller had placed every chunk and released every table (``placed``). The stages are
+    the first run's; with them, every snapshot run of the changefeed, how it ended and why
+    (a run that failed and was followed by another is where a slow snapshot's time went)."""
     import dagster as dg
 
     instance = dg.DagsterInstance.from_config(str(state_dir / "dagster"))
     try:
-        records = instance.get_run_records(
-            dg.RunsFilter(job_name="mysql_snapshot", tags={"cdc/changefeed": changefeed_id})
+        records = sorted(
+            instance.get_run_records(
+                dg.RunsFilter(job_name="mysql_snapshot", tags={"cdc/changefeed": changefeed_id})
+            ),
+            key=lambda r: r.create_timestamp.timestamp(),
         )
         if not records:
-            return {}
-        run = min(records, key=lambda r: r.create_timestamp.timestamp())
+            return {}, []
+        runs = [_run_outcome(instance, r, created) for r in records]
+        run = records[0]
         marks = {"requested": run.create_timestamp.timestamp()}
         for e in instance.all_logs(run.dagster_run.run_id):
             msg = e.user_message or ""
@@ -737,7 +743,23 @@ def snapshot_breakdown(
             at = min(marks[key], placed)
             out[name], last = at - last, at
     out["placing and release"] = placed - last
-    return out
+    return out, runs
+
+
+def _run_outcome(instance: Any, record: Any, created: float) -> str:
+    """One run as a line: its id, status, when it was created and ended (seconds after the
+    changefeed's create) and, when it failed, its first failure's message."""
+    run = record.dagster_run
+    end = record.end_time or time.time()
+    line = (f"{run.run_id[:8]} {run.status.value} {record.create_timestamp.timestamp() - created:.0f}"
+            f"-{end - created:.0f} s")  # fmt: skip
+    for e in instance.all_logs(run.run_id):
+        ev = e.dagster_event
+        if ev is not None and ev.event_type_value in ("STEP_FAILURE", "RUN_FAILURE"):
+            err = getattr(ev.event_specific_data, "error", None)
+            why = (err.message if err is not None else ev.message) or ""
+            return f"{line}: {why.strip().splitlines()[0][:200] if why.strip() else '?'}"
+    return line
 
 
 def stack_snapshot(
@@ -832,9 +854,10 @@ def stack_snapshot(
         for r, (lo, hi) in enumerate(p.ranges)
     ]
     local = tables * rows <= LOCAL_MAX_ROWS  # where the snapshot job reads without Spark
-    breakdown = snapshot_breakdown(state_dir, cf, times["t0_wall"], times["placed_wall"])
+    breakdown, runs = snapshot_breakdown(state_dir, cf, times["t0_wall"], times["placed_wall"])
     say(f"[{cores} core(s)] where the time went: " + ", ".join(
         f"{k} {v:.1f} s" for k, v in breakdown.items()))  # fmt: skip
+    say(f"[{cores} core(s)] its mysql_snapshot run(s): " + ("; ".join(runs) or "none"))
     say_cpu(cores, "the snapshot, create until in the change log", times["t0_wall"],
             times["placed_wall"])  # fmt: skip
     try:
@@ -867,7 +890,7 @@ def stack_snapshot(
             "lag_p50_quiet": q["p50"], "lag_max_quiet": q["max"],
             "lag_p50_snapshot": b["p50"], "lag_max_snapshot": b["max"],
             "lag_p50_bare": bb["p50"], "lag_max_bare": bb["max"],
-            "breakdown": breakdown}  # fmt: skip
+            "breakdown": breakdown, "snapshot_runs": runs}  # fmt: skip
 
 
 def run_stack(
