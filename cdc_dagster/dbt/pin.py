@@ -8,7 +8,8 @@ the table, so commits that land after pinning are invisible to the build, and ev
 source shows the same moment. No DuckDB extension is needed (``read_parquet`` is built in).
 
 Delta data files are immutable and only removed by VACUUM or a table drop, so the pinned
-files stay readable for the build; the sink never vacuums.
+files stay readable for the build: the sink's vacuum keeps every version a recorded
+syncpoint names (``cdc_dagster.sinks.delta_vacuum``).
 """
 
 from __future__ import annotations

@@ -4,7 +4,8 @@ fall in are rewritten), else a MERGE.
 
 Layout (docs/dataplane.md, section 3): one Delta table per upstream table at
 ``<root>/<database>/<table>`` (components encoded by ``delta_paths``), syncpoints under
-``<root>/_cdc_dagster/syncpoints/<changefeed>/<ts:020d>.json``.
+``<root>/_cdc_dagster/syncpoints/<changefeed>/<ts:020d>.json``. The files a write replaced
+are vacuumed once past the retention, except those of syncpoint versions (``delta_vacuum``).
 
 Every commit of this sink carries Delta application transactions (``txn`` actions):
 ``cdc-dagster/<changefeed>/fence`` (version = fencing token) always, plus
@@ -46,7 +47,7 @@ from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundErr
 from deltalake.transaction import CommitProperties, Transaction
 
 from cdc_dagster.schema import DdlRecord, TableSchema, arrow_type
-from cdc_dagster.sinks import delta_layout
+from cdc_dagster.sinks import delta_layout, delta_vacuum
 from cdc_dagster.sinks.base import (
     COMMIT_TS_COLUMN,
     OP_COLUMN,
@@ -163,40 +164,59 @@ def _with_retries(attempt: Callable[[], _T], what: str) -> _T:
 
 class DeltaSink:
     """The Delta Lake downstream under ``root`` (``delta:///abs/path``), its files written
-    with ``compression`` (``?compression=``); picklable (root and codec only)."""
+    with ``compression`` (``?compression=``), the files its writes replaced vacuumed once
+    ``vacuum_retention_hours`` old (``?vacuum_retention_hours=``; None: never, ``off``):
+    ``delta_vacuum``. Picklable (those three only)."""
 
-    def __init__(self, root: str, *, compression: str = DEFAULT_COMPRESSION) -> None:
+    def __init__(
+        self,
+        root: str,
+        *,
+        compression: str = DEFAULT_COMPRESSION,
+        vacuum_retention_hours: int | None = delta_vacuum.DEFAULT_RETENTION_HOURS,
+    ) -> None:
         if not os.path.isabs(root):
             raise SinkError(f"Delta sink root must be an absolute path, got {root!r}")
         if compression not in _CODECS:
             raise SinkError(
                 f"Delta sink compression {compression!r} is not one of {', '.join(_CODECS)}"
             )
+        if vacuum_retention_hours is not None and vacuum_retention_hours < 0:
+            raise SinkError(
+                f"Delta sink vacuum_retention_hours {vacuum_retention_hours} is negative; "
+                "give 0 or more hours, or None (off)"
+            )
         self.root = os.path.normpath(root)
         self.compression = compression
+        self.vacuum_retention_hours = vacuum_retention_hours
+
+    def _key(self) -> tuple[str, str, int | None]:
+        return (self.root, self.compression, self.vacuum_retention_hours)
 
     def __repr__(self) -> str:
-        return f"DeltaSink({self.root!r}, compression={self.compression!r})"
-
-    def __eq__(self, other: object) -> bool:
         return (
-            isinstance(other, DeltaSink)
-            and other.root == self.root
-            and other.compression == self.compression
+            f"DeltaSink({self.root!r}, compression={self.compression!r}, "
+            f"vacuum_retention_hours={self.vacuum_retention_hours!r})"
         )
 
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, DeltaSink) and other._key() == self._key()
+
     def __hash__(self) -> int:
-        return hash(("DeltaSink", self.root, self.compression))
+        return hash(("DeltaSink", *self._key()))
 
     def _writer_properties(self) -> WriterProperties:
         return _writer_properties(self.compression)
 
     @property
     def uri(self) -> str:
-        query = (
-            "" if self.compression == DEFAULT_COMPRESSION else f"?compression={self.compression}"
-        )
-        return f"delta://{self.root}{query}"
+        options = []
+        if self.compression != DEFAULT_COMPRESSION:
+            options.append(f"compression={self.compression}")
+        if self.vacuum_retention_hours != delta_vacuum.DEFAULT_RETENTION_HOURS:
+            hours = self.vacuum_retention_hours
+            options.append(f"vacuum_retention_hours={'off' if hours is None else hours}")
+        return f"delta://{self.root}{'?' + '&'.join(options) if options else ''}"
 
     def path(self, table: TableSchema) -> str:
         """The directory of ``table``'s Delta table."""
@@ -307,6 +327,7 @@ class DeltaSink:
         if not 0 <= start_ts <= end_ts:
             raise SinkError(f"{where}: bad batch range ({start_ts}, {end_ts}]")
         source = prepare_batch(where, table, batch)
+        every_s = delta_vacuum.vacuum_every_s()  # a bad setting refuses before anything is written
 
         def attempt() -> int:
             dt = self._open(changefeed_id, table)
@@ -340,7 +361,15 @@ class DeltaSink:
                 _empty_commit(dt, txns)
             return end_ts
 
-        return _with_retries(attempt, f"{where}: write ({start_ts}, {end_ts}]")
+        committed_ts = _with_retries(attempt, f"{where}: write ({start_ts}, {end_ts}]")
+        delta_vacuum.maybe_vacuum(
+            self.root,
+            table_location(table.database, table.table),
+            self.path(table),
+            self.vacuum_retention_hours,
+            every_s,
+        )
+        return committed_ts
 
     def _check_table_schema(self, where: str, table: TableSchema, dt: DeltaTable) -> None:
         have = _schema_of(dt)

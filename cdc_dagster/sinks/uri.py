@@ -3,7 +3,8 @@ like, where a Delta root is, and the sink a URI opens (so a Spark task or a fres
 can rebuild its sink from the URI alone).
 
 Schemes: ``delta:///abs/path`` (Delta Lake tables under a local root; ``?compression=``
-zstd (the default), snappy, lz4 or uncompressed for the Parquet files it writes) and
+zstd (the default), snappy, lz4 or uncompressed for the Parquet files it writes;
+``?vacuum_retention_hours=`` how long replaced files are kept, or ``off``: ``delta_vacuum``) and
 ``postgresql://user:${PW}@host:port/db`` (``postgres://`` too). Test doubles register their
 own scheme with :func:`register_sink_scheme` (``cdc_dagster.testing.fake_runtime``'s
 ``file:///abs/path``); production code never does.
@@ -56,32 +57,56 @@ def _check_path(uri: str, parts: urllib.parse.SplitResult) -> None:
 
 
 DELTA_COMPRESSIONS = ("zstd", "snappy", "lz4", "uncompressed")
+DELTA_OPTIONS = ("compression", "vacuum_retention_hours")
 
 
-def delta_compression(uri: str) -> str | None:
-    """The ``compression`` a Delta URI asks for (``?compression=snappy``), None if it names
-    none; ``InvalidSinkUriError`` for any other query or an unknown codec."""
+@dataclass(frozen=True, slots=True)
+class DeltaOptions:
+    """What a Delta URI's query asks for; None where it names nothing (the sink's default)."""
+
+    compression: str | None = None  # ?compression=zstd|snappy|lz4|uncompressed
+    vacuum_retention_hours: int | None = None  # ?vacuum_retention_hours=N
+    vacuum_off: bool = False  # ?vacuum_retention_hours=off
+
+
+def delta_options(uri: str) -> DeltaOptions:
+    """The options of a Delta URI's query; ``InvalidSinkUriError`` for an unknown option,
+    a repeated one or a bad value."""
+    shown = redact_uri(uri)
     query = urllib.parse.parse_qs(urllib.parse.urlsplit(uri).query, keep_blank_values=True)
-    unknown = sorted(set(query) - {"compression"})
+    unknown = sorted(set(query) - set(DELTA_OPTIONS))
     if unknown:
         raise InvalidSinkUriError(
-            f"sink URI {redact_uri(uri)!r}: unknown option(s) {unknown}; a Delta URI takes only "
-            f"compression={'|'.join(DELTA_COMPRESSIONS)}, e.g. delta:///data/lake?compression=snappy"
+            f"sink URI {shown!r}: unknown option(s) {unknown}; a Delta URI takes only "
+            f"compression={'|'.join(DELTA_COMPRESSIONS)} and vacuum_retention_hours=N|off, "
+            "e.g. delta:///data/lake?compression=snappy"
         )
-    values = query.get("compression")
-    if values is None:
-        return None
-    if len(values) != 1 or values[0].lower() not in DELTA_COMPRESSIONS:
+    for name, values in query.items():
+        if len(values) != 1:
+            raise InvalidSinkUriError(f"sink URI {shown!r}: {name} given {len(values)} times")
+    compression = query.get("compression", [None])[0]
+    if compression is not None and compression.lower() not in DELTA_COMPRESSIONS:
         raise InvalidSinkUriError(
-            f"sink URI {redact_uri(uri)!r}: compression={','.join(values)!r} is not one of "
+            f"sink URI {shown!r}: compression={compression!r} is not one of "
             f"{', '.join(DELTA_COMPRESSIONS)}"
         )
-    return values[0].lower()
+    hours = query.get("vacuum_retention_hours", [None])[0]
+    off = hours is not None and hours.lower() == "off"
+    if hours is not None and not off and not (hours.isdigit() and len(hours) <= 6):
+        raise InvalidSinkUriError(
+            f"sink URI {shown!r}: vacuum_retention_hours={hours!r} is not a whole number of "
+            "hours (0 or more) or off, e.g. vacuum_retention_hours=24"
+        )
+    return DeltaOptions(
+        compression=compression.lower() if compression is not None else None,
+        vacuum_retention_hours=int(hours) if hours is not None and not off else None,
+        vacuum_off=off,
+    )
 
 
 def _check_delta(uri: str, parts: urllib.parse.SplitResult) -> None:
     _check_path(uri, parts)
-    delta_compression(uri)
+    delta_options(uri)
 
 
 def _check_postgres(uri: str, parts: urllib.parse.SplitResult) -> None:
@@ -124,8 +149,17 @@ def _probe_delta(uri: str) -> None:
 
 def _open_delta(uri: str) -> Sink:
     from cdc_dagster.sinks.delta import DEFAULT_COMPRESSION, DeltaSink  # deltalake: lazily
+    from cdc_dagster.sinks.delta_vacuum import DEFAULT_RETENTION_HOURS
 
-    return DeltaSink(delta_root(uri), compression=delta_compression(uri) or DEFAULT_COMPRESSION)
+    opts = delta_options(uri)
+    hours = opts.vacuum_retention_hours
+    return DeltaSink(
+        delta_root(uri),
+        compression=opts.compression or DEFAULT_COMPRESSION,
+        vacuum_retention_hours=None
+        if opts.vacuum_off
+        else (DEFAULT_RETENTION_HOURS if hours is None else hours),
+    )
 
 
 def _open_postgres(uri: str) -> Sink:
