@@ -72,6 +72,7 @@ import contextlib
 import functools
 import json
 import multiprocessing as mp
+import os
 import re
 import shutil
 import signal
@@ -105,7 +106,7 @@ from cdc_dagster.upstream.oracle import fingerprint
 from scheduler_core.ts import MAX_TS
 
 DB = "sbtest"
-SINK_QUERY = [""]  # the Delta sink URI's query (--delta-compression)
+SINK_QUERY = [""]  # the Delta sink URI's query (--delta-compression, --vacuum-retention-hours)
 CPU: list[Any] = []  # --cpu-roles: the sampler (bench/cpu_roles.CpuRoles) while it runs
 
 
@@ -899,7 +900,6 @@ def run_stack(
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:  # fmt: skip
     """``server start`` (private etcd, Spark Connect on ``local[cores]``, the Dagster code
     server, daemon and webserver), two captures, a changefeed into Delta; both scenarios."""
-    import os
 
     from cdc_dagster import admin
     from cdc_dagster.metastore import connect
@@ -941,7 +941,20 @@ def run_stack(
                                                 st.state_dir))  # fmt: skip
         finally:
             ms.close()
+            say(f"[{cores} core(s)] on disk at the end: " + ", ".join(
+                f"{p.name} {_disk_gb(p):.1f} GB" for p in sorted((base / f"stack-{cores}").glob(
+                    "lake*"))) + f" (sink URI query {SINK_QUERY[0]!r})")  # fmt: skip
     return drained, snaps
+
+
+def _disk_gb(path: Path) -> float:
+    """The bytes of the files under ``path``, in GB (what the lake's rewrites left)."""
+    total = 0
+    for d, _, names in os.walk(path):
+        for n in names:
+            with contextlib.suppress(OSError):
+                total += os.lstat(os.path.join(d, n)).st_size
+    return total / 1e9
 
 
 def main() -> int:
@@ -969,11 +982,20 @@ def main() -> int:
                     help="also the machine's CPU by role (capture runs, puller, bulk workers, "
                          "MariaDB, Spark, ...) during each drain, stream and snapshot: "
                          "bench/cpu_roles.py, ~1-2%% of a core more")  # fmt: skip
+    ap.add_argument("--vacuum-retention-hours", default="0",
+                    help="the Delta sink's ?vacuum_retention_hours= (default 0: a run's rewrites "
+                         "took ~22 GB a stack without a vacuum; 'off': none)")  # fmt: skip
+    ap.add_argument("--vacuum-every-s", type=float, default=120.0,
+                    help="CDC_DAGSTER_VACUUM_EVERY_S for the stack (default 120)")  # fmt: skip
     ap.add_argument("--keep", action="store_true",
-                    help="keep the work directory (the stack's Dagster logs) and print it")  # fmt: skip
+                    help="keep the work directory (the stack's Dagster logs) and print it; "
+                         "mind the disk: its lakes and change logs")  # fmt: skip
     args = ap.parse_args()
+    query = [f"vacuum_retention_hours={args.vacuum_retention_hours}"]
     if args.delta_compression:
-        SINK_QUERY[0] = f"?compression={args.delta_compression}"
+        query.append(f"compression={args.delta_compression}")
+    SINK_QUERY[0] = "?" + "&".join(query)
+    os.environ["CDC_DAGSTER_VACUUM_EVERY_S"] = str(args.vacuum_every_s)  # the stack's processes
 
     def interrupted(signum: int, _frame: Any) -> None:
         raise KeyboardInterrupt(f"signal {signum}")  # the stack and MariaDB are stopped
