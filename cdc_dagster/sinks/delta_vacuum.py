@@ -155,13 +155,15 @@ def maybe_vacuum(
     """After a commit into the table at ``path``: vacuum it if it is due (``due``) and
     vacuuming is on (``retention_hours`` not None). Never raises: a failure is logged and
     the table is tried again ``every_s`` later."""
-    if retention_hours is None or not due(root, location, every_s):
+    if retention_hours is None:
         return []
-    _touch(marker_path(root, location), time.time())  # others writing it now skip it
     started = time.monotonic()
-    try:
+    try:  # a vacuum never fails the write it follows (its marker's directory neither)
+        if not due(root, location, every_s):
+            return []
+        _touch(marker_path(root, location), time.time())  # others writing it now skip it
         deleted = vacuum(path, pinned_versions(root, location), retention_hours)
-    except (DeltaError, OSError) as exc:  # a vacuum never fails the write it follows
+    except (DeltaError, OSError) as exc:
         log.warning("vacuum of %s failed (%s); tried again in %.0f s", path, exc, every_s)
         return []
     log.info(

@@ -253,3 +253,19 @@ def test_the_interval_comes_from_the_environment_when_set(zero, monkeypatch):
         _write_versions(zero, t, token, 1, start=ts)
     assert DeltaTable(zero.path(t)).version() == version, "refused before writing"
     assert zero.committed(CF, t).committed_ts == ts
+
+
+def test_a_vacuum_clock_that_cannot_be_kept_never_fails_the_write(zero, caplog):
+    """The sink's own directory not writable as a directory (here a file where it goes):
+    the writes land, each with a warning, and no vacuum runs."""
+    t = accounts()
+    meta = os.path.join(zero.root, META_DIR)
+    os.makedirs(meta)
+    with open(os.path.join(meta, "vacuum"), "w") as fh:
+        fh.write("not a directory")
+    token = zero.acquire(CF, t)
+    with caplog.at_level(logging.WARNING, logger=delta_vacuum.__name__):
+        ts = _write_versions(zero, t, token, 3)
+    assert zero.committed(CF, t).committed_ts == ts
+    assert caplog.text.count("vacuum of") == 3
+    assert _data_files(zero, t) > _version_files(zero, t)
