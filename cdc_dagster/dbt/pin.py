@@ -112,13 +112,22 @@ def resolve_table(delta_root: str, entry: Mapping) -> tuple[PinnedTable, pa.Sche
             f"{name} at version {entry['version']} uses reader features {sorted(features)}: "
             "its Parquet files alone do not give its rows; disable them on the sink's tables"
         )
+    files = tuple(local_path(u) for u in table.file_uris())
+    missing = [f for f in files if not os.path.exists(f)]
+    if missing:
+        raise PinError(
+            f"{name} at Delta version {entry['version']}: {len(missing)} of its {len(files)} "
+            f"data file(s) are gone (first: {missing[0]}); they were vacuumed after the "
+            "syncpoint (recorded once its slowest table passed it, later than the sink's "
+            "?vacuum_retention_hours= for this one) — build a newer syncpoint"
+        )
     return PinnedTable(
         table_id=int(entry["table_id"]),
         database=str(entry["database"]),
         table=str(entry["table"]),
         version=int(entry["version"]),
         location=str(entry["location"]),
-        files=tuple(local_path(u) for u in table.file_uris()),
+        files=files,
     ), pa.schema(table.schema().to_arrow())
 
 

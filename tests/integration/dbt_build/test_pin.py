@@ -57,3 +57,16 @@ def test_pin_empty_version_gives_typed_empty_view(workdir: str, duckdb_path: str
         "status": "VARCHAR",
         "placed_at": "TIMESTAMP",
     }
+
+
+def test_pin_refuses_a_version_whose_files_were_vacuumed(
+    replica: Replica, duckdb_path: str
+) -> None:
+    """A syncpoint recorded after a table's version at it was replaced and vacuumed (its
+    slowest table passed it later than the retention): a clear PinError, not DuckDB's."""
+    ts = replica.syncpoint()
+    pinned = {p.table: p for p in pin_syncpoint(duckdb_path, replica.root, CF, ts).tables}
+    victim = next(p for p in pinned.values() if p.files)
+    os.remove(victim.files[0])  # what a vacuum past the retention does to a replaced file
+    with pytest.raises(PinError, match=r"data file\(s\) are gone .* build a newer syncpoint"):
+        pin_syncpoint(duckdb_path, replica.root, CF, ts)
