@@ -87,32 +87,44 @@ def _touch(marker: str, now: float) -> None:
     os.utime(marker, (now, now))
 
 
+# Syncpoint files are written once (renamed into place): each process parses one once, not
+# once per table per vacuum (tables x syncpoints files otherwise). Rebuildable: a cache of
+# what is on disk, keyed by the file's path and mtime (a changefeed removed and created
+# again may write another file at the same path).
+_PARSED: dict[tuple[str, int], dict[str, int]] = {}  # (file, mtime) -> {location: version}
+
+
 def pinned_versions(root: str, location: str) -> list[int]:
     """The versions of the table at ``location`` that recorded syncpoints name (of every
     changefeed under ``root``), ascending; a syncpoint file that cannot be read is skipped
     with a warning (it pins nothing a build could read either)."""
+    from cdc_dagster.sinks.delta import _syncpoint_record  # delta imports this module
+
     out: set[int] = set()
     base = os.path.join(root, META_DIR, "syncpoints")
     try:
-        changefeeds = list(os.scandir(base))
+        changefeeds = [e.path for e in os.scandir(base) if e.is_dir()]
     except FileNotFoundError:
         return []
     for cf in changefeeds:
-        if not cf.is_dir():
-            continue
-        for entry in os.scandir(cf.path):
+        for entry in os.scandir(cf):
             if not entry.name.endswith(".json") or entry.name.startswith("."):
                 continue
-            try:
-                with open(entry.path, encoding="utf-8") as fh:
-                    doc = json.load(fh)
-                for t in (doc.get("tables") or {}).values():
-                    if t.get("location") == location:
-                        out.add(int(t["version"]))
-            except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
-                log.warning(
-                    "vacuum: syncpoint %s unreadable (%s); it pins nothing", entry.path, exc
-                )
+            key = (entry.path, entry.stat().st_mtime_ns)
+            pins = _PARSED.get(key)
+            if pins is None:
+                try:
+                    with open(entry.path, encoding="utf-8") as fh:
+                        rec = _syncpoint_record(json.load(fh))
+                except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+                    log.warning(
+                        "vacuum: syncpoint %s unreadable (%s); it pins nothing", entry.path, exc
+                    )
+                    continue
+                pins = {rec.locations[t]: v for t, v in rec.versions.items()}
+                _PARSED[key] = pins
+            if location in pins:
+                out.add(pins[location])
     return sorted(out)
 
 
