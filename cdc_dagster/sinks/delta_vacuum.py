@@ -134,7 +134,9 @@ def vacuum(path: str, keep_versions: list[int], retention_hours: int) -> list[st
     deleted. A kept version the table cannot load (newer than the table: a table dropped
     and created again; its log cleaned up) is left out, with a warning."""
     dt = DeltaTable(path)
-    keep = [v for v in keep_versions if v < dt.version()]  # the current one is kept anyway
+    # the current one is kept anyway; ascending, as delta-rs needs them ("Cannot downgrade
+    # snapshot" otherwise: delta-rs#4286)
+    keep = sorted(v for v in keep_versions if v < dt.version())
 
     def run(versions: list[int]) -> list[str]:
         return dt.vacuum(
