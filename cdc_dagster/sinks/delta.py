@@ -70,6 +70,7 @@ from cdc_dagster.sinks.delta_paths import (
     table_location,
     table_path,
 )
+from cdc_dagster.sinks.delta_syncpoint_file import syncpoint_path, syncpoint_record
 
 log = logging.getLogger(__name__)
 
@@ -617,7 +618,7 @@ class DeltaSink:
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
-        return _syncpoint_record(doc)
+        return syncpoint_record(doc)
 
 
 def version_at(dt: DeltaTable, path: str, checkpoint_app_id: str, ts: int) -> int | None:
@@ -899,28 +900,11 @@ def read_table_at(root: str, table: TableSchema | str, version: int | None = Non
 # -- syncpoint files -------------------------------------------------------------------------
 
 
-def syncpoint_path(root: str, changefeed_id: str, ts: int) -> str:
-    """``<root>/_cdc_dagster/syncpoints/<changefeed>/<ts:020d>.json`` (changefeed encoded)."""
-    return os.path.join(
-        root, META_DIR, "syncpoints", encode_component(changefeed_id), f"{ts:020d}.json"
-    )
-
-
-def _syncpoint_record(doc: Mapping[str, Any]) -> SyncpointRecord:
-    tables = doc["tables"]
-    return SyncpointRecord(
-        changefeed_id=doc["changefeed"],
-        ts=int(doc["ts"]),
-        versions={int(k): int(v["version"]) for k, v in tables.items()},
-        locations={int(k): v["location"] for k, v in tables.items()},
-    )
-
-
 def read_syncpoint(root: str, changefeed_id: str, ts: int) -> SyncpointRecord | None:
     """The syncpoint recorded at ``ts``, None if there is none."""
     try:
         with open(syncpoint_path(root, changefeed_id, ts), encoding="utf-8") as fh:
-            return _syncpoint_record(json.load(fh))
+            return syncpoint_record(json.load(fh))
     except FileNotFoundError:
         return None
 

@@ -38,6 +38,7 @@ from deltalake.exceptions import DeltaError
 
 from cdc_dagster.sinks.base import SinkError
 from cdc_dagster.sinks.delta_paths import META_DIR
+from cdc_dagster.sinks.delta_syncpoint_file import syncpoint_record
 
 log = logging.getLogger(__name__)
 
@@ -98,8 +99,6 @@ def pinned_versions(root: str, location: str) -> list[int]:
     """The versions of the table at ``location`` that recorded syncpoints name (of every
     changefeed under ``root``), ascending; a syncpoint file that cannot be read is skipped
     with a warning (it pins nothing a build could read either)."""
-    from cdc_dagster.sinks.delta import _syncpoint_record  # delta imports this module
-
     out: set[int] = set()
     base = os.path.join(root, META_DIR, "syncpoints")
     try:
@@ -115,7 +114,7 @@ def pinned_versions(root: str, location: str) -> list[int]:
             if pins is None:
                 try:
                     with open(entry.path, encoding="utf-8") as fh:
-                        rec = _syncpoint_record(json.load(fh))
+                        rec = syncpoint_record(json.load(fh))
                 except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
                     log.warning(
                         "vacuum: syncpoint %s unreadable (%s); it pins nothing", entry.path, exc
