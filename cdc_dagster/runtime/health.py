@@ -28,7 +28,11 @@ The sources of a message, in the order the message gives them:
    written (on 2 cores a 10M-row table's first slice came ~40 s after its reads ended, its
    resolved ts moved meanwhile: "not moved for 76 s" while all was well).
 
-No message: the changefeed is normal. The conditions of 1, 4 and 5 never fail it: they heal
+6. what the sink's upkeep says while it fails (a Delta sink's vacuum: the owner reads the
+   writers' failure records, ``cdc_dagster.sinks.delta_vacuum``): replication goes on, the
+   lake grows.
+
+No message: the changefeed is normal. The conditions of 1, 4, 5 and 6 never fail it: they heal
 by themselves when their cause is gone, and they say what to do meanwhile.
 """
 
@@ -146,13 +150,15 @@ def judge(
     ready_ddls: Sequence[str] = (),
     source_resolved_ts: int = 0,
     snapshots: SnapshotMotion | None = None,
+    notices: Sequence[str] = (),
 ) -> Health:
     """The changefeed's health this tick (see the module docstring). ``ready_ddls``: the
     DDLs whose barrier every table reached, not applied yet (named in a stall).
     ``source_resolved_ts``: how far the change log itself is resolved (0: unknown); past
     the changefeed's resolved ts, a stuck resolved ts is the captures', not the producer's.
     ``snapshots``: the chunked snapshots under way that hold the resolved ts (None: not
-    looked at)."""
+    looked at). ``notices``: what is wrong without holding the changefeed up (a sink's
+    upkeep failing: the lake grows); said after the rest, never failing it."""
     parts: list[str] = []
     failed = False
     if not alive:
@@ -171,6 +177,7 @@ def judge(
     )  # fmt: skip
     if stalled and not problems and alive:
         parts.append(stalled)
+    parts += notices
     return Health("; ".join(parts) or None, failed)
 
 

@@ -23,7 +23,7 @@ import hashlib
 import logging
 import random
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -51,7 +51,10 @@ from cdc_dagster.runtime.wire import encode
 from cdc_dagster.schema import DdlRecord, TableSchema
 from cdc_dagster.secrets import redact_text, redact_uri
 from cdc_dagster.sinks.base import Sink, SyncpointUnpinnableError
-from cdc_dagster.sinks.uri import open_sink
+from cdc_dagster.sinks.delta_paths import table_location
+from cdc_dagster.sinks.delta_vacuum import EVERY_ENV, VacuumFailure
+from cdc_dagster.sinks.delta_vacuum import failures as vacuum_failures
+from cdc_dagster.sinks.uri import delta_options, delta_root, is_delta, open_sink
 from cdc_dagster.upstream.changelog import ChangeLog
 from cdc_dagster.upstream.uri import UpstreamError, changelog_path, is_mysql_uri
 from scheduler_core.checkpoint import barrier_cap
@@ -211,6 +214,8 @@ class _Feed:
         self.fresh = True
         self.motion = Motion()
         self.snapshots: SnapshotMotion | None = None  # watched while the resolved ts stands
+        self.sink_notices: tuple[str, ...] = ()  # what the sink's upkeep says (_watch_sink)
+        self.sink_looked_ms = 0
 
     def note_ddls_done(self) -> None:
         """Advance ``finished_ddl_ts``: below the first pending DDL, or to the DDL resolved ts."""
@@ -343,6 +348,37 @@ class _TickState:
 # While a changefeed's resolved ts stands still, its snapshots' progress is read this often
 # (at most; a quarter of the stall time when that is shorter).
 SNAPSHOT_LOOK_S = 5.0
+# A Delta sink's vacuum failures (recorded by the writers: sinks/delta_vacuum.py) are read
+# this often per changefeed.
+SINK_LOOK_S = 30.0
+
+
+def sink_notices(sink_uri: str, tables: Iterable[TableSchema]) -> tuple[str, ...]:
+    """What the sink's upkeep says about ``tables`` (a changefeed's): a notice while the
+    vacuum of some of them fails (a Delta sink whose vacuum is on); else none."""
+    if not is_delta(sink_uri) or delta_options(sink_uri).vacuum_off:
+        return ()
+    names = {table_location(s.database, s.table): f"{s.database}.{s.table}" for s in tables}
+    failing = [f for f in vacuum_failures(delta_root(sink_uri)) if f.location in names]
+    return (vacuum_notice(failing, names),) if failing else ()
+
+
+def vacuum_notice(failing: list[VacuumFailure], names: Mapping[str, str]) -> str:
+    """What a changefeed's state says while vacuums of its tables fail (``failing``, not
+    empty; ``names``: location -> ``db.table``)."""
+    first = failing[0]
+    shown = ", ".join(names[f.location] for f in failing[:5])
+    more = f" and {len(failing) - 5} more" if len(failing) > 5 else ""
+    since = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(first.since_ms / 1000))
+    return (
+        f"[vacuum] the Delta VACUUM of {len(failing)} table(s) fails ({shown}{more}), so the "
+        f"files their writes replaced stay on disk and the lake grows; {names[first.location]}: "
+        f"{first.attempts} failed in a row since {since}, last: {first.message}. Replication "
+        f"goes on. Fix what the error says; the next vacuum (after a write, every "
+        f"{EVERY_ENV} seconds, 600 by default) clears this. Or turn the vacuum off: pause, "
+        "`cdc-dagster changefeed update ID --sink-uri 'delta:///...?vacuum_retention_hours=off'`, "
+        "resume"
+    )
 
 
 def _producer(upstream_uri: str) -> str:
@@ -546,6 +582,7 @@ class OwnerLoop:
             feed.motion.snapshot_moved_ms = max(
                 feed.motion.snapshot_moved_ms, feed.snapshots.progress_ms
             )
+        self._watch_sink(feed, cf, step.now_ms)
         return judge(
             alive=bool(step.alive),
             table_failure=str(result.error) if result.error is not None else None,
@@ -558,7 +595,19 @@ class OwnerLoop:
             ready_ddls=[f"{e.query!r} at {format_ts(e.commit_ts)}" for e in result.ready_ddls],
             source_resolved_ts=feed.ddl_upto,
             snapshots=feed.snapshots,
+            notices=feed.sink_notices,
         )
+
+    def _watch_sink(self, feed: _Feed, cf: Changefeed, now_ms: int) -> None:
+        """Every ``SINK_LOOK_S``: whether the changefeed's tables' vacuums fail (a Delta
+        sink with its vacuum on); the notice is kept between looks."""
+        if feed.sink_looked_ms and now_ms - feed.sink_looked_ms < SINK_LOOK_S * 1000:
+            return
+        feed.sink_looked_ms = now_ms
+        try:
+            feed.sink_notices = sink_notices(cf.info.sink_uri, feed.schemas.values())
+        except (OSError, ValueError) as exc:  # a bad URI is the sink's own problem, said there
+            log.debug("changefeed %s: vacuum failures not read: %s", cf.changefeed_id, exc)
 
     def _watch_snapshots(self, feed: _Feed, cf: Changefeed, now_ms: int) -> None:
         """While the resolved ts or the checkpoint has stood still for a quarter of the stall

@@ -462,6 +462,7 @@ class DeltaSink:
         os.makedirs(os.path.dirname(trash), exist_ok=True)
         os.rename(path, trash)  # atomic: readers see the whole table or none
         shutil.rmtree(trash, ignore_errors=True)
+        delta_vacuum.forget(self.root, table_location(table.database, table.table))
 
     def _relocate(
         self,

@@ -20,8 +20,11 @@ How often: ``CDC_DAGSTER_VACUUM_EVERY_S`` (read when a write asks; default
 ``VACUUM_EVERY_S``). When a table is next due is kept on disk, so the short capture runs and bulk workers that
 write it share it: the mtime of ``<root>/_cdc_dagster/vacuum/<location>`` is its last
 vacuum (or when a writer first saw the table). A vacuum that fails (a concurrent commit, a
-syncpoint version that cannot be read) is logged and tried again at the next interval; it
-never fails the write it follows. Each vacuum is two commits in the table's history
+syncpoint version that cannot be read, a file it cannot delete) is logged and tried again at
+the next interval; it never fails the write it follows. It is recorded in
+``<root>/_cdc_dagster/vacuum-failed/<location>`` (JSON: the message, since when, how many
+times in a row) until a vacuum of the table succeeds: the owner shows it in the
+changefeed's state (``failures``; the lake grows meanwhile), without holding anything up. Each vacuum is two commits in the table's history
 (``VACUUM START``/``VACUUM END``, with the files deleted), which change no data.
 """
 
@@ -31,6 +34,8 @@ import json
 import logging
 import os
 import time
+import uuid
+from dataclasses import dataclass
 from pathlib import Path
 
 from deltalake import DeltaTable
@@ -50,6 +55,85 @@ DEFAULT_RETENTION_HOURS = 1  # replaced files are kept this long (whole hours: d
 def marker_path(root: str, location: str) -> str:
     """The file whose mtime says when the table at ``location`` was last vacuumed."""
     return os.path.join(root, META_DIR, "vacuum", location)
+
+
+def failure_path(root: str, location: str) -> str:
+    """The file that says the table at ``location``'s vacuums fail, while they do."""
+    return os.path.join(root, META_DIR, "vacuum-failed", location)
+
+
+@dataclass(frozen=True, slots=True)
+class VacuumFailure:
+    """A table whose vacuums fail: the last failure's message, since when (epoch ms) and how
+    many vacuums in a row failed."""
+
+    location: str  # the table's directory under the root (``delta_paths.table_location``)
+    message: str
+    since_ms: int
+    attempts: int
+    last_ms: int
+
+
+def _record_failure(root: str, location: str, message: str, now_ms: int) -> None:
+    """Note a failed vacuum of the table (the first of a streak keeps its ``since``)."""
+    path = failure_path(root, location)
+    before = _read_failure(path, location)
+    doc = {
+        "message": message,
+        "since_ms": before.since_ms if before else now_ms,
+        "attempts": before.attempts + 1 if before else 1,
+        "last_ms": now_ms,
+    }
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = f"{path}.tmp-{uuid.uuid4().hex}"
+    with open(tmp, "w", encoding="utf-8") as fh:
+        json.dump(doc, fh)
+    os.replace(tmp, path)  # a reader sees the old record or the new one, never half
+
+
+def _read_failure(path: str, location: str) -> VacuumFailure | None:
+    try:
+        with open(path, encoding="utf-8") as fh:
+            doc = json.load(fh)
+        return VacuumFailure(
+            location,
+            str(doc["message"]),
+            int(doc["since_ms"]),
+            int(doc["attempts"]),
+            int(doc["last_ms"]),
+        )
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        log.warning("vacuum failure record %s unreadable (%s); ignored", path, exc)
+        return None
+
+
+def forget(root: str, location: str) -> None:
+    """The table at ``location`` is gone (dropped): its vacuum clock and failure record too."""
+    for path in (marker_path(root, location), failure_path(root, location)):
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            log.warning("vacuum state %s of a dropped table not removed: %s", path, exc)
+
+
+def failures(root: str) -> list[VacuumFailure]:
+    """Every table under ``root`` whose vacuums fail now (their last one failed), by location."""
+    base = os.path.join(root, META_DIR, "vacuum-failed")
+    out = []
+    for dirpath, _dirs, files in os.walk(base):
+        for name in files:
+            if ".tmp-" in name:
+                continue
+            path = os.path.join(dirpath, name)
+            location = os.path.relpath(path, base).replace(os.sep, "/")
+            failure = _read_failure(path, location)
+            if failure is not None:
+                out.append(failure)
+    return sorted(out, key=lambda f: f.location)
 
 
 def vacuum_every_s() -> float:
@@ -178,7 +262,18 @@ def maybe_vacuum(
         deleted = vacuum(path, pinned_versions(root, location), retention_hours)
     except (DeltaError, OSError) as exc:
         log.warning("vacuum of %s failed (%s); tried again in %.0f s", path, exc, every_s)
+        message = f"{type(exc).__name__}: {' '.join(str(exc).split())}"[:2000]
+        try:
+            _record_failure(root, location, message, int(time.time() * 1000))
+        except OSError as rec_exc:
+            log.warning("vacuum failure of %s not recorded: %s", path, rec_exc)
         return []
+    try:
+        os.unlink(failure_path(root, location))  # healed: the owner stops showing it
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        log.warning("vacuum failure record of %s not cleared: %s", path, exc)
     log.info(
         "vacuum of %s: %d replaced file(s) deleted in %.2f s",
         path,

@@ -333,3 +333,54 @@ def test_in_process_ticks_never_ask_for_the_spark_session_and_jobs_do(
     assert "job" in asked and "in process" not in asked
     for tid in up.table_ids:
         assert delta_content(lake, tid) == up.content[tid], tid
+
+
+def test_a_failing_delta_vacuum_warns_its_changefeed_and_heals_once_one_succeeds(
+    spark: Any, metastore: Metastore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The vacuum's clock cannot be kept (a file where its directory goes): every write's
+    vacuum fails in the Spark tasks, the data still lands, and the owner says so in the
+    changefeed's state; once the cause is gone and a vacuum succeeds, the state is normal."""
+    import time
+
+    from cdc_dagster.metastore import ChangefeedState
+    from cdc_dagster.runtime import owner
+    from cdc_dagster.sinks import delta_vacuum
+
+    monkeypatch.setattr(owner, "SINK_LOOK_S", 0.0)  # look every tick (30 s otherwise)
+    up = RowUpstream(tmp_path / "changelog", tables=2)
+    lake = tmp_path / "lake"
+    blocker = lake / "_cdc_dagster" / "vacuum"
+    blocker.parent.mkdir(parents=True)
+    blocker.write_text("in the vacuum's way")
+    driver = _driver(spark, metastore, tmp_path, up, lake)
+    for _ in range(2):
+        up.write_step()
+    driver.run_until(lambda t: driver.caught_up(t, up.resolved), max_ticks=30)
+    driver.tick()
+    status = metastore.changefeeds.get("cf").status
+    assert status.state is ChangefeedState.WARNING, status
+    assert status.last_error.startswith("[vacuum] the Delta VACUUM of 2 table(s) fails")
+    assert "NotADirectoryError" in status.last_error and "Replication goes on" in status.last_error
+    assert "vacuum_retention_hours=off" in status.last_error
+    for tid in up.table_ids:
+        assert delta_content(lake, tid) == up.content[tid], tid
+
+    blocker.unlink()  # the cause goes; the next writes start the tables' clocks
+    up.write_step()
+    driver.run_until(lambda t: driver.caught_up(t, up.resolved), max_ticks=30)
+    markers = [
+        os.path.join(d, n) for d, _, names in os.walk(blocker) for n in names
+    ]  # fmt: skip
+    assert len(markers) == 2
+    old = time.time() - delta_vacuum.VACUUM_EVERY_S - 1
+    for m in markers:  # as if the interval had passed
+        os.utime(m, (old, old))
+    up.write_step()
+    driver.run_until(lambda t: driver.caught_up(t, up.resolved), max_ticks=30)
+    driver.tick()
+    status = metastore.changefeeds.get("cf").status
+    assert (status.state, status.last_error) == (ChangefeedState.NORMAL, ""), status
+    assert delta_vacuum.failures(str(lake)) == []
+    for tid in up.table_ids:
+        assert delta_content(lake, tid) == up.content[tid], tid

@@ -342,3 +342,18 @@ def test_a_checkpoint_held_from_a_snapshots_reads_to_its_first_slice_is_progress
     motion.observe(old, compose(later - 1_000), later, pulled)
     message = verdict(motion=motion, tables=pulled, now_ms=later).message or ""
     assert "checkpoint has not moved for 106 s" in message and "db.t1 (replicating on c1" in message
+
+
+def test_a_notice_warns_after_the_rest_never_fails_and_hides_no_stall() -> None:
+    notice = "[vacuum] the Delta VACUUM of 1 table(s) fails (db.t1)"
+    health = verdict(notices=(notice,))
+    assert health.message == notice and not health.failed
+    stalled = Motion()
+    stalled.observe(compose(NOW - 200_000), compose(NOW - 200_000), NOW - 120_000)
+    health = verdict(motion=stalled, notices=(notice,))
+    assert health.message is not None and not health.failed
+    assert "not moved" in health.message and health.message.endswith(notice)
+    old = Problem("sink refused", NOW - 3_600_000, 9)  # past fail_after_s: fails, notice kept
+    health = verdict(problems={"capture-1": old}, notices=(notice,))
+    assert health.failed and health.message.startswith("[capture-1]")
+    assert health.message.endswith(notice)

@@ -195,12 +195,50 @@ def test_a_failed_vacuum_never_fails_the_write_and_is_tried_an_interval_later(
         ts = _write_versions(zero, t, token, 1, start=ts)
     assert "vacuum of" in caplog.text and "disk said no" in caplog.text
     assert zero.committed(CF, t).committed_ts == ts
+    # recorded for the owner to show, and a second failure counts on from the first
+    [first] = delta_vacuum.failures(zero.root)
+    assert first.location == table_location(t.database, t.table)
+    assert first.attempts == 1 and "DeltaError: disk said no" in first.message
+    _make_due(zero, t)
+    ts = _write_versions(zero, t, token, 1, start=ts)
+    [second] = delta_vacuum.failures(zero.root)
+    assert second.attempts == 2 and second.since_ms == first.since_ms
+    assert second.last_ms >= first.last_ms
     monkeypatch.undo()
     _write_versions(zero, t, token, 1, start=ts)  # not due: the failure started a new wait
     assert _data_files(zero, t) > _version_files(zero, t)
+    assert len(delta_vacuum.failures(zero.root)) == 1, "nothing vacuumed, nothing healed"
     _make_due(zero, t)
     _write_versions(zero, t, token, 1, start=ts + 10)
     assert _data_files(zero, t) == _version_files(zero, t)
+    assert delta_vacuum.failures(zero.root) == [], "a vacuum that succeeds clears the record"
+
+
+def test_failure_records_are_read_per_table_and_a_dropped_tables_go_with_it(zero, caplog):
+    """Two tables failing (one named with a snowman, encoded), a junk record and one half
+    written are skipped; a dropped table's record and clock are removed with it."""
+    tables = [accounts(), accounts(table="k\u2603", table_id=2)]
+    now = int(time.time() * 1000)
+    for i, t in enumerate(tables):
+        delta_vacuum._record_failure(zero.root, table_location(t.database, t.table), f"e{i}", now)
+    base = os.path.dirname(delta_vacuum.failure_path(zero.root, "bank/x"))
+    with open(os.path.join(base, "junk"), "w") as fh:
+        fh.write("{")
+    with open(os.path.join(base, "x.tmp-0123"), "w") as fh:
+        fh.write("{")
+    with caplog.at_level(logging.WARNING, logger=delta_vacuum.__name__):
+        got = delta_vacuum.failures(zero.root)
+    assert sorted(f.message for f in got) == ["e0", "e1"]
+    assert {f.location for f in got} == {table_location(t.database, t.table) for t in tables}
+    assert "unreadable" in caplog.text
+    t = tables[1]
+    token = zero.acquire(CF, t)
+    _write_versions(zero, t, token, 1)
+    location = table_location(t.database, t.table)
+    assert os.path.exists(delta_vacuum.marker_path(zero.root, location))
+    zero._drop(CF, t)
+    assert not os.path.exists(delta_vacuum.marker_path(zero.root, location))
+    assert [f.message for f in delta_vacuum.failures(zero.root)] == ["e0"]
 
 
 def test_two_sinks_writing_in_turn_share_one_clock(tmp_path):
