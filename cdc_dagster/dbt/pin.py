@@ -26,8 +26,8 @@ from deltalake import DeltaTable
 from deltalake.exceptions import DeltaError, TableNotFoundError
 
 from cdc_dagster.dbt.errors import PinError, SyncpointNotFoundError
-from cdc_dagster.sinks.delta import list_syncpoints, local_path
-from cdc_dagster.sinks.delta_syncpoint_file import syncpoint_path
+from cdc_dagster.sinks.delta import local_path
+from cdc_dagster.sinks.delta_syncpoint_file import list_syncpoints, syncpoint_path
 
 META_SCHEMA = "cdc_meta"
 

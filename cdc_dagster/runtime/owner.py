@@ -54,7 +54,7 @@ from cdc_dagster.sinks.base import Sink, SyncpointUnpinnableError
 from cdc_dagster.sinks.delta_paths import table_location
 from cdc_dagster.sinks.delta_vacuum import EVERY_ENV, VacuumFailure
 from cdc_dagster.sinks.delta_vacuum import failures as vacuum_failures
-from cdc_dagster.sinks.uri import delta_options, delta_root, is_delta, open_sink
+from cdc_dagster.sinks.uri import OFF, delta_options, delta_root, is_delta, open_sink
 from cdc_dagster.upstream.changelog import ChangeLog
 from cdc_dagster.upstream.uri import UpstreamError, changelog_path, is_mysql_uri
 from scheduler_core.checkpoint import barrier_cap
@@ -356,7 +356,7 @@ SINK_LOOK_S = 30.0
 def sink_notices(sink_uri: str, tables: Iterable[TableSchema]) -> tuple[str, ...]:
     """What the sink's upkeep says about ``tables`` (a changefeed's): a notice while the
     vacuum of some of them fails (a Delta sink whose vacuum is on); else none."""
-    if not is_delta(sink_uri) or delta_options(sink_uri).vacuum_off:
+    if not is_delta(sink_uri) or delta_options(sink_uri).vacuum_retention_hours == OFF:
         return ()
     names = {table_location(s.database, s.table): f"{s.database}.{s.table}" for s in tables}
     failing = [f for f in vacuum_failures(delta_root(sink_uri)) if f.location in names]

@@ -70,7 +70,12 @@ from cdc_dagster.sinks.delta_paths import (
     table_location,
     table_path,
 )
-from cdc_dagster.sinks.delta_syncpoint_file import syncpoint_path, syncpoint_record
+from cdc_dagster.sinks.delta_syncpoint_file import (
+    DEFAULT_SYNCPOINT_RETENTION_HOURS,
+    prune_syncpoints,
+    syncpoint_path,
+    syncpoint_record,
+)
 
 log = logging.getLogger(__name__)
 
@@ -167,7 +172,9 @@ class DeltaSink:
     """The Delta Lake downstream under ``root`` (``delta:///abs/path``), its files written
     with ``compression`` (``?compression=``), the files its writes replaced vacuumed once
     ``vacuum_retention_hours`` old (``?vacuum_retention_hours=``; None: never, ``off``):
-    ``delta_vacuum``. Picklable (those three only)."""
+    ``delta_vacuum``; syncpoints kept ``syncpoint_retention_hours`` behind the newest
+    (``?syncpoint_retention_hours=``; None: for ever, ``off``): ``delta_syncpoint_file``.
+    Picklable (those four only)."""
 
     def __init__(
         self,
@@ -175,6 +182,7 @@ class DeltaSink:
         *,
         compression: str = DEFAULT_COMPRESSION,
         vacuum_retention_hours: int | None = delta_vacuum.DEFAULT_RETENTION_HOURS,
+        syncpoint_retention_hours: int | None = DEFAULT_SYNCPOINT_RETENTION_HOURS,
     ) -> None:
         if not os.path.isabs(root):
             raise SinkError(f"Delta sink root must be an absolute path, got {root!r}")
@@ -187,17 +195,29 @@ class DeltaSink:
                 f"Delta sink vacuum_retention_hours {vacuum_retention_hours} is negative; "
                 "give 0 or more hours, or None (off)"
             )
+        if syncpoint_retention_hours is not None and syncpoint_retention_hours < 0:
+            raise SinkError(
+                f"Delta sink syncpoint_retention_hours {syncpoint_retention_hours} is negative; "
+                "give 0 or more hours, or None (off)"
+            )
         self.root = os.path.normpath(root)
         self.compression = compression
         self.vacuum_retention_hours = vacuum_retention_hours
+        self.syncpoint_retention_hours = syncpoint_retention_hours
 
-    def _key(self) -> tuple[str, str, int | None]:
-        return (self.root, self.compression, self.vacuum_retention_hours)
+    def _key(self) -> tuple[str, str, int | None, int | None]:
+        return (
+            self.root,
+            self.compression,
+            self.vacuum_retention_hours,
+            self.syncpoint_retention_hours,
+        )
 
     def __repr__(self) -> str:
         return (
             f"DeltaSink({self.root!r}, compression={self.compression!r}, "
-            f"vacuum_retention_hours={self.vacuum_retention_hours!r})"
+            f"vacuum_retention_hours={self.vacuum_retention_hours!r}, "
+            f"syncpoint_retention_hours={self.syncpoint_retention_hours!r})"
         )
 
     def __eq__(self, other: object) -> bool:
@@ -217,6 +237,9 @@ class DeltaSink:
         if self.vacuum_retention_hours != delta_vacuum.DEFAULT_RETENTION_HOURS:
             hours = self.vacuum_retention_hours
             options.append(f"vacuum_retention_hours={'off' if hours is None else hours}")
+        if self.syncpoint_retention_hours != DEFAULT_SYNCPOINT_RETENTION_HOURS:
+            hours = self.syncpoint_retention_hours
+            options.append(f"syncpoint_retention_hours={'off' if hours is None else hours}")
         return f"delta://{self.root}{'?' + '&'.join(options) if options else ''}"
 
     def path(self, table: TableSchema) -> str:
@@ -619,6 +642,7 @@ class DeltaSink:
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
+        prune_syncpoints(self.root, changefeed_id, ts, self.syncpoint_retention_hours)
         return syncpoint_record(doc)
 
 
@@ -908,13 +932,3 @@ def read_syncpoint(root: str, changefeed_id: str, ts: int) -> SyncpointRecord | 
             return syncpoint_record(json.load(fh))
     except FileNotFoundError:
         return None
-
-
-def list_syncpoints(root: str, changefeed_id: str) -> list[int]:
-    """The ts of every syncpoint recorded for ``changefeed_id``, ascending."""
-    d = os.path.dirname(syncpoint_path(root, changefeed_id, 0))
-    try:
-        names = os.listdir(d)
-    except FileNotFoundError:
-        return []
-    return sorted(int(n[:-5]) for n in names if n.endswith(".json") and not n.startswith("."))

@@ -4,7 +4,9 @@ can rebuild its sink from the URI alone).
 
 Schemes: ``delta:///abs/path`` (Delta Lake tables under a local root; ``?compression=``
 zstd (the default), snappy, lz4 or uncompressed for the Parquet files it writes;
-``?vacuum_retention_hours=`` how long replaced files are kept, or ``off``: ``delta_vacuum``) and
+``?vacuum_retention_hours=`` how long replaced files are kept, or ``off``: ``delta_vacuum``;
+``?syncpoint_retention_hours=`` how long syncpoints are kept, or ``off``:
+``delta_syncpoint_file``) and
 ``postgresql://user:${PW}@host:port/db`` (``postgres://`` too). Test doubles register their
 own scheme with :func:`register_sink_scheme` (``cdc_dagster.testing.fake_runtime``'s
 ``file:///abs/path``); production code never does.
@@ -17,6 +19,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 from cdc_dagster.secrets import SecretReferenceError, redact_uri, references
 from cdc_dagster.sinks.base import Sink, SinkError
@@ -57,7 +60,8 @@ def _check_path(uri: str, parts: urllib.parse.SplitResult) -> None:
 
 
 DELTA_COMPRESSIONS = ("zstd", "snappy", "lz4", "uncompressed")
-DELTA_OPTIONS = ("compression", "vacuum_retention_hours")
+DELTA_OPTIONS = ("compression", "vacuum_retention_hours", "syncpoint_retention_hours")
+OFF = "off"
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,8 +69,8 @@ class DeltaOptions:
     """What a Delta URI's query asks for; None where it names nothing (the sink's default)."""
 
     compression: str | None = None  # ?compression=zstd|snappy|lz4|uncompressed
-    vacuum_retention_hours: int | None = None  # ?vacuum_retention_hours=N
-    vacuum_off: bool = False  # ?vacuum_retention_hours=off
+    vacuum_retention_hours: int | Literal["off"] | None = None  # ?vacuum_retention_hours=N|off
+    syncpoint_retention_hours: int | Literal["off"] | None = None  # ?syncpoint_retention_hours=
 
 
 def delta_options(uri: str) -> DeltaOptions:
@@ -78,8 +82,8 @@ def delta_options(uri: str) -> DeltaOptions:
     if unknown:
         raise InvalidSinkUriError(
             f"sink URI {shown!r}: unknown option(s) {unknown}; a Delta URI takes only "
-            f"compression={'|'.join(DELTA_COMPRESSIONS)} and vacuum_retention_hours=N|off, "
-            "e.g. delta:///data/lake?compression=snappy"
+            f"compression={'|'.join(DELTA_COMPRESSIONS)}, vacuum_retention_hours=N|off and "
+            "syncpoint_retention_hours=N|off, e.g. delta:///data/lake?compression=snappy"
         )
     for name, values in query.items():
         if len(values) != 1:
@@ -90,18 +94,26 @@ def delta_options(uri: str) -> DeltaOptions:
             f"sink URI {shown!r}: compression={compression!r} is not one of "
             f"{', '.join(DELTA_COMPRESSIONS)}"
         )
-    hours = query.get("vacuum_retention_hours", [None])[0]
-    off = hours is not None and hours.lower() == "off"
-    if hours is not None and not off and not (hours.isdigit() and len(hours) <= 6):
-        raise InvalidSinkUriError(
-            f"sink URI {shown!r}: vacuum_retention_hours={hours!r} is not a whole number of "
-            "hours (0 or more) or off, e.g. vacuum_retention_hours=24"
-        )
     return DeltaOptions(
         compression=compression.lower() if compression is not None else None,
-        vacuum_retention_hours=int(hours) if hours is not None and not off else None,
-        vacuum_off=off,
+        vacuum_retention_hours=_hours(query, "vacuum_retention_hours", shown),
+        syncpoint_retention_hours=_hours(query, "syncpoint_retention_hours", shown),
     )
+
+
+def _hours(query: dict[str, list[str]], name: str, shown: str) -> int | Literal["off"] | None:
+    """A whole number of hours (0 or more), ``off``, or None when the URI does not say."""
+    raw = query.get(name, [None])[0]
+    if raw is None:
+        return None
+    if raw.lower() == OFF:
+        return OFF
+    if not (raw.isdigit() and len(raw) <= 6):
+        raise InvalidSinkUriError(
+            f"sink URI {shown!r}: {name}={raw!r} is not a whole number of hours (0 or more) "
+            f"or off, e.g. {name}=24"
+        )
+    return int(raw)
 
 
 def _check_delta(uri: str, parts: urllib.parse.SplitResult) -> None:
@@ -149,17 +161,23 @@ def _probe_delta(uri: str) -> None:
 
 def _open_delta(uri: str) -> Sink:
     from cdc_dagster.sinks.delta import DEFAULT_COMPRESSION, DeltaSink  # deltalake: lazily
+    from cdc_dagster.sinks.delta_syncpoint_file import DEFAULT_SYNCPOINT_RETENTION_HOURS
     from cdc_dagster.sinks.delta_vacuum import DEFAULT_RETENTION_HOURS
 
     opts = delta_options(uri)
-    hours = opts.vacuum_retention_hours
     return DeltaSink(
         delta_root(uri),
         compression=opts.compression or DEFAULT_COMPRESSION,
-        vacuum_retention_hours=None
-        if opts.vacuum_off
-        else (DEFAULT_RETENTION_HOURS if hours is None else hours),
+        vacuum_retention_hours=_or(opts.vacuum_retention_hours, DEFAULT_RETENTION_HOURS),
+        syncpoint_retention_hours=_or(
+            opts.syncpoint_retention_hours, DEFAULT_SYNCPOINT_RETENTION_HOURS
+        ),
     )
+
+
+def _or(hours: int | Literal["off"] | None, default: int) -> int | None:
+    """The sink's setting of an hours option: None for off, the default when not given."""
+    return None if hours == OFF else default if hours is None else int(hours)
 
 
 def _open_postgres(uri: str) -> Sink:

@@ -760,7 +760,8 @@ class DeltaFeed:
 
     def syncpoints(self) -> list[tuple[int, dict[int, TableVersion]]]:
         """Syncpoints recorded since the last call: (ts, table id -> the pinned state)."""
-        from cdc_dagster.sinks.delta import list_syncpoints, read_syncpoint
+        from cdc_dagster.sinks.delta import read_syncpoint
+        from cdc_dagster.sinks.delta_syncpoint_file import list_syncpoints
 
         out = []
         for ts in list_syncpoints(str(self.root), self.changefeed_id):

@@ -16,7 +16,7 @@ from cdc_dagster.dbt.settings import (
 )
 from cdc_dagster.defs.dbt.assets import BUILD_TAG
 from cdc_dagster.defs.resources import CdcResource
-from cdc_dagster.sinks.delta import list_syncpoints
+from cdc_dagster.sinks.delta_syncpoint_file import list_syncpoints
 
 BUILD_JOB = "dbt_build"
 

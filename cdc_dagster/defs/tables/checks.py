@@ -18,7 +18,8 @@ from cdc_dagster.defs.catalog import Catalog, TableRef
 from cdc_dagster.defs.resources import CdcResource
 from cdc_dagster.defs.tables.assets import ObservationBudget
 from cdc_dagster.runtime import TableProgress
-from cdc_dagster.sinks.delta import list_syncpoints, read_syncpoint, read_table_at
+from cdc_dagster.sinks.delta import read_syncpoint, read_table_at
+from cdc_dagster.sinks.delta_syncpoint_file import list_syncpoints
 from cdc_dagster.sinks.uri import delta_root, is_delta
 from cdc_dagster.upstream.generator import WorkloadConfig
 from cdc_dagster.upstream.oracle import Oracle, fingerprint

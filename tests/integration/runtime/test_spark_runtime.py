@@ -178,7 +178,8 @@ def test_generator_workload_with_ddls_through_the_driver_equals_the_oracle(
     # syncpoint's ts, and the bank total (transfers only move money) is the same at all.
     import pyarrow.compute as pc
 
-    from cdc_dagster.sinks.delta import list_syncpoints, read_syncpoint
+    from cdc_dagster.sinks.delta import read_syncpoint
+    from cdc_dagster.sinks.delta_syncpoint_file import list_syncpoints
     from scheduler_core.ts import MAX_TS
 
     points = list_syncpoints(str(lake), "cf")

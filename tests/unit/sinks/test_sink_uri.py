@@ -25,6 +25,8 @@ from cdc_dagster.sinks.uri import (
         "delta:///data/lake?compression=UNCOMPRESSED",
         "delta:///data/lake?vacuum_retention_hours=168&compression=lz4",
         "delta:///data/lake?vacuum_retention_hours=off",
+        "delta:///data/lake?syncpoint_retention_hours=168&vacuum_retention_hours=0",
+        "delta:///data/lake?syncpoint_retention_hours=Off",
         "file:///tmp/out",
         "postgres://u:p@db:5432/wh",
         "postgresql://db/wh",
@@ -48,6 +50,11 @@ def test_supported_sink_uris_pass(uri: str) -> None:
         ("delta:///data/lake?vacuum_retention_hours=-1", InvalidSinkUriError, "whole number"),
         ("delta:///data/lake?vacuum_retention_hours=1.5", InvalidSinkUriError, "whole number"),
         ("delta:///data/lake?vacuum_retention_hours=", InvalidSinkUriError, "whole number"),
+        (
+            "delta:///data/lake?syncpoint_retention_hours=1d",
+            InvalidSinkUriError,
+            "syncpoint_retention_hours='1d' is not a whole number of hours",
+        ),
         (
             "delta:///data/lake?vacuum_retention_hours=1&vacuum_retention_hours=2",
             InvalidSinkUriError,
