@@ -52,7 +52,7 @@ from cdc_dagster.schema import DdlRecord, TableSchema
 from cdc_dagster.secrets import redact_text, redact_uri
 from cdc_dagster.sinks.base import Sink, SyncpointUnpinnableError
 from cdc_dagster.sinks.delta_paths import table_location
-from cdc_dagster.sinks.delta_vacuum import EVERY_ENV, VacuumFailure
+from cdc_dagster.sinks.delta_vacuum import EVERY_ENV, VACUUM_EVERY_S, VacuumFailure
 from cdc_dagster.sinks.delta_vacuum import failures as vacuum_failures
 from cdc_dagster.sinks.uri import OFF, delta_options, delta_root, is_delta, open_sink
 from cdc_dagster.upstream.changelog import ChangeLog
@@ -375,7 +375,7 @@ def vacuum_notice(failing: list[VacuumFailure], names: Mapping[str, str]) -> str
         f"files their writes replaced stay on disk and the lake grows; {names[first.location]}: "
         f"{first.attempts} failed in a row since {since}, last: {first.message}. Replication "
         f"goes on. Fix what the error says; the next vacuum (after a write, every "
-        f"{EVERY_ENV} seconds, 600 by default) clears this. Or turn the vacuum off: pause, "
+        f"{EVERY_ENV} seconds, {VACUUM_EVERY_S:.0f} by default) clears this. Or turn the vacuum off: pause, "
         "`cdc-dagster changefeed update ID --sink-uri 'delta:///...?vacuum_retention_hours=off'`, "
         "resume"
     )

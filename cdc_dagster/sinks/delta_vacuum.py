@@ -17,15 +17,16 @@ Only files the log removed are candidates (VACUUM's lite mode): a file a writer 
 has not committed yet, or a failed commit's, is never deleted here.
 
 How often: ``CDC_DAGSTER_VACUUM_EVERY_S`` (read when a write asks; default
-``VACUUM_EVERY_S``). When a table is next due is kept on disk, so the short capture runs and bulk workers that
-write it share it: the mtime of ``<root>/_cdc_dagster/vacuum/<location>`` is its last
-vacuum (or when a writer first saw the table). A vacuum that fails (a concurrent commit, a
-syncpoint version that cannot be read, a file it cannot delete) is logged and tried again at
-the next interval; it never fails the write it follows. It is recorded in
+``VACUUM_EVERY_S``). When a table is next due is kept on disk, so the short capture runs
+and bulk workers that write it share it: the mtime of ``<root>/_cdc_dagster/vacuum/<location>``
+is its last vacuum (or when a writer first saw the table). A vacuum that fails (a concurrent
+commit, a syncpoint version that cannot be read, a file it cannot delete) is logged and tried
+again at the next interval; it never fails the write it follows. It is recorded in
 ``<root>/_cdc_dagster/vacuum-failed/<location>`` (JSON: the message, since when, how many
-times in a row) until a vacuum of the table succeeds: the owner shows it in the
-changefeed's state (``failures``; the lake grows meanwhile), without holding anything up. Each vacuum is two commits in the table's history
-(``VACUUM START``/``VACUUM END``, with the files deleted), which change no data.
+times in a row) until a vacuum of the table succeeds: the owner shows it in the changefeed's
+state (``failures``; the lake grows meanwhile), without holding anything up. Each vacuum is
+two commits in the table's history (``VACUUM START``/``VACUUM END``, with the files
+deleted), which change no data.
 """
 
 from __future__ import annotations
@@ -113,9 +114,7 @@ def forget(root: str, location: str) -> None:
     """The table at ``location`` is gone (dropped): its vacuum clock and failure record too."""
     for path in (marker_path(root, location), failure_path(root, location)):
         try:
-            os.unlink(path)
-        except FileNotFoundError:
-            pass
+            Path(path).unlink(missing_ok=True)
         except OSError as exc:
             log.warning("vacuum state %s of a dropped table not removed: %s", path, exc)
 
@@ -175,7 +174,8 @@ def _touch(marker: str, now: float) -> None:
 # Syncpoint files are written once (renamed into place): each process parses one once, not
 # once per table per vacuum (tables x syncpoints files otherwise). Rebuildable: a cache of
 # what is on disk, keyed by the file's path and mtime (a changefeed removed and created
-# again may write another file at the same path).
+# again may write another file at the same path); a file gone (a syncpoint past its
+# retention) leaves it at the next scan of its root.
 _PARSED: dict[tuple[str, int], dict[str, int]] = {}  # (file, mtime) -> {location: version}
 
 
@@ -189,11 +189,13 @@ def pinned_versions(root: str, location: str) -> list[int]:
         changefeeds = [e.path for e in os.scandir(base) if e.is_dir()]
     except FileNotFoundError:
         return []
+    seen = set()
     for cf in changefeeds:
         for entry in os.scandir(cf):
             if not entry.name.endswith(".json") or entry.name.startswith("."):
                 continue
             key = (entry.path, entry.stat().st_mtime_ns)
+            seen.add(key)
             pins = _PARSED.get(key)
             if pins is None:
                 try:
@@ -208,6 +210,9 @@ def pinned_versions(root: str, location: str) -> list[int]:
                 _PARSED[key] = pins
             if location in pins:
                 out.add(pins[location])
+    under = base + os.sep
+    for key in [k for k in _PARSED if k[0].startswith(under) and k not in seen]:
+        del _PARSED[key]
     return sorted(out)
 
 
@@ -269,9 +274,7 @@ def maybe_vacuum(
             log.warning("vacuum failure of %s not recorded: %s", path, rec_exc)
         return []
     try:
-        os.unlink(failure_path(root, location))  # healed: the owner stops showing it
-    except FileNotFoundError:
-        pass
+        Path(failure_path(root, location)).unlink(missing_ok=True)  # healed: shown no more
     except OSError as exc:
         log.warning("vacuum failure record of %s not cleared: %s", path, exc)
     log.info(

@@ -4,6 +4,7 @@ or a build on a syncpoint needs goes, and a vacuum that fails never fails a writ
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import pickle
@@ -20,6 +21,7 @@ from cdc_dagster.sinks import delta_vacuum
 from cdc_dagster.sinks.base import SinkError
 from cdc_dagster.sinks.delta import DeltaSink, local_path, read_table_at
 from cdc_dagster.sinks.delta_paths import META_DIR, table_location
+from cdc_dagster.sinks.delta_syncpoint_file import syncpoint_path
 from cdc_dagster.sinks.uri import open_sink
 
 
@@ -307,3 +309,21 @@ def test_a_vacuum_clock_that_cannot_be_kept_never_fails_the_write(zero, caplog):
     assert zero.committed(CF, t).committed_ts == ts
     assert caplog.text.count("vacuum of") == 3
     assert _data_files(zero, t) > _version_files(zero, t)
+
+
+def test_the_syncpoint_cache_forgets_files_gone_from_its_root(tmp_path):
+    """A syncpoint removed (past its retention) leaves the per-process parse cache at the
+    next scan of its root; another root's entries stay."""
+    roots = [str(tmp_path / "a"), str(tmp_path / "b")]
+    for root in roots:
+        for ts, version in ((100, 3), (200, 5)):
+            path = syncpoint_path(root, CF, ts)
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            with open(path, "w") as fh:
+                json.dump({"changefeed": CF, "ts": ts, "tables": {"7": {"version": version, "location": "bank/accounts"}}}, fh)  # fmt: skip
+        assert delta_vacuum.pinned_versions(root, "bank/accounts") == [3, 5]
+    os.unlink(syncpoint_path(roots[0], CF, 100))
+    assert delta_vacuum.pinned_versions(roots[0], "bank/accounts") == [5]
+    cached = {path for path, _ in delta_vacuum._PARSED}
+    assert syncpoint_path(roots[0], CF, 100) not in cached
+    assert {syncpoint_path(roots[0], CF, 200), syncpoint_path(roots[1], CF, 100)} <= cached
